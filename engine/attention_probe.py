@@ -1,0 +1,84 @@
+"""Capture attention weights without giving up SDPA.
+
+`glassbox_attention` is registered through transformers' `AttentionInterface` (with the SDPA
+mask builder through `AttentionMaskInterface`). It always computes the layer's output with
+SDPA; for the layers an `AttentionProbe` watches it also computes softmax(q·kᵀ·scale + mask)
+for the last `rows` query rows, the only weights the view needs. `output_attentions=True` would
+instead force eager attention on every layer and materialise every matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTN_IMPLEMENTATION = "glassbox"
+PROBE_KWARG = "glassbox_probe"
+
+
+@dataclass
+class AttentionProbe:
+    """Which layers to watch in one forward pass, and what they attended to."""
+
+    layers: frozenset[int]
+    rows: int = 1  # how many of the last query rows to keep
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, rows, keys]
+
+    def wants(self, layer: int | None) -> bool:
+        return layer is not None and layer in self.layers
+
+
+def attention_weights(
+    query: torch.Tensor,  # [1, heads, q, head_dim]
+    key: torch.Tensor,  # [1, kv_heads, k, head_dim]
+    mask: torch.Tensor | None,  # [1, 1, q, k] bool (True = attend) or additive float; None = causal
+    scaling: float,
+    rows: int,
+) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + mask) for the last `rows` queries: [heads, rows, keys], float32."""
+    groups = query.shape[1] // key.shape[1]
+    q_len, k_len = query.shape[2], key.shape[2]
+    rows = min(rows, q_len)
+    q = query[0, :, q_len - rows :].float()
+    k = repeat_kv(key, groups)[0].float()
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [heads, rows, keys]
+    if mask is None:
+        # SDPA skipped the mask because it is purely causal: queries are the last q_len positions.
+        query_pos = torch.arange(k_len - rows, k_len, device=scores.device)[:, None]
+        allowed = torch.arange(k_len, device=scores.device)[None, :] <= query_pos
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    else:
+        mask = mask[0, 0, q_len - rows :, -k_len:]
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.float()
+    return torch.softmax(scores, dim=-1)
+
+
+def glassbox_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    probe: AttentionProbe | None = kwargs.pop(PROBE_KWARG, None)
+    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    layer = getattr(module, "layer_idx", None)
+    if probe is not None and probe.wants(layer) and query.shape[0] == 1:
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        probe.weights[layer] = attention_weights(query, key, attention_mask, scaling, probe.rows)
+    return output, None
+
+
+def register() -> str:
+    """Register the probe (idempotent); returns the name to pass as attn_implementation."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, glassbox_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    return ATTN_IMPLEMENTATION

@@ -1,0 +1,75 @@
+"""Stream decoded text so it never shows half a character, a broken word piece or a stop string.
+
+Token ids are decoded incrementally (a short window of earlier tokens gives the tokenizer its
+context, as vLLM does), then text is released only up to the last whitespace, and never the
+tail that could still become a stop string. Joined, the released pieces equal the full decode.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+CONTEXT_TOKENS = 4  # earlier ids decoded along, so a word's leading space survives
+
+
+class TextStream:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        context_ids: list[int] | tuple[int, ...] = (),
+        stop_strings: tuple[str, ...] = (),
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        self._hold = max((len(s) for s in self.stop_strings), default=1) - 1
+        self._ids = list(context_ids[-CONTEXT_TOKENS:])
+        self._prefix = 0  # window start: decoded for context only
+        self._read = len(self._ids)  # ids before this are already part of `text`
+        self._context = len(self._ids)
+        self.text = ""  # everything decoded so far (cut at a stop string once one appears)
+        self.released = 0  # how much of `text` has been handed out
+        self.stopped = False
+
+    def push(self, token_id: int, last: bool = False) -> str:
+        """Add a token; return the text that may be shown now (often ""). `last` flushes all."""
+        if self.stopped:
+            return ""
+        self._ids.append(token_id)
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before) :]
+            self._prefix, self._read = self._read, len(self._ids)
+        self._cut_at_stop_string()
+        if last and not self.stopped:
+            return self.finish()
+        return self._release(final=self.stopped)
+
+    def finish(self) -> str:
+        """The reply is over: release what is left, reconciled with one full decode."""
+        if not self.stopped:
+            full = self._decode(self._ids[self._context :])
+            if full.startswith(self.text[: self.released]):
+                self.text = full
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        end = len(self.text)
+        if not final:
+            boundary = max(self.text.rfind(c, self.released) for c in " \n\t") + 1
+            end = min(boundary, len(self.text) - self._hold)
+        if end <= self.released:
+            return ""
+        piece, self.released = self.text[self.released : end], end
+        return piece
+
+    def _cut_at_stop_string(self) -> None:
+        for stop in self.stop_strings:
+            at = self.text.find(stop, max(self.released - len(stop), 0))
+            if at >= 0:
+                self.text, self.stopped = self.text[:at], True
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )

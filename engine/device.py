@@ -1,0 +1,62 @@
+"""Pick where and in what precision the model runs, and time work on that device honestly."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    """CUDA, then Apple MPS, then the CPU; or what the user asked for, if it exists."""
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("CUDA was requested but no CUDA device is available")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("MPS was requested but Apple's Metal backend is not available")
+    return device
+
+
+def pick_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
+    """bf16 on a CUDA card that supports it, fp16 on MPS, fp32 on the CPU."""
+    if requested != "auto":
+        if requested not in DTYPES:
+            raise ValueError(f"unknown dtype {requested!r}: choose one of {', '.join(DTYPES)}")
+        return DTYPES[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels, so host clocks measure the device's work, not its launches."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class Stopwatch:
+    """Seconds between `start()` and `stop()`, with the device synchronised at both ends."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._start = 0.0
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self._start = time.perf_counter()
+
+    def stop(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter() - self._start

@@ -1,0 +1,148 @@
+"""The events a generation yields: the one contract between the engine and everyone else.
+
+Every event is a frozen dataclass of plain data (ints, floats, str, tuples, read-only numpy
+arrays), never a live tensor, so it can cross threads, be stored and be written as JSON.
+A generation always ends with exactly one `Finished`; an error yields `Failed` just before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+FinishReason = Literal["eos", "stop_string", "length", "cancelled", "error", "context_full"]
+
+# layer index -> attention weights; prefill: [heads, queries, keys], decode: [heads, keys].
+Attention = dict[int, np.ndarray]
+
+
+def frozen_array(values: np.ndarray) -> np.ndarray:
+    """A float32 C-contiguous copy that nobody can write to (events are immutable)."""
+    array = np.ascontiguousarray(values, dtype=np.float32).copy()
+    array.setflags(write=False)
+    return array
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the loaded model is, with the numbers the KV-cache formula needs."""
+
+    name: str
+    source: str  # "bundled", "hub", "folder" or "gguf"
+    architecture: str
+    device: str
+    dtype: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    parameters: int
+    max_context: int
+    vocab_size: int
+    bytes_per_value: int
+    # Layers whose cache keeps only the last `sliding_window` tokens (e.g. Gemma 3 local layers).
+    sliding_layers: tuple[int, ...] = ()
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One of the top-k next tokens of a step.
+
+    `prob` is the softmax of the model's logits; `sampled_prob` is the probability the sampler
+    actually drew from, after repetition penalty, temperature, top-k and top-p (0 if filtered).
+    """
+
+    token_id: int
+    text: str
+    prob: float
+    sampled_prob: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """The prompt has been processed in one parallel pass.
+
+    `reused_tokens` came from the cache kept since the previous turn; only
+    `processed_tokens` (= prompt_tokens - reused_tokens) went through the model now.
+    """
+
+    prompt_tokens: int
+    reused_tokens: int
+    processed_tokens: int
+    tokenize_s: float
+    seconds: float
+    kv_bytes: int
+    kv_bytes_per_layer: tuple[int, ...]
+    prompt_token_ids: tuple[int, ...]
+    # The text of each prompt token, for axis labels and hover.
+    token_texts: tuple[str, ...]
+    # layer -> [heads, processed query rows, keys]; empty when attention is not watched.
+    attention: Attention = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.processed_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One generated token.
+
+    `text` is what the stream releases now (possibly "" while a multi-byte character or a word
+    piece is incomplete); joined over a reply it equals the decoded reply. `piece` is this
+    token's own text. `seconds` is the step's latency: for index 0 the time since the prompt was
+    tokenized (prefill + sampling), for later tokens one decode step.
+    """
+
+    index: int
+    token_id: int
+    text: str
+    piece: str
+    seconds: float
+    kv_bytes: int
+    kv_bytes_per_layer: tuple[int, ...]
+    # layer -> [heads, keys]: the attention of the query that produced this token (the previous
+    # token) over the whole context. Empty for index 0: its query is PrefillDone's last row.
+    attention: Attention = field(default_factory=dict)
+    top_k: tuple[Candidate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Something went wrong; `Finished(reason="error")` follows with what was generated."""
+
+    message: str
+    error_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The reply is over; the numbers the status bar, the store and the CLI report."""
+
+    reason: FinishReason
+    text: str
+    prompt_tokens: int
+    reused_tokens: int
+    generated_tokens: int
+    tokenize_s: float
+    prefill_s: float
+    ttft_s: float
+    decode_s: float
+    total_s: float
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # The first token comes from prefill; decode produced the remaining ones.
+        steps = self.generated_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        processed = self.prompt_tokens - self.reused_tokens
+        return processed / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+Event = PrefillDone | Token | Failed | Finished

@@ -1,0 +1,43 @@
+"""Measure the KV cache from its tensors, and the formula it is checked against."""
+
+from __future__ import annotations
+
+from transformers.cache_utils import Cache
+
+from engine.events import ModelInfo
+
+
+def layer_bytes(cache: Cache | None) -> tuple[int, ...]:
+    """Bytes held by each layer's keys and values, read from the tensors themselves."""
+    if cache is None:
+        return ()
+    sizes = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        sizes.append(_nbytes(keys) + _nbytes(values))
+    return tuple(sizes)
+
+
+def _nbytes(tensor) -> int:
+    return 0 if tensor is None or tensor.dim() == 0 else tensor.numel() * tensor.element_size()
+
+
+def cached_tokens_per_layer(info: ModelInfo, tokens: int) -> tuple[int, ...]:
+    """How many tokens each layer keeps: all of them, or the window on sliding-window layers."""
+    # A sliding layer keeps the last window - 1 tokens; the next query brings the last one.
+    kept = (info.sliding_window or tokens + 1) - 1
+    return tuple(
+        min(tokens, kept) if layer in info.sliding_layers else tokens
+        for layer in range(info.layers)
+    )
+
+
+def formula_bytes(info: ModelInfo, tokens: int) -> int:
+    """2 x layers x kv_heads x head_dim x tokens x bytes; sliding layers capped at their window."""
+    per_token = 2 * info.kv_heads * info.head_dim * info.bytes_per_value
+    return per_token * sum(cached_tokens_per_layer(info, tokens))
+
+
+def mha_bytes(info: ModelInfo, tokens: int) -> int:
+    """The same cache if every query head had its own KV head (no grouped-query attention)."""
+    return formula_bytes(info, tokens) * info.heads // info.kv_heads

@@ -1,0 +1,290 @@
+"""A chat session: prefill the prompt, decode token by token, and report it all as events.
+
+    session = ChatSession(load_model(LoadRequest()))
+    for event in session.generate(messages, GenerationSettings(greedy=True)):
+        ...  # PrefillDone, Token..., (Failed), Finished
+
+The session keeps the KV cache and the token ids it holds between turns: a prompt that extends
+them is prefilled from where the cache ends; an edited history is cropped back to the longest
+common prefix (or rebuilt). Cancel is a flag checked between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import DynamicCache
+
+from engine import kv_cache
+from engine.attention_probe import PROBE_KWARG, AttentionProbe
+from engine.detokenize import TextStream
+from engine.device import Stopwatch
+from engine.events import (
+    Candidate,
+    Event,
+    Failed,
+    Finished,
+    FinishReason,
+    PrefillDone,
+    Token,
+    frozen_array,
+)
+from engine.loader import LoadedModel
+from engine.prompt import encode_chat
+from engine.sampling import Sampler
+from engine.settings import GenerationSettings, Message, ProbeSettings
+
+log = logging.getLogger(__name__)
+
+
+@torch.inference_mode()
+def forward(model, ids: torch.Tensor, cache: DynamicCache | None, probe: AttentionProbe | None):
+    """One pass over `ids` [1, n] (the prompt, or one new token); the last position's logits."""
+    extra = {PROBE_KWARG: probe} if probe is not None else {}
+    out = model(input_ids=ids, past_key_values=cache, use_cache=cache is not None,
+                logits_to_keep=1, **extra)  # fmt: skip
+    return out.logits[0, -1].float()
+
+
+@dataclass
+class _Tally:
+    """What a reply has done so far, so a Finished event can be built at any point."""
+
+    started: float
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    generated: int = 0
+    tokenize_s: float = 0.0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+
+    def finished(self, reason: FinishReason, text: str) -> Finished:
+        return Finished(
+            reason=reason, text=text, prompt_tokens=self.prompt_tokens,
+            reused_tokens=self.reused_tokens, generated_tokens=self.generated,
+            tokenize_s=self.tokenize_s, prefill_s=self.prefill_s, ttft_s=self.ttft_s,
+            decode_s=self.decode_s, total_s=time.perf_counter() - self.started,
+        )  # fmt: skip
+
+
+class ChatSession:
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.info = loaded.info
+        self.device = next(self.model.parameters()).device
+        self._cancel = threading.Event()
+        self._cache: DynamicCache | None = None
+        self._cached_ids: list[int] = []
+        self.eos_ids = self._eos_ids()
+
+    # -- public API -------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Ask the running generation to stop after the current step (any thread)."""
+        self._cancel.set()
+
+    def reset(self) -> None:
+        """Forget the KV cache (a new chat, or after an error)."""
+        self._cache, self._cached_ids = None, []
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self._cached_ids)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return len(encode_chat(self.tokenizer, messages))
+
+    def generate(
+        self,
+        messages: Sequence[Message],
+        settings: GenerationSettings | None = None,
+        probes: ProbeSettings | None = None,
+    ) -> Iterator[Event]:
+        """Generate a reply to `messages`, yielding events; always ends with one Finished."""
+        settings = settings or GenerationSettings()
+        probes = probes or ProbeSettings()
+        self._cancel.clear()
+        tally = _Tally(started=time.perf_counter())
+        stream: TextStream | None = None
+        try:
+            prompt = encode_chat(self.tokenizer, messages)
+            tally.tokenize_s = time.perf_counter() - tally.started
+            tally.prompt_tokens = len(prompt)
+            room = self.info.max_context - len(prompt) if self.info.max_context else None
+            if room is not None and room <= 0:
+                message = (
+                    f"The conversation is {len(prompt)} tokens long, but {self.info.name} holds"
+                    f" at most {self.info.max_context}. Start a new chat or drop old turns."
+                )
+                yield Failed(message, "ContextFull")
+                yield tally.finished("context_full", "")
+                return
+            stream = TextStream(self.tokenizer, prompt, settings.stop_strings)
+            yield from self._reply(prompt, settings, probes, tally, stream, room)
+        except torch.OutOfMemoryError:
+            self._recover()
+            yield Failed(
+                "The device ran out of memory. The reply was cut here and the cache freed;"
+                " try a shorter conversation, fewer watched layers or a smaller model.",
+                "OutOfMemoryError",
+            )
+            yield tally.finished("error", stream.text if stream else "")
+        except Exception as error:  # the app must survive anything the model throws
+            log.exception("generation failed")
+            self._recover()
+            yield Failed(f"Generation failed: {error}", type(error).__name__)
+            yield tally.finished("error", stream.text if stream else "")
+
+    # -- the generation loop ----------------------------------------------------------------
+
+    def _reply(self, prompt, settings, probes, tally, stream, room) -> Iterator[Event]:
+        budget = settings.max_new_tokens if room is None else min(settings.max_new_tokens, room)
+        sampler = Sampler(settings, self.device)
+        clock = Stopwatch(self.device)
+        history = torch.tensor(prompt, device=self.device)
+        ids = list(prompt)
+
+        clock.start()
+        if settings.use_cache:
+            reused = self._reuse_cache(prompt)
+        else:  # teaching mode: no cache at all, every step re-reads the whole sequence
+            self.reset()
+            reused = 0
+        cache = self._cache
+        probe = self._probe(probes, rows=min(probes.prefill_rows, len(prompt) - reused))
+        logits = forward(self.model, history[None, reused:], cache, probe)
+        tally.prefill_s, tally.reused_tokens = clock.stop(), reused
+        self._cached_ids = list(prompt) if settings.use_cache else []
+        yield self._prefill_event(prompt, reused, tally, probe, probes)
+
+        reason: FinishReason = "length"
+        step_s = tally.prefill_s
+        for index in range(budget):
+            clock.start()
+            probs = sampler.distribution(logits, history)
+            token_id = int(sampler.choose(probs))
+            eos = token_id in self.eos_ids and not settings.ignore_eos
+            last = eos or index + 1 == budget or self._cancel.is_set()
+            event = self._token_event(index, token_id, logits, probs, probe, probes, stream, last)
+            step_s += clock.stop()
+            if index == 0:
+                tally.ttft_s = tally.tokenize_s + step_s
+            else:
+                tally.decode_s += step_s
+            tally.generated = index + 1
+            yield replace(event, seconds=step_s)
+            ids.append(token_id)
+            if eos:
+                reason = "eos"
+            elif stream.stopped:
+                reason = "stop_string"
+            elif self._cancel.is_set():
+                reason = "cancelled"
+            elif index + 1 < budget:
+                clock.start()
+                history = torch.cat([history, history.new_tensor([token_id])])
+                probe = self._probe(probes, rows=1)
+                step_ids = history[None, -1:] if settings.use_cache else history[None, :]
+                logits = forward(self.model, step_ids, cache, probe)
+                if settings.use_cache:
+                    self._cached_ids.append(token_id)
+                step_s = clock.stop()
+                continue
+            break
+        yield tally.finished(reason, stream.text)
+
+    def _reuse_cache(self, prompt: list[int]) -> int:
+        """Make the cache hold a prefix of `prompt`; return how many tokens it holds."""
+        common = 0
+        for cached, new in zip(self._cached_ids, prompt, strict=False):
+            if cached != new:
+                break
+            common += 1
+        common = min(common, len(prompt) - 1)  # the last prompt token must run for logits
+        if self._cache is None or common == 0:
+            self._cache, self._cached_ids = DynamicCache(config=self.model.config), []
+            return 0
+        if common < len(self._cached_ids):
+            try:
+                self._cache.crop(common)
+            except (RuntimeError, ValueError):  # sliding-window layers cannot rewind far
+                self._cache, self._cached_ids = DynamicCache(config=self.model.config), []
+                return 0
+        self._cached_ids = self._cached_ids[:common]
+        return common
+
+    def _probe(self, probes: ProbeSettings, rows: int) -> AttentionProbe | None:
+        if not probes.attention_layers:
+            return None
+        return AttentionProbe(frozenset(probes.attention_layers), rows=max(rows, 1))
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _prefill_event(self, prompt, reused, tally, probe, probes) -> PrefillDone:
+        per_layer = kv_cache.layer_bytes(self._cache)
+        return PrefillDone(
+            prompt_tokens=len(prompt),
+            reused_tokens=reused,
+            processed_tokens=len(prompt) - reused,
+            tokenize_s=tally.tokenize_s,
+            seconds=tally.prefill_s,
+            kv_bytes=sum(per_layer),
+            kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
+            prompt_token_ids=tuple(prompt),
+            token_texts=tuple(self._piece(i) for i in prompt) if probes.attention_layers else (),
+            attention=_attention(probe, squeeze=False),
+        )
+
+    def _token_event(self, index, token_id, logits, probs, probe, probes, stream, last) -> Token:
+        per_layer = kv_cache.layer_bytes(self._cache)
+        return Token(
+            index=index,
+            token_id=token_id,
+            text=stream.push(token_id, last),
+            piece=self._piece(token_id),
+            seconds=0.0,
+            kv_bytes=sum(per_layer),
+            kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
+            attention=_attention(probe, squeeze=True) if index > 0 else {},
+            top_k=self._top_k(logits, probs, probes.top_k),
+        )
+
+    def _top_k(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> tuple[Candidate, ...]:
+        if k <= 0:
+            return ()
+        top = torch.softmax(logits, dim=-1).topk(k)
+        sampled = probs[top.indices].tolist()
+        return tuple(
+            Candidate(token_id=i, text=self._piece(i), prob=p, sampled_prob=q)
+            for i, p, q in zip(top.indices.tolist(), top.values.tolist(), sampled, strict=True)
+        )
+
+    def _piece(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+
+    def _eos_ids(self) -> frozenset[int]:
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return frozenset([eos] if isinstance(eos, int) else (eos or ()))
+
+    def _recover(self) -> None:
+        self.reset()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _attention(probe: AttentionProbe | None, squeeze: bool) -> dict:
+    if probe is None:
+        return {}
+    return {
+        layer: frozen_array((w[:, -1] if squeeze else w).cpu().numpy())
+        for layer, w in sorted(probe.weights.items())
+    }

@@ -1,0 +1,113 @@
+"""What a generation is asked to do: sampling settings and which internals to observe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SettingsError(ValueError):
+    """A sampling or probe setting is out of range; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSettings:
+    """Sampling settings. `greedy=True` ignores temperature, top-k and top-p."""
+
+    max_new_tokens: int = 256
+    greedy: bool = False
+    temperature: float = 0.7
+    top_k: int = 50  # 0 disables
+    top_p: float = 0.9
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop_strings: tuple[str, ...] = ()
+    # Teaching mode: re-run the whole sequence every step instead of reading the KV cache.
+    use_cache: bool = True
+    # Benchmarks: always generate max_new_tokens (as generate's min_new_tokens does).
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise SettingsError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
+        if not self.greedy and self.temperature <= 0:
+            raise SettingsError(
+                f"temperature must be above 0 (got {self.temperature}); use greedy decoding instead"
+            )
+        if self.top_k < 0:
+            raise SettingsError(f"top-k must be 0 (off) or positive, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SettingsError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise SettingsError(
+                f"repetition penalty must be above 0, got {self.repetition_penalty}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    """Which internals a generation records into its events.
+
+    `attention_layers`: the layers whose attention weights are captured (empty: none).
+    `top_k`: how many next-token candidates each Token event carries (0: none).
+    `prefill_rows`: at most this many query rows of the prompt's attention matrix are kept
+    (the last ones), so a long prompt does not allocate heads x n x n floats per layer.
+    """
+
+    attention_layers: tuple[int, ...] = ()
+    top_k: int = 10
+    prefill_rows: int = 512
+    kv_per_layer: bool = True
+
+    def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise SettingsError(f"probe top-k must be 0 or positive, got {self.top_k}")
+        if self.prefill_rows < 1:
+            raise SettingsError(f"prefill rows must be at least 1, got {self.prefill_rows}")
+
+    @classmethod
+    def off(cls) -> ProbeSettings:
+        """Observe nothing: the plain chat path the benchmark compares against."""
+        return cls(attention_layers=(), top_k=0, kv_per_layer=False)
+
+
+def parse_layers(spec: str, num_layers: int) -> tuple[int, ...]:
+    """Parse a layer list such as "all", "0,14,29" or "-1" (negative counts from the end)."""
+    spec = spec.strip().lower()
+    if spec in ("", "none"):
+        return ()
+    if spec == "all":
+        return tuple(range(num_layers))
+    layers: list[int] = []
+    for part in spec.split(","):
+        try:
+            index = int(part)
+        except ValueError:
+            raise SettingsError(f"not a layer number: {part!r}") from None
+        if index < 0:
+            index += num_layers
+        if not 0 <= index < num_layers:
+            raise SettingsError(f"layer {part.strip()} is outside 0..{num_layers - 1}")
+        if index not in layers:
+            layers.append(index)
+    return tuple(layers)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message as the chat template takes it."""
+
+    role: str  # "system", "user" or "assistant"
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRequest:
+    """Which model to load and where. `spec` is "bundled", a hub id, a folder or a .gguf path."""
+
+    spec: str = "bundled"
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", "mps"
+    dtype: str = "auto"  # "auto", "float32", "bfloat16", "float16"
+    extra: dict[str, str] = field(default_factory=dict)
