@@ -56,8 +56,9 @@ class TextStream:
     def _release(self, final: bool) -> str:
         end = len(self.text)
         if not final:
-            boundary = max(self.text.rfind(c, self.released) for c in " \n\t") + 1
-            end = min(boundary, len(self.text) - self._hold)
+            # The last whitespace before the tail that could still become a stop string.
+            limit = len(self.text) - self._hold
+            end = max(self.text.rfind(c, self.released, limit) for c in " \n\t") + 1
         if end <= self.released:
             return ""
         piece, self.released = self.text[self.released : end], end

@@ -18,6 +18,22 @@ def layer_bytes(cache: Cache | None) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def truncate(cache: Cache, tokens: int) -> bool:
+    """Keep the first `tokens` positions of every layer; False if a layer cannot rewind.
+
+    Done on the tensors directly: `Cache.crop`'s argument changed meaning between
+    transformers releases, and sliding-window layers have already dropped old positions.
+    """
+    layers = cache.layers
+    if any(getattr(layer, "is_sliding", False) or not hasattr(layer, "keys") for layer in layers):
+        return False
+    for layer in layers:
+        if layer.keys is not None and layer.keys.dim() == 4:
+            layer.keys = layer.keys[..., :tokens, :]
+            layer.values = layer.values[..., :tokens, :]
+    return True
+
+
 def _nbytes(tensor) -> int:
     return 0 if tensor is None or tensor.dim() == 0 else tensor.numel() * tensor.element_size()
 

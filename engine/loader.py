@@ -187,9 +187,9 @@ def _dequantised_copy(gguf: Path, cache_dir: Path, report: Progress) -> Path:
         tokenizer.save_pretrained(staging)
         staging.rename(folder)
     except OSError:
-        # A read-only or full cache only costs the next start the same wait; load from memory now.
         shutil.rmtree(staging, ignore_errors=True)
-        raise
+        if not (folder / "config.json").is_file():  # not another process that got there first
+            raise
     return folder
 
 

@@ -211,12 +211,9 @@ class ChatSession:
         if self._cache is None or common == 0:
             self._cache, self._cached_ids = DynamicCache(config=self.model.config), []
             return 0
-        if common < len(self._cached_ids):
-            try:
-                self._cache.crop(common)
-            except (RuntimeError, ValueError):  # sliding-window layers cannot rewind far
-                self._cache, self._cached_ids = DynamicCache(config=self.model.config), []
-                return 0
+        if common < len(self._cached_ids) and not kv_cache.truncate(self._cache, common):
+            self._cache, self._cached_ids = DynamicCache(config=self.model.config), []
+            return 0
         self._cached_ids = self._cached_ids[:common]
         return common
 

@@ -1,0 +1,105 @@
+"""`glassbox chat`: the same engine in the terminal, interactive or one-shot, text or JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from app.cli import generation_settings, load_request, print_json
+from engine.events import Failed, Finished, PrefillDone, Token
+from engine.loader import ModelLoadError, load_model
+from engine.serialize import event_to_dict
+from engine.session import ChatSession
+from engine.settings import Message, ProbeSettings, SettingsError, parse_layers
+from engine.trace import TraceRecorder
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    try:
+        settings = generation_settings(args)
+    except SettingsError as error:
+        print(f"glassbox chat: {error}", file=sys.stderr)
+        return 2
+    progress = None if args.json else _progress
+    try:
+        loaded = load_model(load_request(args), progress=progress)
+    except ModelLoadError as error:
+        print(f"glassbox chat: {error}", file=sys.stderr)
+        return 1
+    session = ChatSession(loaded)
+    try:
+        layers = parse_layers(args.watch_layers, loaded.info.layers) if args.trace else ()
+    except SettingsError as error:
+        print(f"glassbox chat: {error}", file=sys.stderr)
+        return 2
+    probes = ProbeSettings(attention_layers=layers, top_k=10 if args.trace else 0)
+    history = [Message("system", args.system)] if args.system else []
+    if args.prompt is not None:
+        return _turn(session, history, args.prompt, settings, probes, args)
+    return _interactive(session, history, settings, probes, args)
+
+
+def _interactive(session, history, settings, probes, args) -> int:
+    if not args.json:
+        print(f"{session.info.name} on {session.info.device}. /new starts over, /quit leaves.")
+    while True:
+        try:
+            line = input("" if args.json else "\nyou> ")
+        except (EOFError, KeyboardInterrupt):
+            return 0
+        if line.strip() == "/quit":
+            return 0
+        if line.strip() == "/new":
+            history[:] = [m for m in history if m.role == "system"]
+            session.reset()
+            continue
+        _turn(session, history, line, settings, probes, args)
+
+
+def _turn(session, history, text, settings, probes, args) -> int:
+    """Answer one user message; append both to `history`. Returns an exit status."""
+    if not text.strip():
+        print("glassbox chat: the message is empty", file=sys.stderr)
+        return 2
+    messages = [*history, Message("user", text)]
+    trace = TraceRecorder(session.info) if args.trace else None
+    finished: Finished | None = None
+    if not args.json:
+        print("assistant> " if args.prompt is None else "", end="", flush=True)
+    try:
+        for event in session.generate(messages, settings, probes):
+            if trace:
+                trace.add(event)
+            _show(event, args.json)
+            if isinstance(event, Finished):
+                finished = event
+    except KeyboardInterrupt:
+        session.cancel()
+    if trace:
+        args.trace.write_text(json.dumps(trace.to_dict()))
+    if finished is None or finished.reason in ("error", "context_full"):
+        return 1
+    history[:] = [*messages, Message("assistant", finished.text)]
+    return 0
+
+
+def _show(event, as_json: bool) -> None:
+    if as_json:
+        print_json(event_to_dict(event))
+    elif isinstance(event, Token):
+        print(event.text, end="", flush=True)
+    elif isinstance(event, Failed):
+        print(f"\n[{event.message}]", file=sys.stderr)
+    elif isinstance(event, Finished):
+        print(
+            f"\n[{event.reason}: {event.generated_tokens} tokens, TTFT {event.ttft_s * 1000:.0f} ms,"
+            f" {event.decode_tokens_per_s:.1f} tokens/s, {event.reused_tokens} cached]",
+            file=sys.stderr,
+        )
+    elif isinstance(event, PrefillDone):
+        pass
+
+
+def _progress(stage: str, fraction: float) -> None:
+    print(f"[{fraction:4.0%}] {stage}", file=sys.stderr, flush=True)

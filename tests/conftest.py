@@ -1,0 +1,125 @@
+"""Fixtures for every test: Qt runs headless, and no test may leave a QThread running."""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Before any QApplication exists: tests never need (or may not have) a display.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+# pytest puts this folder on sys.path for this file, where tests/app, tests/engine and tests/ui
+# would pass for namespace packages named app, engine and ui. The repository root goes first,
+# so those names stay the real packages and `tests.ui.fakes` imports under plain `pytest` too.
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(autouse=True)
+def _no_qthread_left_running(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail the test if a QThread it started is still running when it ends.
+
+    Engine tests never import Qt, so they pay nothing here.
+    """
+    qtcore = sys.modules.get("PySide6.QtCore")
+    if qtcore is None:
+        yield
+        return
+    started: weakref.WeakSet = weakref.WeakSet()
+    original_start = qtcore.QThread.start
+
+    def start(self, *args, **kwargs):
+        started.add(self)
+        return original_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(qtcore.QThread, "start", start)
+    yield
+    import shiboken6
+
+    running = [t for t in list(started) if shiboken6.isValid(t) and t.isRunning()]
+    for thread in running:  # stop them so one leak does not fail every later test
+        thread.quit()
+        thread.wait(5000)
+    if running:
+        names = ", ".join(t.objectName() or type(t).__name__ for t in running)
+        pytest.fail(f"test left {len(running)} QThread(s) running: {names}", pytrace=False)
+
+
+# -- models ---------------------------------------------------------------------------------
+# The bundled model is dequantised once into a cache beside the tests (not the user's cache),
+# and tiny random-weight models of four architectures reuse its tokenizer: no network needed.
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault(
+    "GLASSBOX_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "glassbox-cache"),
+)
+
+TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "gemma3")
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """The real bundled SmolLM2-135M-Instruct, loaded once for the whole run."""
+    from engine.loader import load_model
+    from engine.settings import LoadRequest
+
+    return load_model(LoadRequest(spec="bundled", device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(bundled):
+    return bundled.tokenizer
+
+
+def tiny_config(architecture: str, **overrides):
+    """A few-layer config of the given shape with the bundled tokenizer's vocabulary."""
+    from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=49152, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    if architecture == "llama":  # grouped-query attention: 4 query heads share 2 KV heads
+        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=2, **common)  # fmt: skip
+    elif architecture == "qwen2":
+        config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, **common)  # fmt: skip
+    elif architecture == "gpt2":  # multi-head attention, learned positions
+        config = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, **common)
+    elif architecture == "gemma3":  # a sliding-window layer, then a global one
+        config = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                  sliding_window=8, layer_types=["sliding_attention",
+                                  "full_attention"], **common)  # fmt: skip
+    else:
+        raise ValueError(architecture)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def make_tiny(tokenizer, architecture: str, seed: int = 0, attn: str | None = None, **overrides):
+    """A random-weight model wrapped like a loaded one (attn="eager" for references)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.loader import prepare
+
+    torch.manual_seed(seed)
+    config = tiny_config(architecture, **overrides)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if attn is not None:
+        model.set_attn_implementation(attn)
+        return model
+    return prepare(model, tokenizer, name=f"tiny-{architecture}", source="memory")
+
+
+@pytest.fixture(params=TINY_ARCHITECTURES)
+def tiny(request, tokenizer):
+    """A tiny random model of each architecture in turn."""
+    return make_tiny(tokenizer, request.param)
