@@ -21,6 +21,9 @@ def run_chat(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(f"glassbox chat: {error}", file=sys.stderr)
         return 2
+    if args.prompt is not None and not args.prompt.strip():  # say so before a long load
+        print("glassbox chat: the message is empty", file=sys.stderr)
+        return 2
     progress = None if args.json else _progress
     try:
         loaded = load_model(load_request(args), progress=progress)
@@ -93,8 +96,9 @@ def _show(event, as_json: bool) -> None:
         print(f"\n[{event.message}]", file=sys.stderr)
     elif isinstance(event, Finished):
         print(
-            f"\n[{event.reason}: {event.generated_tokens} tokens, TTFT {event.ttft_s * 1000:.0f} ms,"
-            f" {event.decode_tokens_per_s:.1f} tokens/s, {event.reused_tokens} cached]",
+            f"\n[{event.reason}: {event.generated_tokens} tokens,"
+            f" TTFT {event.ttft_s * 1000:.0f} ms, {event.decode_tokens_per_s:.1f} tokens/s,"
+            f" {event.reused_tokens} cached]",
             file=sys.stderr,
         )
     elif isinstance(event, PrefillDone):

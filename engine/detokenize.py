@@ -58,7 +58,7 @@ class TextStream:
         if not final:
             # The last whitespace before the tail that could still become a stop string.
             limit = len(self.text) - self._hold
-            end = max(self.text.rfind(c, self.released, limit) for c in " \n\t") + 1
+            end = _last_boundary(self.text, self.released, limit)
         if end <= self.released:
             return ""
         piece, self.released = self.text[self.released : end], end
@@ -74,3 +74,25 @@ class TextStream:
         return self.tokenizer.decode(
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
+
+
+def _last_boundary(text: str, start: int, limit: int) -> int:
+    """End of the last whole word in text[start:limit]: after whitespace or a CJK character.
+
+    CJK scripts write no spaces between words, so each character is a boundary there (as
+    transformers' TextStreamer does); elsewhere a word is shown only once it is complete.
+    """
+    for at in range(min(limit, len(text)) - 1, start - 1, -1):
+        if text[at].isspace() or _is_cjk(text[at]):
+            return at + 1
+    return start
+
+
+def _is_cjk(char: str) -> bool:
+    code = ord(char)
+    return (
+        0x3000 <= code <= 0x9FFF  # punctuation, kana, unified ideographs
+        or 0xAC00 <= code <= 0xD7AF  # Hangul syllables
+        or 0xF900 <= code <= 0xFAFF
+        or 0x20000 <= code <= 0x2FA1F
+    )

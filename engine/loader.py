@@ -31,6 +31,16 @@ BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1, bundled)"
 
 Progress = Callable[[str, float], None]
 
+# Checkpoint classes of encoder heads (see _check_causal).
+ENCODER_HEADS = (
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForNextSentencePrediction",
+)
+
 
 class ModelLoadError(Exception):
     """The model could not be loaded; the message says why in the user's terms."""
@@ -175,7 +185,7 @@ def _dequantised_copy(gguf: Path, cache_dir: Path, report: Progress) -> Path:
         )
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
         raise ModelLoadError(f"{gguf} is not a readable GGUF model: {_short(error)}") from None
-    report("Saving the dequantised copy for next time", 0.6)
+    report("Saving the dequantised copy for next time", 0.25)  # loading the copy follows
     # The weights are plain floats now; without this marker transformers refuses to save them.
     model.config.quantization_config = None
     del model.config.quantization_config
@@ -204,7 +214,11 @@ def _check_causal(location: str, local: bool) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     model_type = getattr(config, "model_type", "?")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    # BERT-like types have a causal class too, but a checkpoint saved for an encoder head
+    # (e.g. BertForMaskedLM) attends both ways and would only babble as a "causal" model.
+    heads = getattr(config, "architectures", None) or ()
+    encoder = bool(heads) and all(name.endswith(ENCODER_HEADS) for name in heads)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or encoder:
         raise ModelLoadError(
             f"{location} is a '{model_type}' model, not a causal language model (one that"
             " generates text)."

@@ -1,0 +1,204 @@
+"""`glassbox chat` and `glassbox bench` as a user runs them: a separate process, real output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+GLASSBOX = Path(sys.executable).with_name("glassbox")
+
+
+def run_app(*args: str, stdin: str | None = None, command=None) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "GLASSBOX_CACHE_DIR": os.environ["GLASSBOX_CACHE_DIR"],
+        "PYTHONIOENCODING": "utf-8",
+    }
+    command = command or [sys.executable, "-m", "app"]
+    return subprocess.run(
+        [*command, *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=300,
+    )
+
+
+def json_lines(stdout: str) -> list[dict]:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert lines, "no output"
+    return [json.loads(line) for line in lines]  # every line is one JSON object
+
+
+def assert_clean_error(result: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    """Exit `code` with one `glassbox chat: ...` line as the last thing on stderr."""
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("glassbox chat:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    for word in words:
+        assert word in errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tokenizer, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("cli-tiny-llama")
+    make_tiny(tokenizer, "llama").model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def one_shot(tiny_folder, tmp_path_factory):
+    """One JSON-lines reply that also writes a trace of every layer."""
+    trace = tmp_path_factory.mktemp("trace") / "reply.json"
+    result = run_app(
+        "chat", "--model", str(tiny_folder), "--prompt", "hi", "--greedy",
+        "--max-new-tokens", "5", "--json", "--trace", str(trace), "--watch-layers", "all",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return json_lines(result.stdout), json.loads(trace.read_text())
+
+
+def test_json_lines_are_events(one_shot):
+    events, _ = one_shot
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "prefill" and kinds[-1] == "finished"
+    assert set(kinds[1:-1]) == {"token"}
+    tokens = [e for e in events if e["event"] == "token"]
+    for index, token in enumerate(tokens):
+        assert isinstance(token["token_id"], int) and isinstance(token["text"], str)
+        assert token["index"] == index
+    finished = events[-1]
+    for key in (
+        "finish_reason", "prompt_tokens", "reused_tokens", "generated_tokens",
+        "ttft_s", "decode_tokens_per_s",
+    ):  # fmt: skip
+        assert key in finished
+    assert finished["finish_reason"] in ("length", "eos")
+    assert finished["generated_tokens"] == len(tokens) <= 5
+    assert finished["prompt_tokens"] == events[0]["prompt_tokens"] > 0
+    assert finished["reused_tokens"] == 0
+    assert finished["ttft_s"] > 0 and finished["decode_tokens_per_s"] >= 0
+    assert "".join(t["text"] for t in tokens) == finished["text"]
+
+
+def test_trace_has_the_documented_shape(one_shot):
+    events, trace = one_shot
+    model = trace["model"]
+    assert (model["layers"], model["heads"], model["kv_heads"], model["head_dim"]) == (3, 4, 2, 16)
+    assert model["dtype"] == "float32"
+    layers, heads = model["layers"], model["heads"]
+
+    prompt = trace["prompt_token_ids"]
+    assert prompt == events[0]["prompt_token_ids"]
+    tokens = [e for e in events if e["event"] == "token"]
+    assert trace["generated_token_ids"] == [t["token_id"] for t in tokens]
+
+    prefill = trace["prefill"]
+    assert prefill["tokens"] == len(prompt) and prefill["reused_tokens"] == 0
+    assert prefill["seconds"] > 0
+    assert set(prefill["attention"]) == {str(layer) for layer in range(layers)}
+    n = len(prompt)
+    for matrix in prefill["attention"].values():
+        assert len(matrix) == heads
+        for head in matrix:
+            assert len(head) == n and all(len(row) == n for row in head)
+            for query, row in enumerate(head):
+                assert sum(row) == pytest.approx(1.0, abs=1e-4)
+                assert all(weight == 0 for weight in row[query + 1 :])  # causal
+
+    steps = trace["steps"]
+    assert [s["token_id"] for s in steps] == trace["generated_token_ids"]
+    for index, step in enumerate(steps):
+        assert step["seconds"] > 0
+        assert len(step["kv_bytes_per_layer"]) == layers
+        assert sum(step["kv_bytes_per_layer"]) == step["kv_bytes"] > 0
+        top_k = step["top_k"]
+        assert len(top_k) == 10
+        assert all({"token_id", "text", "prob"} <= set(c) for c in top_k)
+        probs = [c["prob"] for c in top_k]
+        assert probs == sorted(probs, reverse=True)
+        assert top_k[0]["token_id"] == step["token_id"]  # greedy takes the likeliest
+        if index == 0:  # its query row is the prefill matrix's last row
+            assert step["attention"] == {}
+            continue
+        assert set(step["attention"]) == set(prefill["attention"])
+        for weights in step["attention"].values():
+            assert len(weights) == heads
+            for row in weights:  # the new token's query over the prompt and earlier tokens
+                assert len(row) == n + index
+                assert sum(row) == pytest.approx(1.0, abs=1e-4)
+    sizes = [s["kv_bytes"] for s in steps]
+    assert sizes == sorted(sizes)
+
+
+def test_missing_model_is_one_clear_line(tmp_path):
+    missing = tmp_path / "no-model-here"
+    result = run_app("chat", "--model", str(missing), "--prompt", "hi", "--greedy")
+    assert_clean_error(result, 1, str(missing), "does not exist")
+    assert result.stdout == ""
+
+
+def test_negative_temperature_is_a_usage_error(tiny_folder):
+    result = run_app("chat", "--model", str(tiny_folder), "--prompt", "hi", "--temperature", "-1")
+    assert_clean_error(result, 2, "temperature", "-1")
+
+
+def test_empty_prompt_is_refused_before_loading(tiny_folder):
+    result = run_app("chat", "--model", str(tiny_folder), "--prompt", "", "--greedy")
+    assert_clean_error(result, 2, "empty")
+    assert "Loading" not in result.stderr
+
+
+def test_interactive_answers_each_line_then_exits_on_eof(tiny_folder):
+    result = run_app(
+        "chat", "--model", str(tiny_folder), "--greedy", "--max-new-tokens", "3", "--json",
+        stdin="hi\nagain\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    finished = [e for e in json_lines(result.stdout) if e["event"] == "finished"]
+    assert len(finished) == 2
+    first, second = finished
+    # The second turn extends the first: its prompt holds the first reply, mostly cached.
+    assert second["prompt_tokens"] > first["prompt_tokens"]
+    assert 0 < second["reused_tokens"] < second["prompt_tokens"]
+
+
+def test_bench_reports_decode_rates(tiny_folder):
+    result = run_app(
+        "bench", "--model", str(tiny_folder), "--json", "--new-tokens", "8", "--repeats", "1"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json_lines(result.stdout)[-1]
+    rates = report["decode_tokens_per_s"]
+    assert set(rates) == {"generate", "engine", "engine_view_on"}
+    assert all(rate > 0 for rate in rates.values())
+    assert report["ratio_engine_vs_generate"] > 0
+    assert report["new_tokens"] == 8 and report["repeats"] == 1
+
+
+@pytest.mark.bundled
+def test_bundled_model_knows_the_capital_of_france():
+    assert GLASSBOX.is_file(), f"{GLASSBOX} is missing: install the package"
+    result = run_app(
+        "chat", "--prompt", "What is the capital of France?", "--greedy",
+        "--max-new-tokens", "24", command=[str(GLASSBOX)],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,63 @@
+"""The layering rules hold: the import-linter contracts pass, they do catch a violation, and
+importing the engine loads no Qt at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_import_contracts_are_kept():
+    assert LINT_IMPORTS.is_file(), f"{LINT_IMPORTS} is missing: install the test extras"
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_import_contracts_catch_the_engine_importing_qt(tmp_path):
+    """A copy of the code with one forbidden import: the same contracts must fail on it."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    for package in ("engine", "app", "ui"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    (tmp_path / "engine" / "leak.py").write_text("import PySide6.QtCore  # noqa: F401\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = lint_imports(tmp_path, env)
+    assert result.returncode != 0
+    assert "engine.leak -> PySide6" in result.stdout
+
+
+def test_importing_the_engine_loads_no_qt():
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import engine, engine.session, engine.loader, engine.benchmark, engine.trace\n"
+        "for module in pkgutil.iter_modules(engine.__path__):\n"
+        "    importlib.import_module('engine.' + module.name)\n"
+        "qt = sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "            ('PySide6', 'shiboken6', 'pyqtgraph', 'superqt', 'app', 'ui'))\n"
+        "print('loaded:', qt)\n"
+        "sys.exit(1 if qt else 0)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "loaded: []" in result.stdout

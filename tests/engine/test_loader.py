@@ -1,0 +1,316 @@
+"""The loader: what a model spec names, a clear error for everything that is not a model,
+folder and GGUF loading with progress, the dequantised cache, device and dtype picks, and the
+numbers `describe` reports."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny
+from transformers import BertConfig, BertForMaskedLM
+
+from engine.device import pick_device, pick_dtype
+from engine.loader import (
+    ModelLoadError,
+    bundled_gguf_path,
+    describe,
+    load_model,
+    resolve,
+)
+from engine.settings import LoadRequest
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tokenizer, tmp_path_factory) -> Path:
+    """A tiny random llama saved the way a downloaded model sits on disk."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny(tokenizer, "llama").model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def load_error(spec: str, tmp_path: Path, **request) -> str:
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(LoadRequest(spec=spec, device="cpu", **request), cache_dir=tmp_path)
+    message = str(caught.value)
+    assert message and "\n" not in message and "Traceback" not in message
+    return message
+
+
+# -- resolve ---------------------------------------------------------------------------------
+
+
+def test_resolve_bundled_names_the_shipped_gguf():
+    for spec in ("bundled", "", "  bundled "):
+        source, location = resolve(spec)
+        assert source == "bundled"
+        assert location == str(bundled_gguf_path())
+        assert location.endswith(".gguf") and Path(location).is_file()
+
+
+def test_resolve_gguf_file_folder_and_hub_id(tmp_path, monkeypatch):
+    gguf = tmp_path / "model.GGUF"
+    gguf.write_bytes(b"GGUF")
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert resolve(str(gguf)) == ("gguf", str(gguf.resolve()))
+    assert resolve(str(folder)) == ("folder", str(folder.resolve()))
+    monkeypatch.chdir(tmp_path)  # relative paths resolve against the working directory
+    assert resolve("my-model") == ("folder", str(folder.resolve()))
+    assert resolve("./my-model/") == ("folder", str(folder.resolve()))
+    assert resolve("HuggingFaceTB/SmolLM2-135M-Instruct") == (
+        "hub",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+    )
+    assert resolve("gpt2") == ("hub", "gpt2")
+
+
+@pytest.mark.parametrize("spec", ["/no/such/model", "./missing", "~/no-such-glassbox-model"])
+def test_resolve_missing_local_path(spec):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        resolve(spec)
+
+
+def test_resolve_missing_gguf_is_not_taken_for_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        resolve("model.gguf")
+
+
+# -- errors a user can act on ------------------------------------------------------------------
+
+
+def test_missing_path(tmp_path):
+    message = load_error(str(tmp_path / "nothing-here"), tmp_path)
+    assert "nothing-here" in message and "does not exist" in message
+
+
+def test_folder_without_config(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"\0" * 16)
+    message = load_error(str(folder), tmp_path)
+    assert "config.json" in message
+
+
+def test_file_that_is_not_gguf(tmp_path):
+    notes = tmp_path / "model.safetensors"
+    notes.write_bytes(b"not a model")
+    message = load_error(str(notes), tmp_path)
+    assert "not a .gguf" in message
+
+
+def test_random_bytes_gguf(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(os.urandom(4096))
+    message = load_error(str(junk), tmp_path)
+    assert "junk.gguf" in message and "not a readable GGUF" in message
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+
+
+def test_truncated_bundled_gguf(tmp_path):
+    """The first megabyte of the real file: a valid header whose tensors run off the end."""
+    with bundled_gguf_path().open("rb") as source:
+        head = source.read(1 << 20)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(head)
+    message = load_error(str(truncated), tmp_path)
+    assert "truncated.gguf" in message and "not a readable GGUF" in message
+    models = tmp_path / "models"
+    assert not models.exists() or not any(models.iterdir())  # no half-written copy is kept
+
+
+def test_encoder_config_is_not_a_causal_model(tmp_path):
+    folder = tmp_path / "bert"
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        architectures=["BertForMaskedLM"],
+    )
+    config.save_pretrained(folder)
+    message = load_error(str(folder), tmp_path)
+    assert "'bert'" in message and "not a causal language model" in message
+
+
+def test_saved_masked_lm_is_not_a_causal_model(tmp_path, tokenizer):
+    """BERT has a causal class too; a masked-LM checkpoint must still be refused."""
+    folder = tmp_path / "bert-full"
+    config = BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    BertForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    message = load_error(str(folder), tmp_path)
+    assert "not a causal language model" in message
+
+
+def test_vision_config_is_not_a_causal_model(tmp_path):
+    from transformers import ViTConfig
+
+    folder = tmp_path / "vit"
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2).save_pretrained(folder)
+    message = load_error(str(folder), tmp_path)
+    assert "'vit'" in message and "not a causal language model" in message
+
+
+def test_hub_id_offline_fails_fast_and_clearly(tmp_path):
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    start = time.perf_counter()
+    message = load_error("glassbox-tests/no-such-model", tmp_path)
+    assert time.perf_counter() - start < 10
+    assert "glassbox-tests/no-such-model" in message
+    assert "hub" in message and "network" in message
+
+
+def test_unknown_dtype(tmp_path, tiny_folder):
+    message = load_error(str(tiny_folder), tmp_path, dtype="float64")
+    assert "float64" in message and "float32" in message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_requested_without_cuda(tmp_path, tiny_folder):
+    with pytest.raises(ModelLoadError, match="CUDA"):
+        load_model(LoadRequest(spec=str(tiny_folder), device="cuda"), cache_dir=tmp_path)
+
+
+# -- loading a folder --------------------------------------------------------------------------
+
+
+def test_load_folder_reports_rising_progress(tiny_folder, tmp_path):
+    stages: list[tuple[str, float]] = []
+    loaded = load_model(
+        LoadRequest(spec=str(tiny_folder), device="cpu"),
+        progress=lambda stage, fraction: stages.append((stage, fraction)),
+        cache_dir=tmp_path,
+    )
+    fractions = [fraction for _, fraction in stages]
+    assert len(stages) >= 3
+    assert all(stage.strip() for stage, _ in stages)
+    assert fractions == sorted(fractions) and 0 <= fractions[0] < 1
+    assert fractions[-1] == 1.0
+    info = loaded.info
+    assert (info.source, info.name) == ("folder", str(tiny_folder.resolve()))
+    assert info.architecture == "LlamaForCausalLM"
+    assert (info.layers, info.heads, info.kv_heads, info.head_dim) == (3, 4, 2, 16)
+    assert (info.device, info.dtype, info.bytes_per_value) == ("cpu", "float32", 4)
+    assert not loaded.model.training
+    assert loaded.tokenizer.pad_token_id is not None
+    with torch.inference_mode():
+        logits = loaded.model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    assert logits.shape == (1, 3, info.vocab_size)
+    assert not (tmp_path / "models").exists()  # only GGUF files are copied into the cache
+
+
+def test_load_folder_in_an_explicit_dtype(tiny_folder, tmp_path):
+    loaded = load_model(
+        LoadRequest(spec=str(tiny_folder), device="cpu", dtype="bfloat16"), cache_dir=tmp_path
+    )
+    assert loaded.info.dtype == "bfloat16" and loaded.info.bytes_per_value == 2
+    assert next(loaded.model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.bundled
+def test_gguf_is_dequantised_once_then_loaded_from_the_copy(tmp_path):
+    stages: list[tuple[str, float]] = []
+    request = LoadRequest(spec="bundled", device="cpu")
+
+    start = time.perf_counter()
+    first = load_model(request, lambda s, f: stages.append((s, f)), cache_dir=tmp_path)
+    first_s = time.perf_counter() - start
+    copies = list((tmp_path / "models").iterdir())
+    assert len(copies) == 1 and (copies[0] / "config.json").is_file()
+    assert not copies[0].name.startswith(".")  # the staging folder was renamed into place
+    assert any("Dequantising" in stage for stage, _ in stages)
+    fractions = [fraction for _, fraction in stages]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+    stages.clear()
+    start = time.perf_counter()
+    second = load_model(request, lambda s, f: stages.append((s, f)), cache_dir=tmp_path)
+    second_s = time.perf_counter() - start
+    assert not any("Dequantising" in stage for stage, _ in stages)
+    assert list((tmp_path / "models").iterdir()) == copies
+    assert second_s < first_s
+    assert first.info == second.info
+    assert first.info.source == "bundled" and first.info.architecture == "LlamaForCausalLM"
+
+    ids = torch.tensor([first.tokenizer("The capital of France is")["input_ids"]])
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            first.model(input_ids=ids).logits, second.model(input_ids=ids).logits, rtol=0, atol=0
+        )
+
+
+# -- device and dtype ------------------------------------------------------------------------
+
+
+def test_cpu_runs_in_float32():
+    assert pick_device("cpu") == CPU
+    assert pick_dtype(CPU) == torch.float32
+    assert pick_dtype(CPU, "auto") == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)],
+)
+def test_explicit_dtype(name, dtype):
+    assert pick_dtype(CPU, name) == dtype
+
+
+def test_unknown_dtype_names_the_choices():
+    with pytest.raises(ValueError, match=r"unknown dtype 'int8'.*float32, bfloat16, float16"):
+        pick_dtype(CPU, "int8")
+
+
+def test_auto_device_is_one_that_exists():
+    device = pick_device("auto")
+    if torch.cuda.is_available():
+        assert device.type == "cuda"
+    elif torch.backends.mps.is_available():
+        assert device.type == "mps"
+    else:
+        assert device == CPU
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_is_refused():
+    with pytest.raises(ValueError, match="no CUDA device"):
+        pick_device("cuda:0")
+
+
+# -- describe ----------------------------------------------------------------------------------
+
+
+def test_describe_tiny_llama(tokenizer):
+    model = make_tiny(tokenizer, "llama").model
+    info = describe(model, "tiny", "memory")
+    assert (info.name, info.source, info.architecture) == ("tiny", "memory", "LlamaForCausalLM")
+    assert (info.layers, info.heads, info.kv_heads, info.head_dim) == (3, 4, 2, 16)
+    assert info.parameters == sum(p.numel() for p in model.parameters())
+    assert info.vocab_size == 49152
+    assert info.max_context == model.config.max_position_embeddings
+    assert (info.dtype, info.bytes_per_value, info.device) == ("float32", 4, "cpu")
+    assert info.sliding_layers == () and info.sliding_window is None
+
+
+def test_describe_gemma3_sliding_layers(tokenizer):
+    info = make_tiny(tokenizer, "gemma3").info
+    assert (info.layers, info.heads, info.kv_heads, info.head_dim) == (2, 4, 2, 16)
+    assert info.sliding_layers == (0,)
+    assert info.sliding_window == 8
+
+
+def test_describe_gpt2_multi_head(tokenizer):
+    info = make_tiny(tokenizer, "gpt2").info
+    assert (info.layers, info.heads, info.kv_heads, info.head_dim) == (2, 4, 4, 16)
+    assert info.max_context == 256

@@ -1,0 +1,180 @@
+"""The sampler's arithmetic: repetition penalty, top-k, top-p, greedy and seeded draws."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
+
+from engine.sampling import Sampler, keep_top_k, keep_top_p, penalize_repetition
+from engine.settings import GenerationSettings
+
+CPU = torch.device("cpu")
+
+
+def probs_to_logits(probs: list[float]) -> torch.Tensor:
+    return torch.tensor(probs, dtype=torch.float32).log()
+
+
+def kept(scores: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(torch.isfinite(scores)).flatten().tolist())
+
+
+def test_repetition_penalty_by_hand():
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0, -4.0])
+    history = torch.tensor([0, 1, 1, 4])  # a repeated token is penalised once
+    penalized = penalize_repetition(logits, history, 2.0)
+    # Positive scores are divided by the penalty, negative ones multiplied: both less likely.
+    assert penalized.tolist() == [1.0, -2.0, 0.5, 3.0, -8.0]
+    assert logits.tolist() == [2.0, -1.0, 0.5, 3.0, -4.0]  # the input is left alone
+
+
+def test_repetition_penalty_below_one_favours_repeats():
+    penalized = penalize_repetition(torch.tensor([2.0, -1.0, 1.0]), torch.tensor([0, 1]), 0.5)
+    assert penalized.tolist() == [4.0, -0.5, 1.0]
+
+
+def test_repetition_penalty_matches_transformers():
+    torch.manual_seed(0)
+    logits = torch.randn(100)
+    history = torch.randint(0, 100, (30,))
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(history[None], logits[None].clone())[0]
+    torch.testing.assert_close(penalize_repetition(logits, history, 1.3), expected)
+
+
+def test_repetition_penalty_off_or_no_history_is_identity():
+    logits = torch.tensor([1.0, -2.0])
+    assert penalize_repetition(logits, torch.tensor([0, 1]), 1.0) is logits
+    assert penalize_repetition(logits, torch.tensor([], dtype=torch.long), 1.5) is logits
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_top_k_keeps_exactly_k(k):
+    torch.manual_seed(k)
+    scores = torch.randn(50)
+    filtered = keep_top_k(scores, k)
+    assert kept(filtered) == set(torch.topk(scores, k).indices.tolist())
+    survivors = torch.isfinite(filtered)
+    assert torch.equal(filtered[survivors], scores[survivors])  # kept scores are unchanged
+
+
+@pytest.mark.parametrize("k", [0, 50, 80])
+def test_top_k_off_or_wider_than_vocab_keeps_all(k):
+    scores = torch.randn(50)
+    assert torch.equal(keep_top_k(scores, k), scores)
+
+
+@pytest.mark.parametrize(
+    ("p", "expected"),
+    [
+        (0.05, {0}),  # the top token alone already passes p
+        (0.45, {0}),
+        (0.6, {0, 1}),
+        (0.75, {0, 1}),
+        (0.85, {0, 1, 2}),
+        (0.99, {0, 1, 2, 3}),
+        (1.0, {0, 1, 2, 3}),
+    ],
+)
+def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
+    probs = [0.5, 0.3, 0.15, 0.05]
+    order = [2, 0, 3, 1]  # shuffled, so the filter cannot rely on the input order
+    scores = probs_to_logits([probs[i] for i in order])
+    filtered = keep_top_p(scores, p)
+    assert {order[i] for i in kept(filtered)} == expected
+    assert sum(probs[i] for i in expected) >= p - 1e-6
+
+
+def test_top_p_always_keeps_the_top_token():
+    scores = probs_to_logits([0.01, 0.97, 0.02])
+    assert kept(keep_top_p(scores, 1e-9)) == {1}
+
+
+def test_top_p_matches_transformers():
+    torch.manual_seed(1)
+    scores = torch.randn(200) * 3
+    expected = TopPLogitsWarper(0.8)(None, scores[None].clone())[0]
+    assert torch.equal(keep_top_p(scores, 0.8), expected)
+
+
+def test_greedy_distribution_is_one_hot_at_argmax():
+    torch.manual_seed(2)
+    logits = torch.randn(100)
+    sampler = Sampler(GenerationSettings(greedy=True), CPU)
+    probs = sampler.distribution(logits, torch.tensor([], dtype=torch.long))
+    argmax = int(logits.argmax())
+    assert probs[argmax] == 1.0 and probs.sum() == 1.0
+    assert int(torch.count_nonzero(probs)) == 1
+    assert int(sampler.choose(probs)) == argmax
+
+
+def test_greedy_applies_the_repetition_penalty_first():
+    logits = torch.tensor([3.0, 2.0, 0.0])
+    sampler = Sampler(GenerationSettings(greedy=True, repetition_penalty=2.0), CPU)
+    probs = sampler.distribution(logits, torch.tensor([0]))  # 3.0 / 2 = 1.5 < 2.0
+    assert int(sampler.choose(probs)) == 1
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        GenerationSettings(temperature=0.7, top_k=50, top_p=0.9),
+        GenerationSettings(temperature=1.5, top_k=0, top_p=1.0),
+        GenerationSettings(temperature=0.2, top_k=5, top_p=0.5, repetition_penalty=1.2),
+        GenerationSettings(greedy=True),
+    ],
+)
+def test_distribution_sums_to_one(settings):
+    torch.manual_seed(3)
+    logits = torch.randn(1000) * 4
+    probs = Sampler(settings, CPU).distribution(logits, torch.arange(20))
+    assert probs.shape == logits.shape
+    assert math.isclose(float(probs.sum()), 1.0, abs_tol=1e-5)
+    assert bool((probs >= 0).all())
+
+
+def test_distribution_applies_temperature_then_filters():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    settings = GenerationSettings(temperature=0.5, top_k=2, top_p=1.0)
+    probs = Sampler(settings, CPU).distribution(logits, torch.tensor([], dtype=torch.long))
+    expected = torch.softmax(torch.tensor([4.0, 2.0]), dim=0)
+    torch.testing.assert_close(probs[:2], expected)
+    assert probs[2:].tolist() == [0.0, 0.0]
+
+
+def test_seeded_sampler_is_reproducible():
+    torch.manual_seed(4)
+    logits = torch.randn(500)
+    settings = GenerationSettings(temperature=1.0, top_k=0, top_p=1.0, seed=1234)
+
+    def draws(sampler: Sampler) -> list[int]:
+        probs = sampler.distribution(logits, torch.tensor([], dtype=torch.long))
+        return [int(sampler.choose(probs)) for _ in range(20)]
+
+    first = draws(Sampler(settings, CPU))
+    assert first == draws(Sampler(settings, CPU))
+    assert len(set(first)) > 1  # genuinely sampling, not stuck on one token
+    other = GenerationSettings(temperature=1.0, top_k=0, top_p=1.0, seed=99)
+    assert draws(Sampler(other, CPU)) != first
+
+
+def test_unseeded_sampler_picks_and_keeps_a_seed():
+    settings = GenerationSettings(seed=None)
+    sampler = Sampler(settings, CPU)
+    assert isinstance(sampler.seed, int)
+    replay = Sampler(GenerationSettings(seed=sampler.seed), CPU)
+    probs = torch.softmax(torch.randn(300), dim=0)
+    assert [int(sampler.choose(probs)) for _ in range(10)] == [
+        int(replay.choose(probs)) for _ in range(10)
+    ]
+
+
+def test_sampling_never_picks_a_filtered_token():
+    logits = torch.tensor([5.0, 4.9, 4.8, -3.0, -3.0, -3.0])
+    settings = GenerationSettings(temperature=2.0, top_k=3, top_p=1.0, seed=7)
+    sampler = Sampler(settings, CPU)
+    probs = sampler.distribution(logits, torch.tensor([], dtype=torch.long))
+    picks = {int(sampler.choose(probs)) for _ in range(200)}
+    assert picks <= {0, 1, 2} and len(picks) > 1
