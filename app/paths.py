@@ -1,0 +1,39 @@
+"""Where Glassbox keeps its files: the per-user data and cache folders.
+
+The platform's usual places (via platformdirs) unless GLASSBOX_DATA_DIR or GLASSBOX_CACHE_DIR
+name another folder, which is how tests and portable installs keep their files apart.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "glassbox"
+DATA_DIR_ENV = "GLASSBOX_DATA_DIR"
+CACHE_DIR_ENV = "GLASSBOX_CACHE_DIR"
+DATABASE_NAME = "conversations.sqlite3"
+
+
+def _resolve(env_name: str, default: str) -> Path:
+    override = os.environ.get(env_name, "").strip()
+    folder = Path(override).expanduser() if override else Path(default)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def data_dir() -> Path:
+    """The folder for conversations and settings, created if missing."""
+    return _resolve(DATA_DIR_ENV, platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+
+def cache_dir() -> Path:
+    """The folder for things that can be rebuilt (downloads, benchmarks), created if missing."""
+    return _resolve(CACHE_DIR_ENV, platformdirs.user_cache_dir(APP_NAME, appauthor=False))
+
+
+def database_path() -> Path:
+    """The conversation database inside the data folder."""
+    return data_dir() / DATABASE_NAME

@@ -1,0 +1,655 @@
+"""The conversation store: every chat and message in one SQLite file.
+
+SQLite in WAL mode, one short transaction per write, so a crash or a kill at any moment leaves a
+readable database: finished messages are whole, and a reply that was streaming stays marked
+incomplete with the text saved last. `ReplySaver` throttles those partial saves.
+
+The schema is versioned with `PRAGMA user_version`; `MIGRATIONS[n]` takes a database from
+version n to n + 1, so an old file is brought up to date when it is opened. A file that is not
+SQLite, is damaged, holds somebody else's tables or was written by a newer Glassbox is moved
+aside (`<name>.corrupt-<timestamp>`) and a fresh one started; `recovered_from` tells the app.
+
+Threads: a store belongs to the thread that opened it (the GUI thread). sqlite3's default
+`check_same_thread=True` is kept, so use from another thread fails loudly instead of racing.
+Another process (the CLI) may open the same file at the same time; writers wait up to
+`BUSY_TIMEOUT_S` for each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from engine.events import Finished
+from engine.settings import GenerationSettings, Message
+
+# Each script takes the database from version n to n + 1 (index n). Append, never edit.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: conversations and their messages.
+    """
+    CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY,
+        title TEXT NOT NULL,
+        created REAL NOT NULL,
+        updated REAL NOT NULL,
+        model TEXT,
+        system_prompt TEXT NOT NULL DEFAULT '',
+        settings TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+        position INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        text TEXT NOT NULL DEFAULT '',
+        created REAL NOT NULL,
+        model TEXT,
+        settings TEXT NOT NULL DEFAULT '{}',
+        complete INTEGER NOT NULL DEFAULT 1,
+        stats TEXT NOT NULL DEFAULT '{}',
+        UNIQUE (conversation_id, position)
+    );
+    """,
+    # 2: soft delete (so a deletion can be undone) and a key-value table for app state.
+    """
+    ALTER TABLE conversations ADD COLUMN deleted REAL;
+    CREATE INDEX conversations_by_update ON conversations (deleted, updated);
+    CREATE TABLE app_state (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+OUR_TABLES = frozenset({"conversations", "messages", "app_state"})
+ROLES = frozenset({"system", "user", "assistant"})
+BUSY_TIMEOUT_S = 5.0
+DEFAULT_TITLE = "New chat"
+LAST_OPENED_KEY = "last_opened_conversation"
+# Damage that makes a file unusable; anything else (a lock, a full disk) is raised as is.
+_DAMAGE_ERRORS = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+_SIDECARS = ("-wal", "-shm", "-journal")
+
+
+class UnusableDatabase(Exception):
+    """The file cannot serve as our store; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """One chat. Times are Unix seconds; `deleted` is set while a deletion can be undone."""
+
+    id: int
+    title: str
+    created: float
+    updated: float
+    model: str | None
+    system_prompt: str
+    settings: dict[str, Any]
+    deleted: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One message. `complete` is False for a reply that was cut off while streaming."""
+
+    id: int
+    conversation_id: int
+    position: int
+    role: str
+    text: str
+    created: float
+    model: str | None
+    settings: dict[str, Any]
+    complete: bool
+    stats: dict[str, Any]
+
+    def as_message(self) -> Message:
+        """The message as the chat template takes it."""
+        return Message(self.role, self.text)
+
+
+def stats_from_finished(finished: Finished) -> dict[str, Any]:
+    """The numbers of a finished generation, as `finish_reply` stores them."""
+    return {
+        "finish_reason": finished.reason,
+        "prompt_tokens": finished.prompt_tokens,
+        "reused_tokens": finished.reused_tokens,
+        "generated_tokens": finished.generated_tokens,
+        "tokenize_s": finished.tokenize_s,
+        "prefill_s": finished.prefill_s,
+        "ttft_s": finished.ttft_s,
+        "decode_s": finished.decode_s,
+        "total_s": finished.total_s,
+        "decode_tokens_per_s": finished.decode_tokens_per_s,
+        "prefill_tokens_per_s": finished.prefill_tokens_per_s,
+    }
+
+
+def settings_to_dict(settings: GenerationSettings | Mapping[str, Any] | None) -> dict[str, Any]:
+    if settings is None:
+        return {}
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        return dataclasses.asdict(settings)
+    return dict(settings)
+
+
+def generation_settings(data: Mapping[str, Any]) -> GenerationSettings:
+    """Stored settings back as GenerationSettings; unknown keys (from other versions) are skipped.
+
+    Raises engine.settings.SettingsError if a stored value is out of range.
+    """
+    known = {field.name for field in dataclasses.fields(GenerationSettings)}
+    values = {key: value for key, value in data.items() if key in known}
+    if "stop_strings" in values:
+        values["stop_strings"] = tuple(values["stop_strings"])
+    return GenerationSettings(**values)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot store {type(value).__name__} as JSON")
+
+
+def _dumps(value: Mapping[str, Any]) -> str:
+    return json.dumps(dict(value), default=_json_default, ensure_ascii=False)
+
+
+def _loads(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _casefold(text: str | None) -> str:
+    return text.casefold() if text else ""
+
+
+def _aside_name(path: Path, moment: float) -> Path:
+    stamp = datetime.fromtimestamp(moment).strftime("%Y%m%d-%H%M%S")
+    candidate = path.with_name(f"{path.name}.corrupt-{stamp}")
+    counter = 1
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}.corrupt-{stamp}-{counter}")
+        counter += 1
+    return candidate
+
+
+def set_aside(path: Path, moment: float) -> Path:
+    """Move a damaged database (and its WAL files) out of the way; return its new path."""
+    target = _aside_name(path, moment)
+    path.replace(target)
+    for suffix in _SIDECARS:
+        sidecar = path.with_name(path.name + suffix)
+        if sidecar.exists():
+            sidecar.replace(target.with_name(target.name + suffix))
+    return target
+
+
+class ConversationStore:
+    """Conversations and messages in one SQLite file. Use from one thread (see module doc)."""
+
+    def __init__(self, path: Path | str, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        # Where a damaged file was moved, and why, when opening had to start afresh.
+        self.recovered_from: Path | None = None
+        self.recovery_reason: str | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = self._open()
+        except UnusableDatabase as problem:
+            self.recovered_from = set_aside(self.path, self._clock())
+            self.recovery_reason = str(problem)
+            self._conn = self._open()
+        self.purge_deleted()
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.create_function("casefold", 1, _casefold, deterministic=True)
+            self._check(conn)
+            conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: a finished message survives a power cut, not only a crash; writes are rare.
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate(conn)
+        except sqlite3.DatabaseError as error:
+            conn.close()
+            if getattr(error, "sqlite_errorname", "").startswith(_DAMAGE_ERRORS):
+                raise UnusableDatabase(f"damaged or not a database: {error}") from error
+            raise
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def _check(conn: sqlite3.Connection) -> None:
+        """Read-only checks, before anything is written to a file that may not be ours."""
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise UnusableDatabase(
+                f"written by a newer Glassbox (schema {version}; this one knows {SCHEMA_VERSION})"
+            )
+        tables = {
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
+        }
+        if version == 0 and tables:
+            raise UnusableDatabase(f"not a Glassbox database (tables: {', '.join(sorted(tables))})")
+        if unknown := tables - OUR_TABLES:
+            raise UnusableDatabase(f"unknown tables: {', '.join(sorted(unknown))}")
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise UnusableDatabase(f"damaged: {'; '.join(problems[:3])}")
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            # One transaction per step: a crash mid-migration leaves the previous version.
+            try:
+                conn.executescript(
+                    f"BEGIN IMMEDIATE;\n{MIGRATIONS[target - 1]}\n"
+                    f"PRAGMA user_version = {target};\nCOMMIT;"
+                )
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        return self._conn.execute("PRAGMA user_version").fetchone()[0]
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction, committed when the block ends (IMMEDIATE: take the write lock now)."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ConversationStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- conversations ---------------------------------------------------------------------
+
+    def create_conversation(
+        self,
+        title: str = DEFAULT_TITLE,
+        *,
+        model: str | None = None,
+        system_prompt: str = "",
+        settings: GenerationSettings | Mapping[str, Any] | None = None,
+    ) -> int:
+        now = self._clock()
+        with self._write() as conn:
+            cursor = conn.execute(
+                "INSERT INTO conversations"
+                " (title, created, updated, model, system_prompt, settings)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    _clean_title(title) or DEFAULT_TITLE,
+                    now,
+                    now,
+                    model,
+                    system_prompt,
+                    _dumps(settings_to_dict(settings)),
+                ),
+            )
+        return int(cursor.lastrowid)
+
+    def conversation(self, conversation_id: int) -> Conversation | None:
+        """One conversation, deleted or not; None if there is no such id."""
+        row = self._conn.execute(
+            "SELECT * FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        return _conversation(row) if row else None
+
+    def list_conversations(self, limit: int | None = None) -> list[Conversation]:
+        """Live conversations, most recently updated first."""
+        rows = self._conn.execute(
+            "SELECT * FROM conversations WHERE deleted IS NULL"
+            " ORDER BY updated DESC, id DESC LIMIT ?",
+            (-1 if limit is None else limit,),
+        )
+        return [_conversation(row) for row in rows]
+
+    def search(self, text: str, limit: int | None = None) -> list[Conversation]:
+        """Live conversations whose title or any message contains `text`, newest first.
+
+        Case-insensitive for all of Unicode (str.casefold), with no wildcards to escape.
+        """
+        needle = text.strip().casefold()
+        if not needle:
+            return self.list_conversations(limit)
+        rows = self._conn.execute(
+            "SELECT * FROM conversations AS c WHERE c.deleted IS NULL AND ("
+            " instr(casefold(c.title), :needle) > 0 OR EXISTS ("
+            "  SELECT 1 FROM messages AS m"
+            "  WHERE m.conversation_id = c.id AND instr(casefold(m.text), :needle) > 0))"
+            " ORDER BY c.updated DESC, c.id DESC LIMIT :limit",
+            {"needle": needle, "limit": -1 if limit is None else limit},
+        )
+        return [_conversation(row) for row in rows]
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        """Set a conversation's title (raises ValueError when it is blank). Not a recency bump."""
+        clean = _clean_title(title)
+        if not clean:
+            raise ValueError("a conversation title cannot be empty")
+        self._update_conversation(conversation_id, "title = ?", (clean,))
+
+    def update_conversation(
+        self,
+        conversation_id: int,
+        *,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        settings: GenerationSettings | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Change the model, system prompt or settings kept with a conversation (None: keep)."""
+        columns: list[str] = []
+        values: list[Any] = []
+        for column, value in (
+            ("model", model),
+            ("system_prompt", system_prompt),
+            ("settings", None if settings is None else _dumps(settings_to_dict(settings))),
+        ):
+            if value is not None:
+                columns.append(f"{column} = ?")
+                values.append(value)
+        if columns:
+            self._update_conversation(conversation_id, ", ".join(columns), tuple(values))
+
+    def delete(self, conversation_id: int) -> None:
+        """Hide a conversation; `restore` brings it back until the store is next opened."""
+        self._update_conversation(conversation_id, "deleted = ?", (self._clock(),))
+
+    def restore(self, conversation_id: int) -> None:
+        """Undo `delete`."""
+        self._update_conversation(conversation_id, "deleted = NULL", ())
+
+    def purge_deleted(self) -> int:
+        """Remove deleted conversations for good (done on open); returns how many."""
+        with self._write() as conn:
+            cursor = conn.execute("DELETE FROM conversations WHERE deleted IS NOT NULL")
+        return cursor.rowcount
+
+    def _update_conversation(self, conversation_id: int, assignments: str, values: tuple) -> None:
+        with self._write() as conn:
+            cursor = conn.execute(
+                f"UPDATE conversations SET {assignments} WHERE id = ?", (*values, conversation_id)
+            )
+        if cursor.rowcount == 0:
+            raise KeyError(f"no conversation {conversation_id}")
+
+    # -- messages --------------------------------------------------------------------------
+
+    def messages(self, conversation_id: int) -> list[StoredMessage]:
+        """A conversation's messages in order (empty for an unknown id)."""
+        rows = self._conn.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
+            (conversation_id,),
+        )
+        return [_message(row) for row in rows]
+
+    def message(self, message_id: int) -> StoredMessage | None:
+        row = self._conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        return _message(row) if row else None
+
+    def add_message(
+        self,
+        conversation_id: int,
+        role: str,
+        text: str,
+        *,
+        model: str | None = None,
+        settings: GenerationSettings | Mapping[str, Any] | None = None,
+        stats: Mapping[str, Any] | None = None,
+        complete: bool = True,
+    ) -> int:
+        """Append a message in its own transaction; returns its id."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
+        now = self._clock()
+        with self._write() as conn:
+            if (
+                conn.execute(
+                    "SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)
+                ).fetchone()
+                is None
+            ):
+                raise KeyError(f"no conversation {conversation_id}")
+            position = conn.execute(
+                "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE conversation_id = ?",
+                (conversation_id,),
+            ).fetchone()[0]
+            cursor = conn.execute(
+                "INSERT INTO messages (conversation_id, position, role, text, created, model,"
+                " settings, complete, stats) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id,
+                    position,
+                    role,
+                    text,
+                    now,
+                    model,
+                    _dumps(settings_to_dict(settings)),
+                    int(complete),
+                    _dumps(stats or {}),
+                ),
+            )
+            conn.execute(
+                "UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id)
+            )
+        return int(cursor.lastrowid)
+
+    def begin_reply(
+        self,
+        conversation_id: int,
+        model: str | None,
+        settings: GenerationSettings | Mapping[str, Any] | None = None,
+    ) -> int:
+        """Insert an empty, incomplete assistant message for a reply about to stream."""
+        return self.add_message(
+            conversation_id, "assistant", "", model=model, settings=settings, complete=False
+        )
+
+    def update_reply(self, message_id: int, text: str) -> None:
+        """Save a streaming reply's text so far; it stays incomplete. See ReplySaver."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                "UPDATE messages SET text = ? WHERE id = ? AND complete = 0", (text, message_id)
+            )
+            if cursor.rowcount == 0:
+                self._explain_missing_reply(conn, message_id)
+
+    def finish_reply(self, message_id: int, text: str, stats: Mapping[str, Any]) -> None:
+        """Store a reply's final text and numbers and mark it complete, in one transaction."""
+        now = self._clock()
+        with self._write() as conn:
+            cursor = conn.execute(
+                "UPDATE messages SET text = ?, stats = ?, complete = 1"
+                " WHERE id = ? AND complete = 0",
+                (text, _dumps(stats), message_id),
+            )
+            if cursor.rowcount == 0:
+                self._explain_missing_reply(conn, message_id)
+            conn.execute(
+                "UPDATE conversations SET updated = ? WHERE id ="
+                " (SELECT conversation_id FROM messages WHERE id = ?)",
+                (now, message_id),
+            )
+
+    @staticmethod
+    def _explain_missing_reply(conn: sqlite3.Connection, message_id: int) -> None:
+        if conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone():
+            raise ValueError(f"message {message_id} is already finished")
+        raise KeyError(f"no message {message_id}")
+
+    def truncate(self, conversation_id: int, position: int) -> int:
+        """Remove the messages at `position` and after (to regenerate or edit); returns how many."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                "DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
+                (conversation_id, position),
+            )
+        return cursor.rowcount
+
+    # -- app state -------------------------------------------------------------------------
+
+    def get_state(self, key: str, default: Any = None) -> Any:
+        """A JSON value the app kept under `key`, or `default`."""
+        row = self._conn.execute("SELECT value FROM app_state WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return default
+        try:
+            return json.loads(row[0])
+        except json.JSONDecodeError:
+            return default
+
+    def set_state(self, key: str, value: Any) -> None:
+        """Keep a JSON-serialisable value under `key` (None removes it)."""
+        with self._write() as conn:
+            if value is None:
+                conn.execute("DELETE FROM app_state WHERE key = ?", (key,))
+            else:
+                conn.execute(
+                    "INSERT INTO app_state (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (key, json.dumps(value, default=_json_default)),
+                )
+
+    def last_opened(self) -> int | None:
+        """The conversation open when the app was last used, if it still exists."""
+        conversation_id = self.get_state(LAST_OPENED_KEY)
+        if not isinstance(conversation_id, int):
+            return None
+        found = self.conversation(conversation_id)
+        return conversation_id if found is not None and found.deleted is None else None
+
+    def set_last_opened(self, conversation_id: int | None) -> None:
+        self.set_state(LAST_OPENED_KEY, conversation_id)
+
+
+class ReplySaver:
+    """Saves a streaming reply at most once per `interval_s`, by the clock it is given.
+
+    Feed it the stream's text (`append` per token, or `set_text` with the whole text so far);
+    it calls `store.update_reply` when the interval has passed since the last save. `flush`
+    saves now (e.g. when the app quits mid-reply); `finish` stores the final text and stats.
+    """
+
+    def __init__(
+        self,
+        store: ConversationStore,
+        message_id: int,
+        *,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.message_id = message_id
+        self.interval_s = interval_s
+        self._clock = clock
+        self._text = ""
+        self._saved_text = ""
+        self._last_save = clock()
+        self.finished = False
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def append(self, piece: str) -> bool:
+        """Add streamed text; returns True if this call saved."""
+        return self.set_text(self._text + piece)
+
+    def set_text(self, text: str) -> bool:
+        """Replace the text so far; returns True if this call saved."""
+        self._text = text
+        if self._clock() - self._last_save < self.interval_s:
+            return False
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Save now if anything changed since the last save; returns True if it saved."""
+        if self.finished or self._text == self._saved_text:
+            return False
+        self.store.update_reply(self.message_id, self._text)
+        self._saved_text = self._text
+        self._last_save = self._clock()
+        return True
+
+    def finish(self, stats: Mapping[str, Any], text: str | None = None) -> None:
+        """Store the final text (default: what was streamed) and stats; the reply is complete."""
+        if text is not None:
+            self._text = text
+        self.store.finish_reply(self.message_id, self._text, stats)
+        self._saved_text = self._text
+        self.finished = True
+
+
+def _clean_title(title: str) -> str:
+    # One line: titles come from typing and from first messages.
+    return " ".join(title.split())
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    return Conversation(
+        id=row["id"],
+        title=row["title"],
+        created=row["created"],
+        updated=row["updated"],
+        model=row["model"],
+        system_prompt=row["system_prompt"],
+        settings=_loads(row["settings"]),
+        deleted=row["deleted"],
+    )
+
+
+def _message(row: sqlite3.Row) -> StoredMessage:
+    return StoredMessage(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        position=row["position"],
+        role=row["role"],
+        text=row["text"],
+        created=row["created"],
+        model=row["model"],
+        settings=_loads(row["settings"]),
+        complete=bool(row["complete"]),
+        stats=_loads(row["stats"]),
+    )

@@ -1,0 +1,377 @@
+"""Runs model loading and generation off the GUI thread and hands the events back to it.
+
+`GenerationWorker` is the GUI-thread face of a QThread. Requests (load, generate, reset) travel
+to the thread through queued signals and run there one at a time, in order. Only `stop()`
+bypasses that queue: it sets the running session's cancel flag directly, so a reply stops
+within one decode step even though the thread is busy inside it.
+
+Events are not sent as one queued signal per token: at hundreds of tokens per second that floods
+the GUI event loop. The thread appends them to a locked buffer instead, and a GUI-thread QTimer
+drains it about 30 times a second, emitting the whole batch as `events` (and each event as
+`event`). A job's end is signalled through the queue after its last event was buffered, so the
+final drain always happens before `busy_changed(False)`: listeners see `Finished` first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+
+from engine.events import Event, Failed, Finished, ModelInfo, Token
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+
+log = logging.getLogger(__name__)
+
+DRAIN_INTERVAL_MS = 33  # ~30 Hz: one GUI update per frame whatever the token rate
+PROGRESS_INTERVAL_S = 0.03  # loaders may report per tensor; the progress bar needs far less
+
+
+class Session(Protocol):
+    """What the worker needs of a chat session (engine.session.ChatSession has it)."""
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    def generate(
+        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+    ) -> Iterator[Event]: ...
+
+    def cancel(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+ProgressCallback = Callable[[str, float], None]
+Loader = Callable[..., Any]  # (LoadRequest, progress=ProgressCallback) -> loaded model
+SessionFactory = Callable[[Any], Session]
+
+
+def default_loader(request: LoadRequest, progress: ProgressCallback) -> Any:
+    # Imported here, in the worker thread: torch and transformers take seconds to import.
+    from engine.loader import load_model
+
+    return load_model(request, progress=progress)
+
+
+def default_session_factory(loaded: Any) -> Session:
+    from engine.session import ChatSession
+
+    return ChatSession(loaded)
+
+
+def describe_error(error: BaseException) -> str:
+    """A one-line message for the user; load errors already read as sentences."""
+    text = str(error).strip()
+    if type(error).__name__ == "ModelLoadError" and text:
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class _Runner(QObject):
+    """Lives in the worker thread; every slot runs there."""
+
+    loaded = Signal(object)
+    load_progress = Signal(str, float)
+    load_failed = Signal(str)
+    job_done = Signal()
+
+    def __init__(
+        self,
+        loader: Loader,
+        session_factory: SessionFactory,
+        push: Callable[[list[Event]], None],
+        cancelled_upto: Callable[[], int],
+    ) -> None:
+        super().__init__()
+        self._loader = loader
+        self._session_factory = session_factory
+        self._push = push
+        self._cancelled_upto = cancelled_upto
+        self.session: Session | None = None  # read by the GUI thread only to call cancel()
+
+    @Slot(object)
+    def load(self, request: LoadRequest) -> None:
+        try:
+            loaded = self._loader(request, progress=self._throttled_progress())
+            session = self._session_factory(loaded)
+            info = session.info
+        except Exception as error:
+            # The previous session stays in place, so the old model keeps working.
+            log.exception("loading %r failed", request.spec)
+            self.load_failed.emit(describe_error(error))
+        else:
+            self.session = session
+            self.loaded.emit(info)
+        finally:
+            self.job_done.emit()
+
+    def _throttled_progress(self) -> ProgressCallback:
+        last = {"stage": None, "time": 0.0}
+
+        def progress(stage: str, fraction: float) -> None:
+            now = time.monotonic()
+            if stage == last["stage"] and fraction < 1 and now - last["time"] < PROGRESS_INTERVAL_S:
+                return
+            last.update(stage=stage, time=now)
+            self.load_progress.emit(stage, float(fraction))
+
+        return progress
+
+    @Slot(int, object, object, object)
+    def generate(
+        self,
+        job: int,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+    ) -> None:
+        try:
+            self._run_generation(job, messages, settings, probes)
+        finally:
+            self.job_done.emit()
+
+    def _run_generation(
+        self,
+        job: int,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+    ) -> None:
+        session = self.session
+        started = time.perf_counter()
+        if session is None:
+            self._push(_failure("no model is loaded", "RuntimeError", "", started))
+            return
+        if job <= self._cancelled_upto():  # Stop pressed before the job even started
+            self._push([_finished("cancelled", "", started)])
+            return
+        text: list[str] = []
+        try:
+            for event in session.generate(messages, settings, probes):
+                if isinstance(event, Token):
+                    text.append(event.text)
+                self._push([event])
+                if isinstance(event, Finished):
+                    return
+                if job <= self._cancelled_upto():
+                    # A stop that raced the session's own start (which may clear its flag).
+                    session.cancel()
+        except Exception as error:
+            log.exception("generation failed")
+            message, kind = describe_error(error), type(error).__name__
+            self._push(_failure(message, kind, "".join(text), started))
+            return
+        # The contract says a generation ends with Finished; keep the GUI consistent if not.
+        self._push(_failure("the generation ended early", "RuntimeError", "".join(text), started))
+
+    @Slot()
+    def reset(self) -> None:
+        try:
+            if self.session is not None:
+                self.session.reset()
+        except Exception:
+            log.exception("resetting the session failed")
+
+
+def _finished(reason: str, text: str, started: float) -> Finished:
+    elapsed = time.perf_counter() - started
+    return Finished(
+        reason=reason,  # type: ignore[arg-type]
+        text=text,
+        prompt_tokens=0,
+        reused_tokens=0,
+        generated_tokens=0,
+        tokenize_s=0.0,
+        prefill_s=0.0,
+        ttft_s=0.0,
+        decode_s=0.0,
+        total_s=elapsed,
+    )
+
+
+def _failure(message: str, error_type: str, text: str, started: float) -> list[Event]:
+    return [Failed(message=message, error_type=error_type), _finished("error", text, started)]
+
+
+class GenerationWorker(QObject):
+    """The GUI-thread handle on the model thread.
+
+    Signals (all delivered in the GUI thread):
+      events(list[Event])   a batch of engine events, in order, at most ~30 batches a second
+      event(Event)          each of those events, one by one, right after its batch
+      loaded(ModelInfo)     a model finished loading and replaced the previous one
+      load_progress(str, float)  stage name and fraction 0..1 of a load in progress
+      load_failed(str)      a load failed; the previous model (if any) is still loaded
+      busy_changed(bool)    whether a load or a generation is queued or running
+    """
+
+    events = Signal(object)
+    event = Signal(object)
+    loaded = Signal(object)
+    load_progress = Signal(str, float)
+    load_failed = Signal(str)
+    busy_changed = Signal(bool)
+
+    _load_requested = Signal(object)
+    _generate_requested = Signal(int, object, object, object)
+    _reset_requested = Signal()
+
+    def __init__(
+        self,
+        loader: Loader | None = None,
+        session_factory: SessionFactory | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._lock = threading.Lock()
+        self._buffer: list[Event] = []
+        self._pending_jobs = 0
+        self._generating = False
+        self._job = 0
+        self._cancelled_upto = 0
+        self._info: ModelInfo | None = None
+        self._shut_down = False
+
+        self._thread = QThread()
+        self._thread.setObjectName("glassbox-model")
+        self._runner = _Runner(
+            loader or default_loader,
+            session_factory or default_session_factory,
+            self._push,
+            lambda: self._cancelled_upto,
+        )
+        self._runner.moveToThread(self._thread)
+        self._load_requested.connect(self._runner.load)
+        self._generate_requested.connect(self._runner.generate)
+        self._reset_requested.connect(self._runner.reset)
+        self._runner.loaded.connect(self._on_loaded)
+        self._runner.load_progress.connect(self.load_progress)
+        self._runner.load_failed.connect(self.load_failed)
+        self._runner.job_done.connect(self._on_job_done)
+
+        self._timer = QTimer(self)
+        self._timer.setInterval(DRAIN_INTERVAL_MS)
+        self._timer.timeout.connect(self.drain)
+        self._thread.start()
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def info(self) -> ModelInfo | None:
+        """The loaded model, or None before the first successful load."""
+        return self._info
+
+    @property
+    def busy(self) -> bool:
+        return self._pending_jobs > 0
+
+    @property
+    def generating(self) -> bool:
+        return self._generating
+
+    def is_running(self) -> bool:
+        return self._thread.isRunning()
+
+    # -- requests (GUI thread) -----------------------------------------------------------------
+
+    def load(self, request: LoadRequest) -> None:
+        """Load a model in the thread; a reply in progress is stopped first."""
+        if self._shut_down:
+            return
+        if self._generating:
+            self.stop()
+        self._begin_job()
+        self._load_requested.emit(request)
+
+    def generate(
+        self,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings | None = None,
+    ) -> bool:
+        """Start a reply; False (and nothing queued) while busy, unloaded or shut down."""
+        if self._shut_down or self.busy or self._info is None:
+            return False
+        self._job += 1
+        self._generating = True
+        self._begin_job()
+        self._generate_requested.emit(
+            self._job, tuple(messages), settings, probes if probes is not None else ProbeSettings()
+        )
+        return True
+
+    def stop(self) -> None:
+        """Cancel the reply in progress; thread-safe, takes effect within one decode step."""
+        if not self._generating:
+            return
+        self._cancelled_upto = self._job
+        session = self._runner.session
+        if session is not None:
+            session.cancel()
+
+    def reset(self) -> None:
+        """Forget the session's KV cache (new chat); runs after any job already queued."""
+        if not self._shut_down:
+            self._reset_requested.emit()
+
+    def shutdown(self, timeout_s: float = 2.0) -> None:
+        """Cancel, stop the thread and wait for it; safe to call more than once."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self.stop()
+        self._timer.stop()
+        self._thread.quit()
+        if not self._thread.wait(int(timeout_s * 1000)):
+            # A load cannot be interrupted; leaving the thread running would crash at exit.
+            log.warning("waiting for the model thread to finish its current job")
+            self._thread.wait()
+        self._pending_jobs = 0
+        self._generating = False
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _begin_job(self) -> None:
+        self._pending_jobs += 1
+        if self._pending_jobs == 1:
+            self._timer.start()
+            self.busy_changed.emit(True)
+
+    def _push(self, events: list[Event]) -> None:
+        # Called from the worker thread.
+        with self._lock:
+            self._buffer.extend(events)
+
+    @Slot()
+    def drain(self) -> None:
+        """Deliver the buffered events (GUI thread); the timer calls this ~30 times a second."""
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+        if not batch:
+            return
+        if any(isinstance(event, Finished) for event in batch):
+            self._generating = False
+        self.events.emit(batch)
+        for event in batch:
+            self.event.emit(event)
+
+    @Slot(object)
+    def _on_loaded(self, info: ModelInfo) -> None:
+        self._info = info
+        self.loaded.emit(info)
+
+    @Slot()
+    def _on_job_done(self) -> None:
+        self.drain()
+        if self._pending_jobs == 0:  # shut down meanwhile
+            return
+        self._pending_jobs -= 1
+        if self._pending_jobs == 0:
+            self._timer.stop()
+            self._generating = False
+            self.busy_changed.emit(False)

@@ -1,0 +1,43 @@
+"""run_gui: a clear refusal without a display; otherwise a window that loads the asked model."""
+
+from __future__ import annotations
+
+import sys
+
+import app.worker
+from app.gui import NO_DISPLAY, parse_args, run_gui
+from engine.settings import LoadRequest
+from tests.ui.fakes import FakeBackend
+
+
+def test_without_a_display_it_says_so_and_returns_2(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "platform", "linux")
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    assert run_gui([]) == 2
+    assert NO_DISPLAY in capsys.readouterr().err
+
+
+def test_arguments_default_to_the_bundled_model():
+    args = parse_args([])
+    assert (args.model, args.device, args.dtype) == ("bundled", "auto", "auto")
+    args = parse_args(["--model", "org/name", "--device", "cuda:1", "--dtype", "bfloat16"])
+    assert (args.model, args.device, args.dtype) == ("org/name", "cuda:1", "bfloat16")
+
+
+def test_the_window_loads_the_requested_model_and_quits_cleanly(qtbot, qapp, monkeypatch):
+    backend = FakeBackend()
+    workers: list[app.worker.GenerationWorker] = []
+    real_worker = app.worker.GenerationWorker
+
+    def make_worker():
+        worker = real_worker(loader=backend.load, session_factory=backend.make_session)
+        worker.loaded.connect(qapp.quit)  # end the event loop once the model is in
+        workers.append(worker)
+        return worker
+
+    monkeypatch.setattr(app.worker, "GenerationWorker", make_worker)
+    assert run_gui(["--model", "tiny", "--device", "cpu", "--dtype", "float32"]) == 0
+    assert backend.requests == [LoadRequest("tiny", "cpu", "float32")]
+    assert workers[0].info.name == "tiny"
+    assert not workers[0].is_running()

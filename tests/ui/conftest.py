@@ -1,0 +1,51 @@
+"""A main window wired to the real worker thread, running fake sessions instead of a model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from app.worker import GenerationWorker
+from engine.settings import LoadRequest
+from tests.ui.fakes import FakeBackend
+from ui.main_window import MainWindow
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def qsettings(tmp_path) -> QSettings:
+    """Window layout kept in a scratch file, never in the user's settings."""
+    return QSettings(str(tmp_path / "glassbox.ini"), QSettings.Format.IniFormat)
+
+
+@pytest.fixture
+def make_window(qtbot, qsettings) -> Iterator[Callable[[FakeBackend], MainWindow]]:
+    """Build a shown window whose worker has loaded the fake model "fake-135M"."""
+    workers: list[GenerationWorker] = []
+
+    def make(backend: FakeBackend) -> MainWindow:
+        worker = GenerationWorker(loader=backend.load, session_factory=backend.make_session)
+        workers.append(worker)
+        window = MainWindow(worker, settings=qsettings)
+        qtbot.addWidget(window)
+        window.show()
+        qtbot.waitExposed(window)
+        with qtbot.waitSignal(worker.loaded, timeout=5000):
+            window.load_model(LoadRequest(spec="fake-135M"))
+        qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+        return window
+
+    yield make
+    for worker in workers:
+        worker.shutdown()
+
+
+@pytest.fixture
+def window(make_window, backend) -> MainWindow:
+    return make_window(backend)

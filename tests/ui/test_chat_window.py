@@ -1,0 +1,373 @@
+"""The chat window against the real worker thread and a fake session that yields real events:
+typing, streaming, stop, regenerate, new chat, model loading and closing mid-reply."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from PySide6.QtCore import QCoreApplication, Qt
+from PySide6.QtWidgets import QDockWidget, QLabel
+
+from engine.events import Finished, Token
+from engine.settings import GenerationSettings, LoadRequest, Message
+from tests.ui.fakes import REPLY
+from ui.chat_view import ChatView
+from ui.main_window import human_count
+from ui.model_picker import ModelPicker
+from ui.settings_panel import SettingsPanel
+
+
+def type_message(qtbot, window, text: str) -> None:
+    qtbot.keyClicks(window.input, text)
+    qtbot.keyClick(window.input, Qt.Key.Key_Return)
+
+
+def shortcut(qtbot, window, key: Qt.Key, modifier=Qt.KeyboardModifier.NoModifier) -> None:
+    """Press a key where the user would: in the message box of the active window."""
+    window.activateWindow()
+    qtbot.waitUntil(lambda: QCoreApplication.instance().activeWindow() is window, timeout=2000)
+    qtbot.keyClick(window.input, key, modifier)
+
+
+def wait_idle(qtbot, window) -> None:
+    qtbot.waitUntil(lambda: not window.backend.busy and not window.chat.replying, timeout=5000)
+
+
+def finished_events(window) -> list[Finished]:
+    seen: list[Finished] = []
+    window.event_received.connect(lambda e: seen.append(e) if isinstance(e, Finished) else None)
+    return seen
+
+
+def test_a_typed_message_streams_its_reply_in(qtbot, backend, make_window):
+    backend.gate = threading.Semaphore(0)
+    window = make_window(backend)
+    tokens: list[Token] = []
+    window.event_received.connect(lambda e: tokens.append(e) if isinstance(e, Token) else None)
+    finished = finished_events(window)
+
+    type_message(qtbot, window, "Hi there")
+    assert window.input.toPlainText() == ""
+    assert window.chat.messages() == [Message("user", "Hi there")]
+    assert window.chat.replying
+    assert not window.send_action.isEnabled() and window.stop_action.isEnabled()
+
+    backend.gate.release(1)
+    qtbot.waitUntil(lambda: window.chat.reply_text() == REPLY[0], timeout=5000)
+    backend.gate.release(5)
+    partial = "".join(REPLY[:6])
+    qtbot.waitUntil(lambda: window.chat.reply_text() == partial, timeout=5000)
+    assert "**fake**" in window.chat.toPlainText()  # plain text while streaming
+    backend.gate.release(len(REPLY))
+    wait_idle(qtbot, window)
+
+    reply = "".join(t.text for t in tokens)
+    assert reply == "".join(REPLY)
+    assert finished[0].text == reply and finished[0].reason == "eos"
+    assert window.conversation() == [Message("user", "Hi there"), Message("assistant", reply)]
+    assert window.chat.messages() == window.conversation()
+    assert backend.session.calls == [(Message("user", "Hi there"),)]
+    # Markdown was rendered once the reply completed.
+    assert "**" not in window.chat.toPlainText() and "fake" in window.chat.toPlainText()
+    assert window.speed_label.text() == "TTFT 0.25 s · 100.0 tok/s"
+    assert window.model_label.text() == "fake-135M · cpu · float32 · 135M params"
+    assert window.send_action.isEnabled() and not window.stop_action.isEnabled()
+
+
+def test_escape_stops_the_reply_with_reason_cancelled(qtbot, backend, make_window):
+    backend.gate = threading.Semaphore(0)
+    window = make_window(backend)
+    finished = finished_events(window)
+    type_message(qtbot, window, "Tell me a story")
+    backend.gate.release(2)
+    qtbot.waitUntil(lambda: window.chat.reply_text() == "".join(REPLY[:2]), timeout=5000)
+
+    shortcut(qtbot, window, Qt.Key.Key_Escape)
+    wait_idle(qtbot, window)
+    assert [f.reason for f in finished] == ["cancelled"]
+    assert window.conversation()[-1] == Message("assistant", "".join(REPLY[:2]))
+    assert "stopped" in window.chat.toPlainText()
+    assert window.send_action.isEnabled()
+
+
+def test_regenerate_replaces_the_last_reply(qtbot, backend, window):
+    type_message(qtbot, window, "Question")
+    wait_idle(qtbot, window)
+    backend.session.pieces = ("Another", " answer")
+
+    shortcut(qtbot, window, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)
+    wait_idle(qtbot, window)
+    expected = [Message("user", "Question"), Message("assistant", "Another answer")]
+    assert window.conversation() == expected
+    assert window.chat.messages() == expected
+    assert backend.session.calls[1] == backend.session.calls[0] == (Message("user", "Question"),)
+    assert "".join(REPLY) not in window.chat.toPlainText()
+
+
+def test_new_chat_empties_the_chat_and_resets_the_session(qtbot, backend, window):
+    changes: list[None] = []
+    window.conversation_changed.connect(lambda: changes.append(None))
+    type_message(qtbot, window, "Hello")
+    wait_idle(qtbot, window)
+
+    shortcut(qtbot, window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.conversation() == [] and window.chat.messages() == []
+    assert window.chat.toPlainText().strip() == ""
+    qtbot.waitUntil(lambda: backend.session.resets == 1, timeout=5000)
+    assert len(changes) == 3  # message sent, reply finished, chat emptied
+
+
+def test_new_chat_mid_reply_drops_the_rest_of_it(qtbot, backend, make_window):
+    backend.gate = threading.Semaphore(0)
+    window = make_window(backend)
+    type_message(qtbot, window, "First")
+    backend.gate.release(1)
+    qtbot.waitUntil(lambda: window.chat.reply_text() != "", timeout=5000)
+
+    window.new_chat()
+    qtbot.waitUntil(lambda: not window.backend.busy, timeout=5000)
+    assert window.chat.messages() == [] and window.chat.toPlainText().strip() == ""
+    backend.gate.release(len(REPLY))
+    type_message(qtbot, window, "Second")
+    wait_idle(qtbot, window)
+    expected = [Message("user", "Second"), Message("assistant", "".join(REPLY))]
+    assert window.conversation() == expected
+
+
+def test_shift_enter_adds_a_line_and_enter_sends_both(qtbot, backend, window):
+    qtbot.keyClicks(window.input, "line one")
+    qtbot.keyClick(window.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(window.input, "line two")
+    assert window.input.toPlainText() == "line one\nline two"
+    assert backend.session.calls == []
+
+    qtbot.keyClick(window.input, Qt.Key.Key_Return)
+    wait_idle(qtbot, window)
+    assert backend.session.calls[0] == (Message("user", "line one\nline two"),)
+
+
+def test_an_empty_message_is_refused_with_a_reason(qtbot, backend, window):
+    type_message(qtbot, window, "   ")
+    assert "Nothing to send" in window.statusBar().currentMessage()
+    assert backend.session.calls == [] and window.chat.messages() == []
+    qtbot.keyClick(window.input, Qt.Key.Key_Return)
+    assert backend.session.calls == []
+
+
+def test_typing_while_a_reply_streams_is_kept_and_not_sent(qtbot, backend, make_window):
+    backend.gate = threading.Semaphore(0)
+    window = make_window(backend)
+    type_message(qtbot, window, "One")
+    type_message(qtbot, window, "Two")
+    assert window.input.toPlainText() == "Two"
+    assert "still streaming" in window.statusBar().currentMessage()
+    backend.gate.release(len(REPLY))
+    wait_idle(qtbot, window)
+    assert len(backend.session.calls) == 1
+
+
+def test_the_system_prompt_goes_first(qtbot, backend, window):
+    window.settings_panel.set_system_prompt("Answer in French.")
+    type_message(qtbot, window, "Hello")
+    wait_idle(qtbot, window)
+    assert backend.session.calls[0] == (
+        Message("system", "Answer in French."),
+        Message("user", "Hello"),
+    )
+    assert window.conversation()[0] == Message("user", "Hello")
+
+    window.settings_panel.set_system_prompt("  ")
+    type_message(qtbot, window, "Again")
+    wait_idle(qtbot, window)
+    assert backend.session.calls[1][0] == Message("user", "Hello")
+
+
+def test_a_failing_generation_shows_its_message_and_the_chat_goes_on(qtbot, backend, window):
+    backend.session.raise_after = 2
+    type_message(qtbot, window, "Break")
+    wait_idle(qtbot, window)
+    assert "the fake model broke" in window.chat.toPlainText()
+    assert "the fake model broke" in window.statusBar().currentMessage()
+    assert window.conversation()[-1] == Message("assistant", "".join(REPLY[:2]))
+
+    backend.session.raise_after = None
+    type_message(qtbot, window, "Again")
+    wait_idle(qtbot, window)
+    assert window.conversation()[-1] == Message("assistant", "".join(REPLY))
+
+
+def test_a_failed_load_keeps_the_previous_model_and_says_why(qtbot, backend, window):
+    picker = window.open_model_picker()
+    picker.set_location("hub", "broken")
+    with qtbot.waitSignal(window.backend.load_failed, timeout=5000):
+        qtbot.mouseClick(picker.load_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.backend.busy, timeout=5000)
+
+    assert "No model at broken" in picker.status_text()
+    assert picker.isVisible() and picker.load_button.isEnabled()
+    assert window.model_label.text().startswith("fake-135M ·")
+    assert "Still using fake-135M" in window.statusBar().currentMessage()
+    picker.reject()
+
+    type_message(qtbot, window, "Still there?")
+    wait_idle(qtbot, window)
+    assert window.conversation()[-1] == Message("assistant", "".join(REPLY))
+
+
+def test_the_picker_loads_a_hub_model_on_the_chosen_device(qtbot, backend, window):
+    picker = window.open_model_picker()
+    picker.set_location("hub", "org/other-model")
+    picker.set_device("cpu")
+    picker.set_dtype("bfloat16")
+    progress: list[float] = []
+    window.backend.load_progress.connect(lambda stage, f: progress.append(f))
+    with qtbot.waitSignal(window.model_changed, timeout=5000):
+        qtbot.mouseClick(picker.load_button, Qt.MouseButton.LeftButton)
+
+    assert backend.requests[-1] == LoadRequest("org/other-model", "cpu", "bfloat16")
+    assert progress[-1] == 1.0
+    qtbot.waitUntil(lambda: not picker.isVisible(), timeout=2000)
+    assert window.model_label.text() == "org/other-model · cpu · bfloat16 · 135M params"
+    assert window.info.name == "org/other-model"
+
+
+def test_the_picker_refuses_a_missing_folder_or_gguf(qtbot, tmp_path):
+    picker = ModelPicker(LoadRequest())
+    qtbot.addWidget(picker)
+    requests: list[LoadRequest] = []
+    picker.load_requested.connect(requests.append)
+    picker.set_location("folder", str(tmp_path / "nowhere"))
+    qtbot.mouseClick(picker.load_button, Qt.MouseButton.LeftButton)
+    assert "is not a folder" in picker.status_text()
+    picker.set_location("gguf", str(tmp_path / "model.bin"))
+    qtbot.mouseClick(picker.load_button, Qt.MouseButton.LeftButton)
+    assert "is not a .gguf file" in picker.status_text()
+    picker.set_location("hub", "")
+    qtbot.mouseClick(picker.load_button, Qt.MouseButton.LeftButton)
+    assert "Type a hub id" in picker.status_text()
+    assert requests == []
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    picker.set_location("gguf", str(tmp_path / "model.gguf"))
+    picker.set_dtype("float16")
+    qtbot.mouseClick(picker.load_button, Qt.MouseButton.LeftButton)
+    assert requests == [LoadRequest(str(tmp_path / "model.gguf"), "auto", "float16")]
+    assert picker.is_loading()
+
+
+def test_closing_mid_reply_is_quick_and_leaves_no_thread(qtbot, backend, make_window):
+    backend.gate = threading.Semaphore(0)  # the reply would never end by itself
+    window = make_window(backend)
+    type_message(qtbot, window, "Long answer please")
+    qtbot.waitUntil(backend.session.started.is_set, timeout=5000)
+
+    started = time.perf_counter()
+    window.close()
+    assert time.perf_counter() - started < 2
+    assert not window.backend.is_running()
+
+
+def test_docks_are_added_and_their_place_remembered(qtbot, backend, make_window, qsettings):
+    window = make_window(backend)
+    dock = QDockWidget("Attention")
+    dock.setWidget(QLabel("heads"))
+    window.add_dock(dock)
+    assert dock.objectName() == "attention_dock"
+    assert window.dockWidgetArea(dock) == Qt.DockWidgetArea.RightDockWidgetArea
+    assert dock.toggleViewAction() in window.view_menu.actions()
+    window.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, dock)  # the user moves it
+    qtbot.waitUntil(dock.isVisible, timeout=2000)
+    window.close()
+
+    again = make_window(backend)
+    dock = QDockWidget("Attention")
+    again.add_dock(dock)
+    assert again.dockWidgetArea(dock) == Qt.DockWidgetArea.BottomDockWidgetArea
+    assert not dock.isHidden()
+    dock.toggleViewAction().trigger()  # the user closes the panel
+    again.close()
+
+    third = make_window(backend)
+    dock = QDockWidget("Attention")
+    third.add_dock(dock)
+    assert dock.isHidden() and not dock.toggleViewAction().isChecked()
+
+
+def test_settings_panel_builds_valid_settings():
+    panel = SettingsPanel()
+    assert panel.settings() == GenerationSettings()
+    custom = GenerationSettings(
+        max_new_tokens=64, temperature=1.3, top_k=0, top_p=0.5, repetition_penalty=1.2, seed=7
+    )
+    panel.set_settings(custom)
+    assert panel.settings() == custom
+    panel.set_settings(GenerationSettings(greedy=True, use_cache=False))
+    assert panel.settings().greedy and not panel.settings().use_cache
+    assert not panel._temperature.isEnabled() and not panel._top_p.isEnabled()
+    panel.set_system_prompt("  Be terse.\n")
+    assert panel.system_prompt() == "Be terse."
+
+
+def test_chat_view_renders_markdown_and_keeps_plain_text(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    source = (
+        "Some *text*.\n\n```python\nif a < b:\n    print('<x>')\n```\n\n"
+        "| a | b |\n|---|---|\n| 1 | 2 |"
+    )
+    view.add_message("user", "<b>not bold</b>")
+    view.add_message("assistant", source)
+    assert view.messages() == [Message("user", "<b>not bold</b>"), Message("assistant", source)]
+    text = view.toPlainText()
+    assert "<b>not bold</b>" in text and "*text*" not in text and "```" not in text
+
+    code = view.document().find("print('<x>')")
+    assert not code.isNull()
+    family = code.charFormat().fontFamilies() or [code.charFormat().fontFamily()]
+    assert code.charFormat().fontFixedPitch() or any("mono" in f.lower() for f in family)
+    tables = {type(f).__name__ for f in _frames(view)}
+    assert "QTextTable" in tables  # the Markdown table, and the code block's box
+
+    view.remove_last_message()
+    assert view.messages() == [Message("user", "<b>not bold</b>")]
+    assert "print" not in view.toPlainText()
+    view.clear()
+    assert view.messages() == [] and view.toPlainText() == ""
+
+
+def test_chat_view_streams_into_one_reply(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.add_message("user", "Hi")
+    view.begin_reply()
+    before = view.document().findBlockByNumber(0).text()
+    for chunk in ("Hel", "lo **wor", "ld**"):
+        view.append_reply(chunk)
+    assert view.reply_text() == "Hello **world**"
+    assert view.messages() == [Message("user", "Hi")]  # the reply is not complete yet
+    assert view.document().findBlockByNumber(0).text() == before
+    view.end_reply("Hello **world**", "3 tokens")
+    assert view.messages()[-1] == Message("assistant", "Hello **world**")
+    cursor = view.document().find("world")
+    assert cursor.charFormat().fontWeight() > 400  # rendered bold
+    assert "3 tokens" in view.toPlainText() and not view.replying
+    assert view.document().find("Hi", 0).position() < cursor.position()
+
+
+def _frames(view: ChatView):
+    stack, found = [view.document().rootFrame()], []
+    while stack:
+        frame = stack.pop()
+        found.append(frame)
+        stack.extend(frame.childFrames())
+    return found
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(950, "950"), (12_345, "12K"), (134_515_008, "135M"), (1_235_814_400, "1.2B"), (10**9, "1B")],
+)
+def test_human_count(n, text):
+    assert human_count(n) == text

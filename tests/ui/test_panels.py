@@ -1,0 +1,545 @@
+"""The internals panels hold exactly what the engine's events say, and stay bounded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+import pytest
+from PySide6.QtCore import QPointF
+from PySide6.QtWidgets import QMainWindow
+
+from engine.events import Candidate, Failed, Finished, ModelInfo, PrefillDone, Token, frozen_array
+from ui.panels import WITH_CACHE, WITHOUT_CACHE, InternalsView, attention, build_docks, cache_label
+from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
+from ui.panels.buffers import AttentionRows, GrowableArray, InternalsState, kv_formula_bytes
+from ui.panels.kv_cache import STACKED, formula_text
+
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, BYTES = 2, 4, 2, 8, 4
+PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * BYTES  # 256 bytes for all layers
+PROMPT = 5
+
+
+def model_info(**changes) -> ModelInfo:
+    values = dict(
+        name="tiny",
+        source="folder",
+        architecture="LlamaForCausalLM",
+        device="cpu",
+        dtype="float32",
+        layers=LAYERS,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        parameters=1000,
+        max_context=64,
+        vocab_size=100,
+        bytes_per_value=BYTES,
+    )
+    values.update(changes)
+    return ModelInfo(**values)
+
+
+def causal(rng: np.random.Generator, queries: int, keys: int) -> np.ndarray:
+    """[heads, queries, keys] rows summing to 1 over the keys each query may see."""
+    weights = rng.random((HEADS, queries, keys)) + 0.01
+    positions = np.arange(keys - queries, keys)[:, None]
+    weights[:, np.arange(keys)[None, :] > positions] = 0.0
+    return weights / weights.sum(axis=2, keepdims=True)
+
+
+def prefill(rng, prompt=PROMPT, reused=0, layers=(0, 1), seconds=0.05) -> PrefillDone:
+    return PrefillDone(
+        prompt_tokens=prompt,
+        reused_tokens=reused,
+        processed_tokens=prompt - reused,
+        tokenize_s=0.002,
+        seconds=seconds,
+        kv_bytes=prompt * PER_TOKEN,
+        kv_bytes_per_layer=(prompt * PER_TOKEN // 2,) * 2,
+        prompt_token_ids=tuple(range(prompt)),
+        token_texts=tuple(f"p{i}" for i in range(prompt)),
+        attention={layer: frozen_array(causal(rng, prompt - reused, prompt)) for layer in layers},
+    )
+
+
+def default_seconds(index: int) -> float:
+    """Token 0 waits for prefill (0.05 s) and sampling; later steps grow a little."""
+    return 0.06 if index == 0 else 0.03 + 0.001 * index
+
+
+def token(rng, index: int, prompt=PROMPT, layers=(0, 1), seconds=None) -> Token:
+    keys = prompt + index
+    probs = np.sort(rng.random(3))[::-1]
+    probs = probs / probs.sum() * 0.9
+    top_k = tuple(
+        Candidate(token_id=10 + r, text=f"c{r}", prob=float(p), sampled_prob=float(p) * 0.5)
+        for r, p in enumerate(probs)
+    )
+    return Token(
+        index=index,
+        token_id=10 + index % 3,
+        text=f"t{index}",
+        piece=f"t{index}",
+        seconds=default_seconds(index) if seconds is None else seconds,
+        kv_bytes=keys * PER_TOKEN,
+        kv_bytes_per_layer=(keys * PER_TOKEN // 2,) * 2,
+        attention={layer: frozen_array(causal(rng, 1, keys)[:, 0, :]) for layer in layers},
+        top_k=top_k,
+    )
+
+
+def finished(tokens: list[Token], reused=0) -> Finished:
+    decode = sum(t.seconds for t in tokens[1:])
+    return Finished(
+        reason="length",
+        text="".join(t.text for t in tokens),
+        prompt_tokens=PROMPT,
+        reused_tokens=reused,
+        generated_tokens=len(tokens),
+        tokenize_s=0.002,
+        prefill_s=0.05,
+        ttft_s=0.002 + tokens[0].seconds,
+        decode_s=decode,
+        total_s=0.1 + decode,
+    )
+
+
+def run_reply(view: InternalsView, rng, count=4, reused=0, prompt=PROMPT, finish=True):
+    first = prefill(rng, prompt=prompt, reused=reused)
+    tokens = [token(rng, i, prompt=prompt) for i in range(count)]
+    view.ingest(first)
+    for event in tokens:
+        view.ingest(event)
+    if finish:
+        view.ingest(finished(tokens, reused))
+    return first, tokens
+
+
+def expected_matrix(first: PrefillDone, tokens: list[Token], layer: int) -> np.ndarray:
+    """The heatmap the events describe: prefill rows, then a row per new query position."""
+    keys = PROMPT + len(tokens) - 1
+    matrix = np.zeros((HEADS, keys, keys), dtype=np.float32)
+    matrix[:, :PROMPT, :PROMPT] = first.attention[layer]
+    for t in tokens:
+        row = t.attention[layer]
+        matrix[:, row.shape[1] - 1, :] = 0.0
+        matrix[:, row.shape[1] - 1, : row.shape[1]] = row
+    return matrix
+
+
+@pytest.fixture
+def view(qtbot):
+    internals = InternalsView()
+    for dock in internals.docks.values():
+        qtbot.addWidget(dock)
+    internals.set_model(model_info())
+    internals.set_watched_layers((0, 1))
+    yield internals
+    internals.timer.stop()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def scene_items(view: InternalsView) -> int:
+    widgets = [w for panel in view.panels for w in panel.findChildren(pg.GraphicsView)]
+    return sum(len(w.scene().items()) for w in widgets)
+
+
+# -- buffers -----------------------------------------------------------------------------------
+
+
+def test_growable_array_doubles_and_keeps_values():
+    array = GrowableArray(np.int64, capacity=4)
+    for value in range(1000):
+        array.append(value)
+    assert array.capacity == 1024
+    np.testing.assert_array_equal(array.view(), np.arange(1000))
+    rows = GrowableArray(np.float64, width=3, capacity=2)
+    for value in range(5):
+        rows.append([value, value * 2, value * 3])
+    assert rows.view().shape == (5, 3)
+    np.testing.assert_array_equal(rows.view()[4], [4, 8, 12])
+
+
+def test_attention_rows_grow_overwrite_and_drop(rng):
+    rows = AttentionRows(HEADS, max_rows=8, capacity=2)
+    block = causal(rng, 3, 5)
+    assert rows.append_block(block) == 0
+    assert (rows.rows, rows.keys) == (3, 5)
+    np.testing.assert_array_equal(rows.positions, [2, 3, 4])
+    repeat = causal(rng, 1, 5)[:, 0, :]
+    assert not rows.append_row(repeat)  # position 4 again replaces the row
+    np.testing.assert_allclose(rows.matrix()[:, 2, :], repeat)
+    for keys in range(6, 14):
+        assert rows.append_row(causal(rng, 1, keys)[:, 0, :])
+    assert rows.rows <= 8 and rows.dropped > 0
+    assert rows.positions[-1] == 12 and rows.keys == 13
+    assert np.all(np.diff(rows.positions) == 1)
+    small = AttentionRows(HEADS, max_rows=4)
+    block = causal(rng, 6, 6)
+    assert small.append_block(block) == 0
+    np.testing.assert_array_equal(small.positions, [2, 3, 4, 5])
+    np.testing.assert_allclose(small.matrix(), block[:, 2:, :], rtol=1e-6)
+    assert small.dropped == 2
+
+
+def test_formula_counts_bytes_with_sliding_layers_capped():
+    info = model_info(layers=4, sliding_layers=(0, 2), sliding_window=3)
+    per_layer_token = 2 * KV_HEADS * HEAD_DIM * BYTES
+    assert kv_formula_bytes(info, 10) == per_layer_token * (2 * 10 + 2 * 3)
+    text = formula_text(info, 10, kv_formula_bytes(info, 10))
+    assert f"{per_layer_token * 26:,} bytes" in text
+    assert "2 sliding layers" in text and "matches" in text
+
+
+def test_pooled_rows_match_a_full_max_pool_as_rows_arrive(monkeypatch, rng):
+    monkeypatch.setattr(attention, "DISPLAY_ROWS", 4)
+    monkeypatch.setattr(attention, "DISPLAY_KEYS", 3)
+    rows = AttentionRows(HEADS)
+    pooled = attention.PooledRows()
+    rows.append_block(causal(rng, 5, 5))
+    for keys in range(6, 16):
+        rows.append_row(causal(rng, 1, keys)[:, 0, :])
+        image, row_factor, key_factor = pooled.update(rows)
+        full = np.zeros((HEADS, image.shape[1] * row_factor, image.shape[2] * key_factor))
+        full[:, : rows.rows, : rows.keys] = rows.matrix()
+        expected = full.reshape(HEADS, image.shape[1], row_factor, image.shape[2], key_factor)
+        np.testing.assert_array_equal(image, expected.max(axis=(2, 4)))
+        assert image.shape[1] <= 4 and image.shape[2] <= 3
+    assert (row_factor, key_factor) == (4, 5)  # 14 rows, 15 keys
+
+
+# -- KV cache ----------------------------------------------------------------------------------
+
+
+def test_kv_curve_ends_at_the_last_events_bytes(view, rng):
+    first, tokens = run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    x, y = view.kv_cache.curve.getData()
+    assert y[-1] == tokens[-1].kv_bytes
+    # Empty cache, one jump for the prompt, then one step per decoded token.
+    np.testing.assert_array_equal(x, [0, 5, 6, 7, 8])
+    np.testing.assert_array_equal(y, [0, first.kv_bytes] + [t.kv_bytes for t in tokens[1:]])
+    assert view.kv_cache.curve.opts["stepMode"] == "right"
+
+
+def test_kv_per_layer_and_stacked_views(view, rng):
+    _first, tokens = run_reply(view, rng, count=3)
+    view.kv_cache.select_view("layer 1")
+    view.redraw(force=True)
+    _x, y = view.kv_cache.curve.getData()
+    assert y[-1] == tokens[-1].kv_bytes_per_layer[1]
+    view.kv_cache.select_view(STACKED)
+    view.redraw(force=True)
+    top = view.kv_cache.stack_curves[-1]
+    assert top.isVisible() and not view.kv_cache.curve.isVisible()
+    assert top.getData()[1][-1] == tokens[-1].kv_bytes
+
+
+def test_formula_text_uses_the_models_numbers(view, rng):
+    run_reply(view, rng, count=5)  # 5 prompt + 4 decoded tokens = 9 cached
+    view.redraw(force=True)
+    text = view.kv_cache.formula.text()
+    assert f"{9 * PER_TOKEN:,} bytes" in text  # 2,304
+    assert "2 layers × 2 KV heads × 8 dims × 9 tokens × 4 bytes" in text
+    assert "matches the formula" in text
+    assert "(4/2 = 2x)" in text and "grouped-query attention saves 2.2 KiB" in text
+    assert view.kv_cache.context.value() == 9 and view.kv_cache.context.maximum() == 64
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+
+def head_stack(view: InternalsView) -> np.ndarray:
+    images = view.attention.head_images
+    return np.stack([images[h].image for h in sorted(images)])
+
+
+def test_heatmap_builds_row_by_row_from_the_events(view, rng):
+    first = prefill(rng)
+    view.ingest(first)
+    view.redraw(force=True)
+    assert head_stack(view).shape == (HEADS, PROMPT, PROMPT)
+    np.testing.assert_array_equal(head_stack(view), first.attention[0])
+    tokens = [token(rng, i) for i in range(4)]
+    for event in tokens:
+        view.ingest(event)
+    view.redraw(force=True)
+    stack = head_stack(view)
+    assert stack.shape == (HEADS, PROMPT + 3, PROMPT + 3)  # token 0 re-reads the last prompt row
+    np.testing.assert_array_equal(stack, expected_matrix(first, tokens, 0))
+    image = view.attention.head_images[0]
+    assert image.axisOrder == "row-major" and image.image.dtype == np.float32
+    view.attention.per_head_scale.setChecked(False)  # absolute scale: every head 0..1
+    view.redraw(force=True)
+    assert tuple(image.getLevels()) == (0.0, 1.0)
+    assert image.lut.shape[0] == 256
+
+
+def test_layer_choice_hover_text_and_head_focus(view, rng):
+    first, tokens = run_reply(view, rng, count=3)
+    view.attention.select(1)
+    view.redraw(force=True)
+    np.testing.assert_array_equal(head_stack(view), expected_matrix(first, tokens, 1))
+    text = view.attention.describe(head=2, row=6, key=5)
+    weight = tokens[2].attention[1][2, 5]
+    assert text == f"head 2 · query #6 't1' → key #5 't0': {weight:.4f}"
+    assert "causal mask" in view.attention.describe(head=0, row=1, key=3)
+    view.attention.select(1, head=2)
+    view.redraw(force=True)
+    assert list(view.attention.head_images) == [2]
+    np.testing.assert_array_equal(
+        view.attention.head_images[2].image, expected_matrix(first, tokens, 1)[2]
+    )
+
+
+def test_per_head_scale_uses_a_high_quantile_of_each_head(view, rng):
+    run_reply(view, rng, count=2)
+    assert view.attention.per_head_scale.isChecked()  # the default
+    view.redraw(force=True)
+    for image in view.attention.head_images.values():
+        weights = image.image[image.image > 0]
+        assert image.getLevels()[1] == pytest.approx(float(np.quantile(weights, 0.99)))
+        assert image.getLevels()[1] < 1.0  # not pinned by the first query's weight of 1
+
+
+def test_overview_shows_mean_max_weight_and_click_selects(qtbot, view, rng):
+    first, tokens = run_reply(view, rng, count=3)
+    view.redraw(force=True)
+    overview = view.attention.overview_image.image
+    assert overview.shape == (LAYERS, HEADS)
+    rows = [first.attention[1][:, q, :].max(axis=1) for q in range(PROMPT)]
+    rows += [t.attention[1].max(axis=1) for t in tokens[1:]]  # token 0 repeats the last row
+    np.testing.assert_allclose(overview[1], np.mean(rows, axis=0), rtol=1e-5)
+    view.attention.measure_choice.setCurrentIndex(1)
+    view.redraw(force=True)
+    entropy = view.attention.overview_image.image
+    assert np.all((entropy >= 0) & (entropy <= 1 + 1e-6))
+    # Clicking cell (layer 1, head 3) selects it.
+    plot_view = view.attention.overview.getPlotItem().vb
+    view.attention.overview.resize(300, 300)
+    plot_view.setRange(xRange=(0, HEADS), yRange=(0, LAYERS), padding=0)
+    scene_point = plot_view.mapViewToScene(QPointF(3.5, 1.5))
+    assert view.attention.overview_cell(scene_point) == (1, 3)
+    view.attention.select(*view.attention.overview_cell(scene_point))
+    assert (view.attention.selected_layer, view.attention.selected_head) == (1, 3)
+
+
+def test_picking_an_unwatched_layer_requests_it(qtbot, rng):
+    internals = InternalsView()
+    qtbot.addWidget(internals.attention)
+    internals.set_model(model_info(layers=4))
+    internals.set_watched_layers((0,))
+    internals.redraw(force=True)
+    with qtbot.waitSignal(internals.watched_layers_requested) as blocker:
+        internals.attention.select(2)
+    assert blocker.args == [(0, 2)]
+    internals.redraw(force=True)
+    assert "not watched" in internals.attention.hover.text()
+    internals.timer.stop()
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+def test_step_curve_has_one_point_per_decode_step(view, rng):
+    first = prefill(rng)
+    tokens = [token(rng, i) for i in range(6)]
+    view.ingest(first)
+    for event in tokens:
+        view.ingest(event)
+    view.redraw(force=True)
+    x, y = view.timing.step_curve.getData()
+    np.testing.assert_array_equal(x, [1, 2, 3, 4, 5])
+    np.testing.assert_array_equal(y, [t.seconds for t in tokens[1:]])
+    live = 5 / sum(t.seconds for t in tokens[1:])
+    assert f"{live:.1f} tok/s (live" in view.timing.numbers.text()
+    ttft = first.tokenize_s + tokens[0].seconds
+    assert f"{ttft * 1000:.0f} ms" in view.timing.numbers.text()
+    done = finished(tokens)
+    view.ingest(done)
+    view.redraw(force=True)
+    assert f"{done.decode_tokens_per_s:.1f} tok/s (final" in view.timing.numbers.text()
+    widths = {name: bar.opts["width"][0] for name, bar in view.timing.phase_bars.items()}
+    assert widths["prefill"] == pytest.approx(first.seconds)
+    assert widths["first token"] == pytest.approx(tokens[0].seconds - first.seconds)
+    assert widths["decode"] == pytest.approx(done.decode_s)
+
+
+def test_turn_bars_split_reused_and_prefilled_tokens(view, rng):
+    first = prefill(rng)
+    tokens = [token(rng, i) for i in range(3)]
+    view.ingest_many([first, *tokens, finished(tokens)])  # a batch, as the window sends them
+    run_reply(view, rng, count=3, reused=3)
+    view.redraw(force=True)
+    np.testing.assert_array_equal(view.timing.reused_bars.opts["height"], [0, 3])
+    np.testing.assert_array_equal(view.timing.processed_bars.opts["height"], [5, 2])
+    np.testing.assert_array_equal(view.timing.processed_bars.opts["y0"], [0, 3])
+    _x, ttft = view.timing.ttft_curve.getData()
+    assert len(ttft) == 2 and np.all(ttft > 0)
+    x, y = view.kv_cache.curve.getData()
+    assert (x[0], x[1]) == (3, 5) and y[0] == 3 * PER_TOKEN  # cache kept 3 tokens, then a jump
+
+
+def test_compare_overlays_the_previous_reply_with_labels(view, rng):
+    view.set_next_reply_label(cache_label(False))
+    _first, slow = run_reply(view, rng, count=4)
+    view.set_next_reply_label(cache_label(True))
+    view.start_reply("turn B")
+    _first, fast = run_reply(view, rng, count=4)
+    view.compare_with_previous(True)
+    view.redraw(force=True)
+    timing = view.timing
+    assert timing.previous_curve.isVisible()
+    np.testing.assert_array_equal(timing.previous_curve.getData()[1], [t.seconds for t in slow[1:]])
+    np.testing.assert_array_equal(timing.step_curve.getData()[1], [t.seconds for t in fast[1:]])
+    names = [label.text for _sample, label in timing.steps_legend.items]
+    assert names == [WITH_CACHE, WITHOUT_CACHE]
+    assert view.state.replies[-1].turn == "turn B"
+    view.compare_with_previous(False)
+    view.redraw(force=True)
+    assert not timing.previous_curve.isVisible()
+
+
+def test_failure_is_reported(view, rng):
+    view.ingest(prefill(rng))
+    view.ingest(Failed(message="out of memory", error_type="RuntimeError"))
+    view.redraw(force=True)
+    assert "failed: out of memory" in view.timing.numbers.text()
+    assert view.state.reply.error == "out of memory"
+
+
+def test_failure_before_prefill_leaves_the_last_reply_alone(view, rng):
+    run_reply(view, rng, count=3)
+    done = view.state.reply.finished
+    view.ingest(Failed(message="prompt <too> long", error_type="ContextFull"))
+    view.ingest(
+        Finished(
+            reason="error",
+            text="",
+            prompt_tokens=0,
+            reused_tokens=0,
+            generated_tokens=0,
+            tokenize_s=0.0,
+            prefill_s=0.0,
+            ttft_s=0.0,
+            decode_s=0.0,
+            total_s=0.0,
+        )
+    )
+    view.redraw(force=True)
+    assert len(view.state.replies) == 1 and view.state.reply.finished is done
+    assert view.state.reply.error is None
+    assert "failed: prompt &lt;too&gt; long" in view.timing.numbers.text()
+
+
+# -- next token --------------------------------------------------------------------------------
+
+
+def test_top_k_bars_follow_the_latest_step_and_browse(view, rng):
+    _first, tokens = run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    panel = view.next_token
+    assert panel.step == 3
+    last = tokens[3]
+    np.testing.assert_allclose(panel.prob_bars.opts["width"], [c.prob for c in last.top_k])
+    np.testing.assert_allclose(
+        panel.sampled_bars.opts["width"], [c.sampled_prob for c in last.top_k]
+    )
+    view.show_step(1)
+    view.redraw(force=True)
+    chosen = [c.token_id == tokens[1].token_id for c in tokens[1].top_k]
+    assert panel.step == 1 and not panel.follow.isChecked()
+    np.testing.assert_allclose(panel.prob_bars.opts["width"], [c.prob for c in tokens[1].top_k])
+    brushes = [pg.mkBrush(b).color().getRgb()[:3] for b in panel.prob_bars.opts["brushes"]]
+    assert [b == (217, 48, 37) for b in brushes] == chosen
+    assert "t1" in panel.summary.text()
+    panel.spin.setValue(2)
+    view.redraw(force=True)
+    assert panel.step == 2
+
+
+# -- the view ----------------------------------------------------------------------------------
+
+
+def test_thousands_of_tokens_add_no_items_and_stay_bounded(qtbot, rng):
+    internals = InternalsView(max_attention_rows=64)
+    for dock in internals.docks.values():
+        qtbot.addWidget(dock)
+    internals.set_model(model_info())
+    internals.set_watched_layers((0,))
+    internals.ingest(prefill(rng, layers=(0,)))
+    internals.ingest(token(rng, 0, layers=(0,)))
+    internals.redraw(force=True)
+    before = scene_items(internals)
+    row = np.full((HEADS, 1), 1.0)
+    for index in range(1, 5000):
+        keys = PROMPT + index
+        attention = {0: frozen_array(np.pad(row, ((0, 0), (keys - 1, 0))))}
+        internals.ingest(
+            Token(
+                index=index,
+                token_id=1,
+                text="x",
+                piece="x",
+                seconds=0.01,
+                kv_bytes=keys * PER_TOKEN,
+                kv_bytes_per_layer=(),
+                attention=attention,
+            )
+        )
+    internals.redraw(force=True)
+    assert scene_items(internals) == before
+    assert len(internals.timing.step_curve.getData()[0]) == 4999
+    assert internals.kv_cache.curve.getData()[1][-1] == (PROMPT + 4999) * PER_TOKEN
+    image = internals.attention.head_images[0].image
+    assert image.shape[0] <= DISPLAY_ROWS and image.shape[1] <= DISPLAY_KEYS
+    assert internals.state.attention[0].rows <= 64
+    internals.timer.stop()
+
+
+def test_docks_are_named_and_only_visible_stale_panels_redraw(qtbot, rng):
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    view = build_docks(window)
+    names = sorted(dock.objectName() for dock in view.docks.values())
+    assert names == sorted(
+        ["internals_timing", "internals_kv_cache", "internals_attention", "internals_next_token"]
+    )
+    assert view.timer.isActive() and view.timer.interval() <= 34
+    window.show()
+    qtbot.waitExposed(window)
+    view.set_model(model_info())
+    view.ingest(prefill(rng))
+    # Tabified behind "timing", the KV panel is hidden: the timer leaves it stale.
+    qtbot.waitUntil(lambda: not view.timing.needs_redraw())
+    assert view.kv_cache.needs_redraw()
+    view.docks["kv_cache"].raise_()
+    qtbot.waitUntil(lambda: not view.kv_cache.needs_redraw())
+    assert window.restoreState(window.saveState())
+    view.timer.stop()
+
+
+def test_clear_forgets_the_conversation(view, rng):
+    run_reply(view, rng, count=3)
+    view.redraw(force=True)
+    view.clear()
+    view.redraw(force=True)
+    x, _y = view.kv_cache.curve.getData()
+    assert x is None or len(x) == 0
+    assert view.state.replies == [] and view.state.attention == {}
+    assert view.next_token.step == -1
+    assert view.attention.overview_image.image is None
+    assert view.state.info is not None and view.state.watched_layers == (0, 1)
+
+
+def test_state_ingest_without_qt(rng):
+    state = InternalsState()
+    state.set_model(model_info())
+    state.ingest(prefill(rng))
+    state.ingest(token(rng, 0))
+    assert state.cache_tokens == PROMPT and state.token_text(PROMPT) == "t0"
+    assert state.revision("kv") > 0 and state.steps == 1

@@ -1,0 +1,234 @@
+"""The conversation: one framed block per message, streamed replies, Markdown once complete.
+
+A reply streams in as plain text: each `append_reply` call is one edit block at the end of the
+reply's frame, so the caller batches tokens per frame and nothing above the reply is touched.
+When the reply ends, its frame content is replaced once by the rendered Markdown.
+Every message keeps its plain text, which `messages()` returns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import markdown
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFrameFormat
+from PySide6.QtWidgets import QTextBrowser, QWidget
+
+from engine.settings import Message
+from ui.style import ChatColors, chat_colors, document_css
+
+ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System prompt"}
+BUBBLE_INDENT = 48  # px: user messages lean right, replies left, like chat bubbles
+
+_CODE_BLOCK = re.compile(r"<pre><code(?: class=\"[^\"]*\")?>(.*?)</code></pre>", re.DOTALL)
+
+
+class MarkdownRenderer:
+    """Markdown to the HTML subset QTextDocument draws; raw HTML in the text stays text."""
+
+    def __init__(self, colors: ChatColors) -> None:
+        self._colors = colors
+        self._md = markdown.Markdown(extensions=["fenced_code", "tables"])
+        # A model's "<div>" or "<script>" is shown as typed, never interpreted.
+        self._md.preprocessors.deregister("html_block")
+        self._md.inlinePatterns.deregister("html")
+
+    def render(self, text: str) -> str:
+        body = self._md.reset().convert(text)
+        body = _CODE_BLOCK.sub(self._code_block, body)
+        return body.replace(
+            "<table>",
+            f'<table border="1" cellspacing="0" cellpadding="4" '
+            f'style="border-collapse: collapse; border-color: {self._colors.border.name()}">',
+        )
+
+    def _code_block(self, match: re.Match[str]) -> str:
+        # A one-cell table gives the block padding and a background across its full width.
+        code = match.group(1).rstrip("\n")
+        return (
+            f'<table width="100%" cellspacing="0" cellpadding="8" '
+            f'bgcolor="{self._colors.code.name()}"><tr><td><pre>{code}</pre></td></tr></table>'
+        )
+
+
+@dataclass
+class _Entry:
+    message: Message
+    stats: str = ""
+
+
+class ChatView(QTextBrowser):
+    """Read-only chat transcript. Roles: "user", "assistant", "system"."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setOpenExternalLinks(True)
+        self.setUndoRedoEnabled(False)
+        self._colors = chat_colors(self.palette())
+        self.document().setDefaultStyleSheet(document_css(self._colors))
+        self.document().setDocumentMargin(8)
+        self._renderer = MarkdownRenderer(self._colors)
+        self._entries: list[_Entry] = []
+        self._reply_cursor: QTextCursor | None = None
+        self._reply_start = 0
+        self._reply_parts: list[str] = []
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def add_message(self, role: str, text: str, stats: str = "") -> None:
+        """Show a complete message (a reloaded conversation, or the user's own)."""
+        self._entries.append(_Entry(Message(role, text), stats))
+        self._draw(self._entries[-1])
+
+    def begin_reply(self) -> None:
+        """Open an assistant message that `append_reply` streams into."""
+        if self._reply_cursor is not None:
+            self.end_reply("".join(self._reply_parts))
+        at_bottom = self._at_bottom()
+        cursor = self._end_cursor()
+        cursor.beginEditBlock()
+        self._open_frame(cursor, "assistant")
+        cursor.endEditBlock()
+        self._reply_start = cursor.position()
+        self._reply_cursor = cursor
+        self._reply_parts = []
+        self._follow(at_bottom)
+
+    def append_reply(self, text: str) -> None:
+        """Append streamed text as plain text, in one edit block (call once per frame)."""
+        if self._reply_cursor is None or not text:
+            return
+        at_bottom = self._at_bottom()
+        self._reply_parts.append(text)
+        self._reply_cursor.beginEditBlock()
+        self._reply_cursor.insertText(text)
+        self._reply_cursor.endEditBlock()
+        self._follow(at_bottom)
+
+    def end_reply(self, final_text: str, stats_line: str = "") -> None:
+        """Replace the streamed text by `final_text` rendered as Markdown, with a stats line."""
+        if self._reply_cursor is None:
+            self.add_message("assistant", final_text, stats_line)
+            return
+        at_bottom = self._at_bottom()
+        cursor = self._reply_cursor
+        frame_end = cursor.currentFrame().lastPosition()
+        cursor.setPosition(self._reply_start)
+        cursor.setPosition(frame_end, QTextCursor.MoveMode.KeepAnchor)
+        cursor.beginEditBlock()
+        cursor.removeSelectedText()
+        self._write_body(cursor, "assistant", final_text, stats_line)
+        cursor.endEditBlock()
+        self._entries.append(_Entry(Message("assistant", final_text), stats_line))
+        self._reply_cursor = None
+        self._reply_parts = []
+        self._follow(at_bottom)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._reply_cursor = None
+        self._reply_parts = []
+        super().clear()
+
+    def messages(self) -> list[Message]:
+        """The complete messages shown, in order (a reply still streaming is not included)."""
+        return [entry.message for entry in self._entries]
+
+    def remove_last_message(self) -> Message | None:
+        """Drop the last complete message (Regenerate drops the reply it replaces)."""
+        if not self._entries or self._reply_cursor is not None:
+            return None
+        removed = self._entries.pop().message
+        self._redraw()
+        return removed
+
+    def add_note(self, text: str, error: bool = False) -> None:
+        """A line outside the conversation, e.g. why a reply failed; not part of messages()."""
+        at_bottom = self._at_bottom()
+        cursor = self._end_cursor()
+        cursor.beginEditBlock()
+        cursor.insertBlock()
+        fmt = QTextCharFormat()
+        fmt.setForeground(self._colors.error if error else self._colors.muted)
+        fmt.setFontItalic(True)
+        cursor.insertText(text, fmt)
+        cursor.endEditBlock()
+        self._follow(at_bottom)
+
+    @property
+    def replying(self) -> bool:
+        return self._reply_cursor is not None
+
+    def reply_text(self) -> str:
+        """The plain text streamed into the open reply so far."""
+        return "".join(self._reply_parts)
+
+    # -- drawing -------------------------------------------------------------------------------
+
+    def _draw(self, entry: _Entry) -> None:
+        at_bottom = self._at_bottom()
+        cursor = self._end_cursor()
+        cursor.beginEditBlock()
+        self._open_frame(cursor, entry.message.role)
+        self._write_body(cursor, entry.message.role, entry.message.content, entry.stats)
+        cursor.endEditBlock()
+        self._follow(at_bottom)
+
+    def _redraw(self) -> None:
+        super().clear()
+        for entry in self._entries:
+            self._draw(entry)
+
+    def _open_frame(self, cursor: QTextCursor, role: str) -> None:
+        """Insert the message's frame and its role label; the cursor ends in the body block."""
+        fmt = QTextFrameFormat()
+        fmt.setBackground(self._background(role))
+        fmt.setPadding(8)
+        fmt.setTopMargin(4)
+        fmt.setBottomMargin(4)
+        fmt.setBorder(0)
+        if role == "user":
+            fmt.setLeftMargin(BUBBLE_INDENT)
+        else:
+            fmt.setRightMargin(BUBBLE_INDENT)
+        cursor.insertFrame(fmt)
+        label = QTextCharFormat()
+        label.setFontWeight(QFont.Weight.Bold)
+        label.setForeground(self._colors.muted)
+        cursor.insertText(ROLE_LABELS.get(role, role), label)
+        cursor.insertBlock()
+        cursor.setCharFormat(QTextCharFormat())
+
+    def _write_body(self, cursor: QTextCursor, role: str, text: str, stats: str) -> None:
+        if role == "assistant":
+            cursor.insertHtml(self._renderer.render(text) if text.strip() else "<i>(no text)</i>")
+        else:
+            cursor.insertText(text, QTextCharFormat())
+        if stats:
+            cursor.insertBlock()
+            fmt = QTextCharFormat()
+            fmt.setForeground(self._colors.muted)
+            fmt.setFontPointSize(max(self.font().pointSizeF() - 1, 6))
+            cursor.insertText(stats, fmt)
+
+    def _background(self, role: str) -> QColor:
+        return {"user": self._colors.user, "system": self._colors.system}.get(
+            role, self._colors.assistant
+        )
+
+    def _end_cursor(self) -> QTextCursor:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        return cursor
+
+    # -- scrolling: follow the stream only if the reader is at the bottom ------------------------
+
+    def _at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 4
+
+    def _follow(self, was_at_bottom: bool) -> None:
+        if was_at_bottom:
+            bar = self.verticalScrollBar()
+            bar.setValue(bar.maximum())

@@ -1,0 +1,521 @@
+"""The main window: the chat in the middle, dock widgets around it, actions and a status bar.
+
+The window talks to the model only through a backend object (app.worker.GenerationWorker in
+the program, a fake in tests) whose signals arrive in the GUI thread; it never runs model work.
+It owns the conversation as a list of Message; the chat view mirrors it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.events import Failed, Finished, ModelInfo, PrefillDone, Token
+from engine.settings import (
+    GenerationSettings,
+    LoadRequest,
+    Message,
+    ProbeSettings,
+    SettingsError,
+)
+from ui.chat_view import ChatView
+from ui.input_box import InputBox
+from ui.model_picker import ModelPicker
+from ui.settings_panel import SettingsPanel
+
+STATUS_MS = 6000
+STATE_VERSION = 1  # bump when the dock layout changes incompatibly
+
+
+class Backend(Protocol):
+    """What the window needs of the model thread (app.worker.GenerationWorker has it)."""
+
+    events: Any  # Signal(list of events)
+    loaded: Any  # Signal(ModelInfo)
+    load_progress: Any  # Signal(str, float)
+    load_failed: Any  # Signal(str)
+    busy_changed: Any  # Signal(bool)
+
+    @property
+    def info(self) -> ModelInfo | None: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    def load(self, request: LoadRequest) -> None: ...
+
+    def generate(
+        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+    ) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def human_count(n: int) -> str:
+    """135_000_000 -> "135M", 1_235_814_400 -> "1.2B", 950 -> "950"."""
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            value = n / size
+            text = f"{value:.1f}" if value < 10 else f"{value:.0f}"
+            return text.removesuffix(".0") + unit
+    return str(n)
+
+
+def model_line(info: ModelInfo) -> str:
+    return f"{info.name} · {info.device} · {info.dtype} · {human_count(info.parameters)} params"
+
+
+def speed_line(finished: Finished) -> str:
+    return f"TTFT {finished.ttft_s:.2f} s · {finished.decode_tokens_per_s:.1f} tok/s"
+
+
+ENDINGS = {
+    "eos": "",
+    "stop_string": "stop string",
+    "length": "length limit",
+    "cancelled": "stopped",
+    "error": "error",
+    "context_full": "context full",
+}
+
+
+def reply_stats(finished: Finished) -> str:
+    """The small line under a reply: tokens, time to first token, decode speed, why it ended."""
+    parts = [f"{finished.generated_tokens} tokens", speed_line(finished)]
+    if ENDINGS.get(finished.reason):
+        parts.append(ENDINGS[finished.reason])
+    return " · ".join(parts)
+
+
+def prefill_line(event: PrefillDone) -> str:
+    reused = f" ({event.reused_tokens} reused from the cache)" if event.reused_tokens else ""
+    return (
+        f"Prefill: {event.processed_tokens} tokens in {event.seconds:.2f} s"
+        f" ({event.tokens_per_s:.0f} tok/s){reused}"
+    )
+
+
+class MainWindow(QMainWindow):
+    """Signals: `event_received(event)` for every engine event and `events_received(list)` per
+    batch (both GUI thread; internals panels listen here), `conversation_changed()`,
+    `model_changed(ModelInfo)`."""
+
+    event_received = Signal(object)
+    events_received = Signal(object)
+    conversation_changed = Signal()
+    model_changed = Signal(object)
+
+    def __init__(
+        self,
+        backend: Backend,
+        settings: QSettings | None = None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Glassbox")
+        self.resize(1200, 800)
+        self.backend = backend
+        self._qsettings = settings if settings is not None else QSettings()
+        self._conversation: list[Message] = []
+        self._probes = ProbeSettings()
+        self._awaiting = False  # a reply this window shows is streaming
+        self._loading = 0
+        self._failure: Failed | None = None
+        self._info: ModelInfo | None = backend.info
+        self._last_request = LoadRequest()
+        self._picker: ModelPicker | None = None
+        self._closed = False
+
+        self.chat = ChatView()
+        self.input = InputBox()
+        self.settings_panel = SettingsPanel()
+        self._make_actions()
+        self._build_central()
+        self._build_settings_dock()
+        self._build_menus_and_toolbar()
+        self._build_status_bar()
+        self._connect_backend()
+        self._restore_layout()
+        self._update_actions()
+        self.input.setFocus()
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def _action(self, text: str, shortcut: str | QKeySequence | None, slot, tip: str) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        action.setToolTip(f"{tip} ({action.shortcut().toString()})" if shortcut else tip)
+        action.setStatusTip(tip)
+        action.triggered.connect(slot)
+        self.addAction(action)  # shortcuts work wherever the focus is in the window
+        return action
+
+    def _make_actions(self) -> None:
+        self.send_action = self._action(
+            "Send", "Ctrl+Return", self.input.submit, "Send the message"
+        )
+        self.stop_action = self._action("Stop", "Esc", self.stop, "Stop the reply")
+        self.regenerate_action = self._action(
+            "Regenerate", "Ctrl+R", self.regenerate, "Answer the last message again"
+        )
+        self.new_chat_action = self._action(
+            "New chat", QKeySequence.StandardKey.New, self.new_chat, "Start an empty chat"
+        )
+        self.load_action = self._action(
+            "Load model…", QKeySequence.StandardKey.Open, self.open_model_picker, "Load a model"
+        )
+        self.quit_action = self._action("Quit", QKeySequence.StandardKey.Quit, self.close, "Quit")
+
+    def _build_central(self) -> None:
+        send = QToolButton()
+        send.setDefaultAction(self.send_action)
+        stop = QToolButton()
+        stop.setDefaultAction(self.stop_action)
+        buttons = QVBoxLayout()
+        buttons.addWidget(send)
+        buttons.addWidget(stop)
+        buttons.addStretch(1)
+        row = QHBoxLayout()
+        row.addWidget(self.input, 1)
+        row.addLayout(buttons)
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.chat, 1)
+        layout.addLayout(row)
+        self.setCentralWidget(central)
+        self.input.submitted.connect(self.send)
+        self.input.refused.connect(self.show_status)
+
+    def _build_settings_dock(self) -> None:
+        self.settings_dock = QDockWidget("Settings", self)
+        self.settings_dock.setObjectName("settings_dock")
+        self.settings_dock.setWidget(self.settings_panel)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.settings_dock)
+
+    def _build_menus_and_toolbar(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        file_menu.addAction(self.load_action)
+        file_menu.addSeparator()
+        file_menu.addAction(self.quit_action)
+        chat_menu = self.menuBar().addMenu("&Chat")
+        for action in (
+            self.send_action,
+            self.stop_action,
+            self.regenerate_action,
+            self.new_chat_action,
+        ):
+            chat_menu.addAction(action)
+        self.view_menu = self.menuBar().addMenu("&View")
+        self.view_menu.addAction(self.settings_dock.toggleViewAction())
+        toolbar = self.addToolBar("Chat")
+        toolbar.setObjectName("chat_toolbar")
+        for action in (
+            self.new_chat_action,
+            self.regenerate_action,
+            self.stop_action,
+            self.load_action,
+        ):
+            toolbar.addAction(action)
+        self.view_menu.addAction(toolbar.toggleViewAction())
+
+    def _build_status_bar(self) -> None:
+        self.load_progress = QProgressBar()
+        self.load_progress.setRange(0, 100)
+        self.load_progress.setMaximumWidth(160)
+        self.load_progress.setVisible(False)
+        self.model_label = QLabel("No model loaded")
+        self.speed_label = QLabel()
+        bar = self.statusBar()
+        bar.addPermanentWidget(self.load_progress)
+        bar.addPermanentWidget(self.model_label)
+        bar.addPermanentWidget(self.speed_label)
+
+    def _connect_backend(self) -> None:
+        self.backend.events.connect(self._on_events)
+        self.backend.loaded.connect(self._on_loaded)
+        self.backend.load_progress.connect(self._on_load_progress)
+        self.backend.load_failed.connect(self._on_load_failed)
+        self.backend.busy_changed.connect(self._update_actions)
+        if self._info is not None:
+            self._show_model(self._info)
+
+    # -- docks and layout ------------------------------------------------------------------------
+
+    def add_dock(
+        self,
+        dock: QDockWidget,
+        area: Qt.DockWidgetArea = Qt.DockWidgetArea.RightDockWidgetArea,
+    ) -> None:
+        """Add a panel; where the user last left it (saved on close) wins over `area`."""
+        if not dock.objectName():
+            dock.setObjectName(dock.windowTitle().lower().replace(" ", "_") + "_dock")
+        if not self.restoreDockWidget(dock):  # not in the saved layout: a first appearance
+            self.addDockWidget(area, dock)
+            dock.show()
+        self.view_menu.addAction(dock.toggleViewAction())
+
+    def _restore_layout(self) -> None:
+        geometry = self._qsettings.value("window/geometry")
+        state = self._qsettings.value("window/state")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        if isinstance(state, QByteArray):
+            self.restoreState(state, STATE_VERSION)
+
+    def save_layout(self) -> None:
+        self._qsettings.setValue("window/geometry", self.saveGeometry())
+        self._qsettings.setValue("window/state", self.saveState(STATE_VERSION))
+        self._qsettings.sync()
+
+    # -- conversation ----------------------------------------------------------------------------
+
+    def conversation(self) -> list[Message]:
+        """The user and assistant messages so far (without the system prompt)."""
+        return list(self._conversation)
+
+    def prompt_messages(self) -> list[Message]:
+        """What a request sends: the system prompt first when there is one, then the chat."""
+        system = self.settings_panel.system_prompt()
+        head = [Message("system", system)] if system else []
+        return head + self._conversation
+
+    def set_conversation(self, messages: Sequence[Message]) -> None:
+        """Show a stored conversation; a leading system message goes to the settings panel."""
+        self._abandon_reply()
+        messages = list(messages)
+        if messages and messages[0].role == "system":
+            self.settings_panel.set_system_prompt(messages.pop(0).content)
+        self._conversation = messages
+        self.chat.clear()
+        for message in messages:
+            self.chat.add_message(message.role, message.content)
+        self.backend.reset()
+        self.conversation_changed.emit()
+        self._update_actions()
+
+    def probe_settings(self) -> ProbeSettings:
+        return self._probes
+
+    def set_probe_settings(self, probes: ProbeSettings) -> None:
+        """What the next replies record (the internals panels choose)."""
+        self._probes = probes
+
+    @property
+    def info(self) -> ModelInfo | None:
+        return self._info
+
+    # -- actions ---------------------------------------------------------------------------------
+
+    def send(self, text: str) -> bool:
+        """Add a user message and start the reply; False (with a status message) if refused."""
+        reason = self._send_refusal()
+        if reason:
+            self.show_status(reason)
+            return False
+        settings = self._generation_settings()
+        if settings is None:
+            return False
+        self._conversation.append(Message("user", text))
+        self.chat.add_message("user", text)
+        self.conversation_changed.emit()
+        return self._start_reply(settings)
+
+    def regenerate(self) -> bool:
+        """Drop the last reply (if any) and answer the last user message again."""
+        reason = self._send_refusal()
+        if reason:
+            self.show_status(reason)
+            return False
+        if not any(m.role == "user" for m in self._conversation):
+            self.show_status("Nothing to regenerate: send a message first.")
+            return False
+        settings = self._generation_settings()
+        if settings is None:
+            return False
+        while self._conversation and self._conversation[-1].role == "assistant":
+            self._conversation.pop()
+            self.chat.remove_last_message()
+        self.conversation_changed.emit()
+        return self._start_reply(settings)
+
+    def stop(self) -> None:
+        if self._awaiting:
+            self.backend.stop()
+            self.show_status("Stopping…")
+
+    def new_chat(self) -> None:
+        """Empty the chat and forget the session's KV cache."""
+        self._abandon_reply()
+        self._conversation.clear()
+        self.chat.clear()
+        self.backend.reset()
+        self.conversation_changed.emit()
+        self._update_actions()
+        self.show_status("New chat.")
+        self.input.setFocus()
+
+    def open_model_picker(self) -> ModelPicker:
+        if self._picker is None:
+            self._picker = ModelPicker(self._last_request, self)
+            self._picker.load_requested.connect(self.load_model)
+            self._picker.finished.connect(self._forget_picker)
+        self._picker.open()
+        return self._picker
+
+    def load_model(self, request: LoadRequest) -> None:
+        """Load in the model thread; the current model stays until the new one is ready."""
+        self._last_request = request
+        self._loading += 1
+        self.load_progress.setValue(0)
+        self.load_progress.setVisible(True)
+        self.show_status(f"Loading {request.spec}…", 0)
+        self.backend.load(request)
+        self._update_actions()
+
+    def show_status(self, text: str, timeout_ms: int = STATUS_MS) -> None:
+        self.statusBar().showMessage(text, timeout_ms)
+
+    # -- replies ---------------------------------------------------------------------------------
+
+    def _send_refusal(self) -> str | None:
+        if self._info is None:
+            return "The model is still loading." if self._loading else "No model is loaded."
+        if self._awaiting:
+            return "A reply is still streaming: press Esc to stop it."
+        if self.backend.busy:
+            return "The model is busy (loading): wait a moment."
+        return None
+
+    def _generation_settings(self) -> GenerationSettings | None:
+        try:
+            return self.settings_panel.settings()
+        except SettingsError as error:
+            self.show_status(str(error))
+            return None
+
+    def _start_reply(self, settings: GenerationSettings) -> bool:
+        if not self.backend.generate(self.prompt_messages(), settings, self._probes):
+            self.show_status("The model is busy: try again in a moment.")
+            return False
+        self._awaiting = True
+        self._failure = None
+        self.chat.begin_reply()
+        self._update_actions()
+        return True
+
+    def _abandon_reply(self) -> None:
+        """Stop showing the reply in progress; its remaining events only reach the panels."""
+        if self._awaiting:
+            self.backend.stop()
+            self._awaiting = False
+
+    def _on_events(self, batch: list) -> None:
+        text: list[str] = []
+        for event in batch:
+            if self._awaiting:
+                if isinstance(event, Token):
+                    text.append(event.text)
+                elif isinstance(event, PrefillDone):
+                    self.show_status(prefill_line(event))
+                elif isinstance(event, Failed):
+                    self._failure = event
+                elif isinstance(event, Finished):
+                    self.chat.append_reply("".join(text))
+                    text.clear()
+                    self._finish_reply(event)
+            self.event_received.emit(event)
+        self.chat.append_reply("".join(text))  # one edit block for the whole batch
+        self.events_received.emit(batch)
+
+    def _finish_reply(self, finished: Finished) -> None:
+        self._awaiting = False
+        self.chat.end_reply(finished.text, reply_stats(finished))
+        self._conversation.append(Message("assistant", finished.text))
+        if finished.generated_tokens:
+            self.speed_label.setText(speed_line(finished))
+        if self._failure is not None:
+            self.chat.add_note(self._failure.message, error=True)
+            self.show_status(self._failure.message, 15000)
+        elif finished.reason == "cancelled":
+            self.show_status("Stopped.")
+        else:
+            self.show_status(f"Done: {reply_stats(finished)}")
+        self.conversation_changed.emit()
+        self._update_actions()
+
+    # -- model loading ---------------------------------------------------------------------------
+
+    def _on_load_progress(self, stage: str, fraction: float) -> None:
+        self.load_progress.setValue(round(max(0.0, min(fraction, 1.0)) * 100))
+        self.show_status(stage, 0)
+        if self._picker is not None:
+            self._picker.set_progress(stage, fraction)
+
+    def _on_loaded(self, info: ModelInfo) -> None:
+        self._loading = max(self._loading - 1, 0)
+        self._info = info
+        self._show_model(info)
+        self.load_progress.setVisible(self._loading > 0)
+        self.show_status(f"Loaded {info.name}.")
+        if self._picker is not None:
+            self._picker.set_loaded(info)
+        self.model_changed.emit(info)
+        self._update_actions()
+
+    def _on_load_failed(self, message: str) -> None:
+        self._loading = max(self._loading - 1, 0)
+        self.load_progress.setVisible(self._loading > 0)
+        kept = f" Still using {self._info.name}." if self._info is not None else ""
+        self.show_status(f"Could not load the model: {message}{kept}", 20000)
+        if self._picker is not None:
+            self._picker.set_failed(message)
+        else:
+            self.chat.add_note(f"Could not load the model: {message}{kept}", error=True)
+        self._update_actions()
+
+    def _show_model(self, info: ModelInfo) -> None:
+        self.model_label.setText(model_line(info))
+        self.setWindowTitle(f"Glassbox — {info.name}")
+
+    def _forget_picker(self) -> None:
+        if self._picker is not None:
+            self._picker.deleteLater()
+            self._picker = None
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def _update_actions(self, *_: object) -> None:
+        reason = self._send_refusal()
+        self.input.set_sending_enabled(reason is None, reason or "")
+        self.send_action.setEnabled(reason is None)
+        self.stop_action.setEnabled(self._awaiting)
+        has_user = any(m.role == "user" for m in self._conversation)
+        self.regenerate_action.setEnabled(reason is None and has_user)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        """Cancel any reply and stop the model thread before the window goes."""
+        if not self._closed:
+            self._closed = True
+            self.save_layout()
+            self._awaiting = False
+            self.backend.shutdown()
+        event.accept()

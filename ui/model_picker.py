@@ -1,0 +1,221 @@
+"""Choose a model (bundled, hub id, folder, .gguf file), a device and a dtype; watch it load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QRadioButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.events import ModelInfo
+from engine.settings import LoadRequest
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+SOURCES = ("bundled", "hub", "folder", "gguf")
+ERROR_STYLE = "color: #c62828;"
+
+
+class ModelPicker(QDialog):
+    """Emits `load_requested(LoadRequest)` and stays open, showing progress, until the window
+    reports the result through `set_progress`, `set_failed` or `set_loaded` (which closes it)."""
+
+    load_requested = Signal(object)
+
+    def __init__(self, current: LoadRequest | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Load a model")
+        self.setMinimumWidth(520)
+        self._radios: dict[str, QRadioButton] = {}
+        self._group = QButtonGroup(self)
+        self._hub = QLineEdit()
+        self._hub.setPlaceholderText("e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
+        self._folder = QLineEdit()
+        self._folder.setPlaceholderText("a folder with config.json and weights")
+        self._gguf = QLineEdit()
+        self._gguf.setPlaceholderText("a .gguf file")
+        self._device = QComboBox()
+        self._device.addItems(DEVICES)
+        self._device.setEditable(True)  # "cuda:1" and the like
+        self._dtype = QComboBox()
+        self._dtype.addItems(DTYPES)
+        self._progress = QProgressBar()
+        self._progress.setRange(0, 100)
+        self._progress.setVisible(False)
+        self._status = QLabel()
+        self._status.setWordWrap(True)
+        self._status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.load_button = self._buttons.addButton("Load", QDialogButtonBox.ButtonRole.AcceptRole)
+        self._build()
+        self.set_request(current or LoadRequest())
+
+    def _build(self) -> None:
+        grid = QGridLayout()
+        labels = {
+            "bundled": "Bundled SmolLM2-135M-Instruct",
+            "hub": "Hugging Face hub id",
+            "folder": "Local folder",
+            "gguf": "GGUF file",
+        }
+        editors = {"hub": self._hub, "folder": self._folder, "gguf": self._gguf}
+        for row, source in enumerate(SOURCES):
+            radio = QRadioButton(labels[source])
+            self._radios[source] = radio
+            self._group.addButton(radio, row)
+            grid.addWidget(radio, row, 0)
+            if source in editors:
+                grid.addWidget(editors[source], row, 1)
+                editors[source].textEdited.connect(lambda _, r=radio: r.setChecked(True))
+        browse_folder = QPushButton("Browse…")
+        browse_folder.clicked.connect(self._browse_folder)
+        browse_gguf = QPushButton("Browse…")
+        browse_gguf.clicked.connect(self._browse_gguf)
+        grid.addWidget(browse_folder, 2, 2)
+        grid.addWidget(browse_gguf, 3, 2)
+        source_box = QGroupBox("Model")
+        source_box.setLayout(grid)
+
+        where = QHBoxLayout()
+        form_device = QFormLayout()
+        form_device.addRow("Device", self._device)
+        form_dtype = QFormLayout()
+        form_dtype.addRow("Precision", self._dtype)
+        where.addLayout(form_device)
+        where.addLayout(form_dtype)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(source_box)
+        layout.addLayout(where)
+        layout.addWidget(self._progress)
+        layout.addWidget(self._status)
+        layout.addWidget(self._buttons)
+        self.load_button.clicked.connect(self._on_load)
+        self._buttons.rejected.connect(self.reject)
+
+    # -- the request -----------------------------------------------------------------------------
+
+    def source(self) -> str:
+        return next(s for s, radio in self._radios.items() if radio.isChecked())
+
+    def set_source(self, source: str) -> None:
+        self._radios[source].setChecked(True)
+
+    def set_location(self, source: str, text: str) -> None:
+        {"hub": self._hub, "folder": self._folder, "gguf": self._gguf}[source].setText(text)
+        self.set_source(source)
+
+    def set_device(self, device: str) -> None:
+        self._device.setCurrentText(device)
+
+    def set_dtype(self, dtype: str) -> None:
+        self._dtype.setCurrentText(dtype)
+
+    def request(self) -> LoadRequest:
+        source = self.source()
+        spec = {
+            "bundled": "bundled",
+            "hub": self._hub.text().strip(),
+            "folder": self._folder.text().strip(),
+            "gguf": self._gguf.text().strip(),
+        }[source]
+        device = self._device.currentText().strip() or "auto"
+        return LoadRequest(spec=spec, device=device, dtype=self._dtype.currentText())
+
+    def set_request(self, request: LoadRequest) -> None:
+        spec = request.spec.strip()
+        if spec in ("", "bundled"):
+            self.set_source("bundled")
+        elif spec.lower().endswith(".gguf"):
+            self.set_location("gguf", spec)
+        elif Path(spec).expanduser().is_dir():
+            self.set_location("folder", spec)
+        else:
+            self.set_location("hub", spec)
+        self.set_device(request.device)
+        self.set_dtype(request.dtype)
+
+    def problem(self) -> str | None:
+        """Why the current choice cannot be loaded, or None."""
+        source, spec = self.source(), self.request().spec
+        if source == "bundled":
+            return None
+        if not spec:
+            return {
+                "hub": "Type a hub id such as HuggingFaceTB/SmolLM2-360M-Instruct.",
+                "folder": "Choose a folder.",
+                "gguf": "Choose a .gguf file.",
+            }[source]
+        path = Path(spec).expanduser()
+        if source == "folder" and not path.is_dir():
+            return f"{spec} is not a folder."
+        if source == "gguf" and (path.suffix.lower() != ".gguf" or not path.is_file()):
+            return f"{spec} is not a .gguf file."
+        return None
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    def _on_load(self) -> None:
+        problem = self.problem()
+        if problem:
+            self.set_failed(problem)
+            return
+        self.load_button.setEnabled(False)
+        self._progress.setValue(0)
+        self._progress.setVisible(True)
+        self._status.setText("Loading…")
+        self._status.setStyleSheet("")
+        self.load_requested.emit(self.request())
+
+    def set_progress(self, stage: str, fraction: float) -> None:
+        self._progress.setVisible(True)
+        self._progress.setValue(round(max(0.0, min(fraction, 1.0)) * 100))
+        self._status.setText(stage)
+        self._status.setStyleSheet("")
+
+    def set_failed(self, message: str) -> None:
+        self.load_button.setEnabled(True)
+        self._progress.setVisible(False)
+        self._status.setText(message)
+        self._status.setStyleSheet(ERROR_STYLE)
+
+    def set_loaded(self, info: ModelInfo) -> None:
+        self._status.setText(f"Loaded {info.name}.")
+        self.load_button.setEnabled(True)
+        self._progress.setVisible(False)
+        self.accept()
+
+    def status_text(self) -> str:
+        return self._status.text()
+
+    def is_loading(self) -> bool:
+        return not self.load_button.isEnabled()
+
+    def _browse_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Model folder", self._folder.text())
+        if folder:
+            self.set_location("folder", folder)
+
+    def _browse_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "GGUF model", self._gguf.text(), "GGUF models (*.gguf);;All files (*)"
+        )
+        if path:
+            self.set_location("gguf", path)

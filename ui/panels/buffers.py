@@ -1,0 +1,524 @@
+"""What the internals panels draw, gathered from engine events without drawing anything.
+
+`InternalsState.ingest` runs in the GUI thread for every event, possibly thousands per second,
+so it only appends to preallocated numpy buffers and bumps revision counters; the panels
+compare those counters on a timer and redraw what changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.events import Candidate, Event, Failed, Finished, ModelInfo, PrefillDone, Token
+
+# Revision keys: each panel follows one of them.
+TIMING = "timing"
+KV = "kv"
+ATTENTION = "attention"
+NEXT_TOKEN = "next_token"
+MODEL = "model"
+
+
+class GrowableArray:
+    """A numpy array with amortized O(1) appends: it doubles its capacity when full.
+
+    `width=None` holds scalars (shape [n]); an int holds rows of that width (shape [n, width]).
+    """
+
+    def __init__(
+        self, dtype: type | np.dtype = np.float64, width: int | None = None, capacity: int = 256
+    ) -> None:
+        self._width = width
+        shape = (capacity,) if width is None else (capacity, width)
+        self._data = np.zeros(shape, dtype=dtype)
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def capacity(self) -> int:
+        return self._data.shape[0]
+
+    @property
+    def width(self) -> int | None:
+        return self._width
+
+    def append(self, value: float | Sequence[float] | np.ndarray) -> None:
+        if self._size == self._data.shape[0]:
+            self._grow()
+        self._data[self._size] = value
+        self._size += 1
+
+    def view(self) -> np.ndarray:
+        """The filled part, without copying (valid until the next append grows the buffer)."""
+        return self._data[: self._size]
+
+    def last(self) -> np.ndarray | float:
+        if not self._size:
+            raise IndexError("empty buffer")
+        return self._data[self._size - 1]
+
+    def set_last(self, value: float | Sequence[float] | np.ndarray) -> None:
+        if not self._size:
+            raise IndexError("empty buffer")
+        self._data[self._size - 1] = value
+
+    def _grow(self) -> None:
+        bigger = np.zeros((self._data.shape[0] * 2, *self._data.shape[1:]), self._data.dtype)
+        bigger[: self._size] = self._data[: self._size]
+        self._data = bigger
+
+
+_serials = itertools.count()
+
+
+class AttentionRows:
+    """One layer's attention as a [heads, rows, keys] matrix that grows row by row.
+
+    Row r holds the weights of the query at context position `positions[r]` over keys
+    0..keys-1; keys after a row's own position are zero (the causal mask). Rows double and keys
+    grow by a quarter when full. Past `max_rows` the oldest half is dropped, so memory stays
+    within heads x max_rows x ~1.25 keys x 4 bytes.
+    """
+
+    def __init__(self, heads: int, max_rows: int = 1024, capacity: int = 64) -> None:
+        self.serial = next(_serials)  # tells one reply's buffer from the next
+        self.heads = heads
+        self.max_rows = max_rows
+        self._data = np.zeros((heads, capacity, capacity), dtype=np.float32)
+        self._positions = np.zeros(capacity, dtype=np.int64)
+        self.rows = 0
+        self.keys = 0
+        self.dropped = 0  # rows dropped from the top since the reply began
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self._positions[: self.rows]
+
+    def matrix(self, first_row: int = 0) -> np.ndarray:
+        """A view [heads, rows - first_row, keys] of the filled part."""
+        return self._data[:, first_row : self.rows, : self.keys]
+
+    def padded(self, first_row: int, keys: int) -> np.ndarray:
+        """Rows from `first_row`, with at least `keys` key columns (zeros past the filled part)."""
+        if keys > self._data.shape[2]:
+            self._resize(self._data.shape[1], keys)
+        return self._data[:, first_row : self.rows, :keys]
+
+    def append_block(self, block: np.ndarray) -> int:
+        """Append a prefill matrix [heads, queries, keys]; the queries are the last positions.
+
+        Returns how many leading rows rewrote a position already present (0 or 1); the rest
+        are new and copied in one go.
+        """
+        _heads, queries, keys = block.shape
+        first = keys - queries
+        skip = 0
+        if queries and self.rows and self._positions[self.rows - 1] == first:
+            self._append(block[:, 0, :], first)
+            skip = 1
+        fresh = block[:, skip:, :][:, -self.max_rows :, :]
+        count = fresh.shape[1]
+        if not count:
+            return skip
+        self._drop(max(self.rows + count - self.max_rows, 0))
+        if self.rows + count > self._data.shape[1] or keys > self._data.shape[2]:
+            rows = max(self.rows + count, self._data.shape[1])
+            self._resize(rows, max(keys, self._data.shape[2]))
+        self._data[:, self.rows : self.rows + count, :keys] = fresh
+        self._data[:, self.rows : self.rows + count, keys:] = 0.0
+        self._positions[self.rows : self.rows + count] = np.arange(keys - count, keys)
+        self.rows += count
+        self.dropped += queries - skip - count  # block rows that never fit
+        self.keys = max(self.keys, keys)
+        return skip
+
+    def append_row(self, row: np.ndarray) -> bool:
+        """Append one decode row [heads, keys]; its query sits at position keys - 1.
+
+        Returns False when the position was already present and the row was overwritten (the
+        first token's row can repeat the last prompt row).
+        """
+        return self._append(row, row.shape[1] - 1)
+
+    def value(self, row: int, key: int, head: int) -> float:
+        if 0 <= row < self.rows and 0 <= key < self.keys and 0 <= head < self.heads:
+            return float(self._data[head, row, key])
+        return math.nan
+
+    def _append(self, row: np.ndarray, position: int) -> bool:
+        keys = row.shape[1]
+        if self.rows and self._positions[self.rows - 1] == position:
+            target, new = self.rows - 1, False
+        else:
+            if self.rows >= self.max_rows:
+                self._drop(max(self.rows // 2, 1))
+            if self.rows == self._data.shape[1]:
+                self._resize(self.rows * 2, self._data.shape[2])
+            target, new = self.rows, True
+            self.rows += 1
+        if keys > self._data.shape[2]:
+            # Keys grow by one a step: grow by a quarter, so little memory sits unused.
+            self._resize(self._data.shape[1], max(keys, self._data.shape[2] * 5 // 4 + 64))
+        self._data[:, target, :keys] = row
+        self._data[:, target, keys:] = 0.0
+        self._positions[target] = position
+        self.keys = max(self.keys, keys)
+        return new
+
+    def _drop(self, drop: int) -> None:
+        """Forget the `drop` oldest rows (halves at a time keep appends amortized O(1))."""
+        if drop <= 0:
+            return
+        drop = min(self.rows, max(drop, self.rows // 2))
+        keep = self.rows - drop
+        self._data[:, :keep] = self._data[:, drop : self.rows]
+        self._positions[:keep] = self._positions[drop : self.rows]
+        self.rows = keep
+        self.dropped += drop
+
+    def _resize(self, rows: int, keys: int) -> None:
+        bigger = np.zeros((self.heads, rows, keys), dtype=np.float32)
+        old_keys = min(self._data.shape[2], keys)
+        bigger[:, : self.rows, :old_keys] = self._data[:, : self.rows, :old_keys]
+        self._data = bigger
+        if rows > self._positions.shape[0]:
+            positions = np.zeros(rows, dtype=np.int64)
+            positions[: self.rows] = self._positions[: self.rows]
+            self._positions = positions
+
+
+@dataclass
+class HeadStats:
+    """Running sums per head over every attention row seen, for the layer x head overview."""
+
+    heads: int
+    rows: int = 0
+    max_weight: np.ndarray = field(init=False)
+    entropy: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.max_weight = np.zeros(self.heads)
+        self.entropy = np.zeros(self.heads)
+
+    def add(self, rows: np.ndarray, positions: np.ndarray) -> None:
+        """Add [heads, n, keys] rows whose queries sit at `positions`."""
+        if rows.shape[1] == 0:
+            return
+        weights = np.asarray(rows, dtype=np.float32)
+        self.max_weight += weights.max(axis=2).sum(axis=1, dtype=np.float64)
+        logs = np.zeros_like(weights)
+        np.log(weights, out=logs, where=weights > 0)  # 0 log 0 counts as 0
+        logs *= weights
+        entropy = -logs.sum(axis=2, dtype=np.float64)  # [heads, n]
+        # Normalize by the most a row could have (uniform over its visible keys).
+        visible = np.log(np.maximum(positions + 1, 2).astype(np.float64))
+        self.entropy += (entropy / visible).sum(axis=1)
+        self.rows += rows.shape[1]
+
+    def mean(self, measure: str) -> np.ndarray:
+        values = self.entropy if measure == "entropy" else self.max_weight
+        return values / self.rows if self.rows else np.zeros(self.heads)
+
+
+@dataclass
+class Reply:
+    """Timing of one reply, from its PrefillDone to its Finished."""
+
+    turn: str
+    curve_label: str
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    processed_tokens: int = 0
+    tokenize_s: float = 0.0
+    prefill_s: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    first_token_s: float | None = None  # Token 0's seconds: prefill + sampling
+    decode_s: float = 0.0  # running sum of the later steps
+    steps: GrowableArray = field(default_factory=lambda: GrowableArray(np.int64))
+    step_seconds: GrowableArray = field(default_factory=lambda: GrowableArray(np.float64))
+    finished: Finished | None = None
+    error: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.finished is not None and self.finished.ttft_s > 0:
+            return self.finished.ttft_s
+        if self.first_token_s is None:
+            return None
+        return self.tokenize_s + self.first_token_s
+
+    @property
+    def first_token_extra_s(self) -> float:
+        """Sampling and overhead of the first token beyond the prefill pass."""
+        if self.first_token_s is None:
+            return 0.0
+        return max(self.first_token_s - self.prefill_s, 0.0)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        if self.finished is not None:
+            return self.finished.decode_tokens_per_s
+        steps = len(self.step_seconds)
+        return steps / self.decode_s if steps and self.decode_s > 0 else 0.0
+
+
+def kv_formula_bytes(info: ModelInfo, tokens: int, kv_heads: int | None = None) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x tokens x bytes, sliding layers capped."""
+    heads = info.kv_heads if kv_heads is None else kv_heads
+    per_token = 2 * heads * info.head_dim * info.bytes_per_value
+    sliding = len(info.sliding_layers) if info.sliding_window else 0
+    window_tokens = min(tokens, info.sliding_window) if info.sliding_window else tokens
+    return per_token * ((info.layers - sliding) * tokens + sliding * window_tokens)
+
+
+class InternalsState:
+    """Everything the four panels draw, updated from events in O(1)-ish time per event."""
+
+    def __init__(self, max_attention_rows: int = 1024) -> None:
+        self.max_attention_rows = max_attention_rows
+        self.revisions: dict[str, int] = dict.fromkeys(
+            (TIMING, KV, ATTENTION, NEXT_TOKEN, MODEL), 0
+        )
+        self.info: ModelInfo | None = None
+        self.watched_layers: tuple[int, ...] = ()
+        self._next_turn: str | None = None
+        self._next_curve_label: str | None = None
+        self.clear()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Forget the conversation (a new chat); the model and watched layers stay."""
+        self.replies: list[Reply] = []
+        self._open = False  # between a reply's first event and its Finished
+        self.previous: Reply | None = None
+        self.kv_tokens = GrowableArray(np.int64)
+        self.kv_bytes = GrowableArray(np.int64)
+        self.kv_layers: GrowableArray | None = None
+        self.attention: dict[int, AttentionRows] = {}
+        self.head_stats: dict[int, HeadStats] = {}
+        self.token_texts: list[str] = []
+        self.text_offset = 0  # context position of token_texts[0]
+        self.prompt_tokens = 0
+        self.top_k: list[tuple[Candidate, ...]] = []
+        self.chosen: list[int] = []
+        self.last_error: str | None = None
+        for key in self.revisions:
+            self._bump(key)
+
+    def set_model(self, info: ModelInfo) -> None:
+        self.info = info
+        self.clear()
+
+    def set_watched_layers(self, layers: Sequence[int]) -> None:
+        self.watched_layers = tuple(layers)
+        self._bump(ATTENTION)
+
+    def start_reply(self, turn: str) -> None:
+        """Name the next reply's turn; its PrefillDone begins it."""
+        self._next_turn = turn
+
+    def set_next_reply_label(self, label: str) -> None:
+        """The legend label of the next reply's step-latency curve (e.g. "with KV cache")."""
+        self._next_curve_label = label
+
+    @property
+    def reply(self) -> Reply | None:
+        return self.replies[-1] if self.replies else None
+
+    def revision(self, key: str) -> int:
+        return self.revisions[key]
+
+    def _bump(self, key: str) -> None:
+        self.revisions[key] += 1
+
+    # -- events ----------------------------------------------------------------------------
+
+    def ingest(self, event: Event) -> None:
+        if isinstance(event, Token):
+            self._on_token(event)
+        elif isinstance(event, PrefillDone):
+            self._on_prefill(event)
+        elif isinstance(event, Finished):
+            self._on_finished(event)
+        elif isinstance(event, Failed):
+            # A generation can fail before its PrefillDone: then no reply is open to blame.
+            self.last_error = event.message
+            if self._open and self.reply is not None:
+                self.reply.error = event.message
+            self._bump(TIMING)
+
+    def _begin_reply(self) -> Reply:
+        if self.replies:
+            self.previous = self.replies[-1]
+        turn = self._next_turn or f"turn {len(self.replies) + 1}"
+        reply = Reply(turn=turn, curve_label=self._next_curve_label or "")
+        self._next_turn = self._next_curve_label = None
+        self.replies.append(reply)
+        self._open = True
+        # Fresh buffers: the plots may still hold views of the previous reply's.
+        self.kv_tokens = GrowableArray(np.int64)
+        self.kv_bytes = GrowableArray(np.int64)
+        self.kv_layers = None
+        self.attention = {}
+        self.top_k = []
+        self.chosen = []
+        self.last_error = None
+        return reply
+
+    def _on_prefill(self, event: PrefillDone) -> None:
+        reply = self._begin_reply()
+        reply.prompt_tokens = event.prompt_tokens
+        reply.reused_tokens = event.reused_tokens
+        reply.processed_tokens = event.processed_tokens
+        reply.tokenize_s = event.tokenize_s
+        reply.prefill_s = event.seconds
+        reply.prefill_tokens_per_s = event.tokens_per_s
+        self.prompt_tokens = event.prompt_tokens
+        self.token_texts = list(event.token_texts)
+        self.text_offset = event.prompt_tokens - len(event.token_texts)
+        # The cache held the reused tokens before prefill: the curve starts there, then jumps.
+        self._add_kv_point(
+            event.reused_tokens,
+            self._reused_bytes(event),
+            event.kv_bytes_per_layer,
+            scale=event.reused_tokens / max(event.prompt_tokens, 1),
+        )
+        self._add_kv_point(event.prompt_tokens, event.kv_bytes, event.kv_bytes_per_layer)
+        for layer, block in event.attention.items():
+            rows = self._attention_rows(layer, block.shape[0])
+            skip = rows.append_block(block)
+            fresh = block[:, skip:, :]
+            keys = block.shape[2]
+            positions = np.arange(keys - fresh.shape[1], keys)
+            self._stats(layer, block.shape[0]).add(fresh, positions)
+        for key in (TIMING, KV, ATTENTION, NEXT_TOKEN):
+            self._bump(key)
+
+    def _on_token(self, event: Token) -> None:
+        reply = self.reply if self._open and self.reply else self._begin_reply()
+        if event.index == 0:
+            reply.first_token_s = event.seconds
+        else:
+            reply.steps.append(event.index)
+            reply.step_seconds.append(event.seconds)
+            reply.decode_s += event.seconds
+        # Token i was sampled after the cache held the prompt and the i tokens before it.
+        self._add_kv_point(
+            self.prompt_tokens + event.index, event.kv_bytes, event.kv_bytes_per_layer
+        )
+        self.token_texts.append(event.piece)
+        for layer, row in event.attention.items():
+            rows = self._attention_rows(layer, row.shape[0])
+            if rows.append_row(row):
+                self._stats(layer, row.shape[0]).add(row[:, None, :], rows.positions[-1:])
+        self.top_k.append(event.top_k)
+        self.chosen.append(event.token_id)
+        self._bump(TIMING)
+        self._bump(KV)
+        self._bump(NEXT_TOKEN)
+        if event.attention:
+            self._bump(ATTENTION)
+
+    def _on_finished(self, event: Finished) -> None:
+        if self._open and self.reply is not None:
+            self.reply.finished = event
+        self._open = False
+        self._bump(TIMING)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _reused_bytes(self, event: PrefillDone) -> int:
+        if not event.reused_tokens:
+            return 0
+        if self.info is not None:
+            return kv_formula_bytes(self.info, event.reused_tokens)
+        return round(event.kv_bytes * event.reused_tokens / max(event.prompt_tokens, 1))
+
+    def _add_kv_point(
+        self, tokens: int, total: int, per_layer: Sequence[int], scale: float = 1.0
+    ) -> None:
+        values = np.asarray(per_layer, dtype=np.float64) * scale
+        if len(per_layer) and self.kv_layers is None:
+            self.kv_layers = GrowableArray(np.int64, width=len(per_layer))
+            for _ in range(len(self.kv_tokens)):  # keep one row per point
+                self.kv_layers.append(0)
+        if len(self.kv_tokens) and self.kv_tokens.last() == tokens:
+            # Same cache length as the previous point (the first token after prefill).
+            self.kv_bytes.set_last(total)
+            if self.kv_layers is not None and len(per_layer) == self.kv_layers.width:
+                self.kv_layers.set_last(np.round(values))
+            return
+        self.kv_tokens.append(tokens)
+        self.kv_bytes.append(total)
+        if self.kv_layers is not None:
+            fits = len(per_layer) == self.kv_layers.width
+            self.kv_layers.append(np.round(values) if fits else 0)
+
+    def _attention_rows(self, layer: int, heads: int) -> AttentionRows:
+        rows = self.attention.get(layer)
+        if rows is None or rows.heads != heads:
+            rows = AttentionRows(heads, max_rows=self.max_attention_rows)
+            self.attention[layer] = rows
+        return rows
+
+    def _stats(self, layer: int, heads: int) -> HeadStats:
+        stats = self.head_stats.get(layer)
+        if stats is None or stats.heads != heads:
+            stats = HeadStats(heads)
+            self.head_stats[layer] = stats
+        return stats
+
+    def token_text(self, position: int) -> str:
+        """The text of the token at a context position ("?" when it is not known)."""
+        index = position - self.text_offset
+        if 0 <= index < len(self.token_texts):
+            return self.token_texts[index]
+        return "?"
+
+    @property
+    def cache_tokens(self) -> int:
+        return int(self.kv_tokens.last()) if len(self.kv_tokens) else 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.top_k)
+
+
+class RedrawTracker:
+    """Remembers which state revisions a panel last drew, plus its own pending UI changes."""
+
+    def __init__(self, state: InternalsState, *keys: str) -> None:
+        self._state = state
+        self._keys = (MODEL, *keys)
+        self._drawn: tuple[int, ...] | None = None
+        self._dirty = True
+
+    def mark(self) -> None:
+        """Something on the panel itself changed (a selection): redraw on the next tick."""
+        self._dirty = True
+
+    @property
+    def stale(self) -> bool:
+        return self._dirty or self._current() != self._drawn
+
+    @property
+    def model_changed(self) -> bool:
+        return self._drawn is None or self._drawn[0] != self._state.revision(MODEL)
+
+    def drawn(self, revisions: tuple[int, ...]) -> None:
+        self._drawn = revisions
+        self._dirty = False
+
+    def snapshot(self) -> tuple[int, ...]:
+        return self._current()
+
+    def _current(self) -> tuple[int, ...]:
+        return tuple(self._state.revision(key) for key in self._keys)

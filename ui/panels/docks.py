@@ -1,0 +1,148 @@
+"""The four internals docks and the one timer that redraws them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QRegion
+from PySide6.QtWidgets import QDockWidget, QMainWindow
+
+from engine.events import Event, ModelInfo
+from ui.panels.attention import AttentionPanel
+from ui.panels.buffers import InternalsState
+from ui.panels.kv_cache import KvCachePanel
+from ui.panels.next_token import NextTokenPanel
+from ui.panels.timing import TimingPanel
+
+FRAME_MS = 33  # about 30 redraws a second at most
+
+# (objectName for QMainWindow.saveState, title, attribute holding the panel)
+DOCKS = (
+    ("internals_timing", "Timing", "timing"),
+    ("internals_kv_cache", "KV cache", "kv_cache"),
+    ("internals_attention", "Attention", "attention"),
+    ("internals_next_token", "Next token", "next_token"),
+)
+
+
+class Panel(Protocol):
+    def needs_redraw(self) -> bool: ...
+
+    def redraw(self) -> None: ...
+
+    def isVisible(self) -> bool: ...
+
+    def visibleRegion(self) -> QRegion: ...
+
+
+class InternalsView(QObject):
+    """Owns the state, the four panels, their docks and the redraw timer.
+
+    Feed it from the GUI thread: `set_model` on load, `ingest` for every engine event.
+    Ingesting never draws; the timer redraws each visible panel whose data changed.
+    """
+
+    # The user picked a layer that is not watched: capture these layers from the next reply on.
+    watched_layers_requested = Signal(tuple)
+    # The next-token panel now shows this step (token index of the latest reply).
+    step_shown = Signal(int)
+
+    def __init__(self, parent: QObject | None = None, max_attention_rows: int = 1024) -> None:
+        super().__init__(parent)
+        self.state = InternalsState(max_attention_rows=max_attention_rows)
+        self.timing = TimingPanel(self.state)
+        self.kv_cache = KvCachePanel(self.state)
+        self.attention = AttentionPanel(self.state)
+        self.next_token = NextTokenPanel(self.state)
+        self.attention.watched_layers_requested.connect(self.watched_layers_requested)
+        self.next_token.step_changed.connect(self.step_shown)
+        self.docks: dict[str, QDockWidget] = {}
+        for name, title, attribute in DOCKS:
+            dock = QDockWidget(title)
+            dock.setObjectName(name)
+            dock.setWidget(getattr(self, attribute))
+            self.docks[attribute] = dock
+        self.timer = QTimer(self)
+        self.timer.setInterval(FRAME_MS)
+        self.timer.timeout.connect(self.redraw)
+        self.timer.start()
+
+    @property
+    def panels(self) -> tuple[Panel, ...]:
+        return (self.timing, self.kv_cache, self.attention, self.next_token)
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def set_model(self, info: ModelInfo) -> None:
+        self.state.set_model(info)
+
+    def ingest(self, event: Event) -> None:
+        self.state.ingest(event)
+
+    def ingest_many(self, events: Iterable[Event]) -> None:
+        """A batch of events in order (e.g. MainWindow.events_received)."""
+        for event in events:
+            self.state.ingest(event)
+
+    def start_reply(self, turn_label: str) -> None:
+        """Name the coming reply's turn (its PrefillDone starts it)."""
+        self.state.start_reply(turn_label)
+
+    def set_next_reply_label(self, label: str) -> None:
+        """Legend label of the coming reply's step-latency curve; see timing.cache_label."""
+        self.state.set_next_reply_label(label)
+
+    def set_watched_layers(self, layers: Sequence[int]) -> None:
+        self.state.set_watched_layers(layers)
+
+    def compare_with_previous(self, enabled: bool) -> None:
+        self.timing.compare_with_previous(enabled)
+
+    def show_step(self, index: int) -> None:
+        self.next_token.show_step(index)
+        dock = self.docks["next_token"]
+        if dock.isVisible():
+            dock.raise_()
+
+    def clear(self) -> None:
+        """A new chat: forget every reply, keep the model and the watched layers."""
+        self.state.clear()
+
+    # -- drawing ---------------------------------------------------------------------------
+
+    def redraw(self, force: bool = False) -> None:
+        """The timer's slot: redraw the visible panels whose data changed (all with force)."""
+        for panel in self.panels:
+            if panel.needs_redraw() and (force or shown(panel)):
+                panel.redraw()
+
+
+def shown(panel: Panel) -> bool:
+    # A dock tabbed behind another still reports isVisible(); its visible region is empty.
+    return panel.isVisible() and not panel.visibleRegion().isEmpty()
+
+
+def build_docks(
+    window: QMainWindow,
+    area: Qt.DockWidgetArea = Qt.DockWidgetArea.RightDockWidgetArea,
+) -> InternalsView:
+    """Add the four docks to `window` in two tab groups: timing + KV cache, attention + next token.
+
+    Call it before `window.restoreState(...)` so the saved layout finds the docks by name.
+    """
+    view = InternalsView(window)
+    docks = view.docks
+    for dock in docks.values():
+        window.addDockWidget(area, dock)
+    window.tabifyDockWidget(docks["timing"], docks["kv_cache"])
+    window.tabifyDockWidget(docks["attention"], docks["next_token"])
+    docks["timing"].raise_()
+    docks["attention"].raise_()
+    return view
+
+
+def dock_widgets(view: InternalsView) -> list[QDockWidget]:
+    """The docks in menu order, for a View menu (use each one's toggleViewAction())."""
+    return [view.docks[attribute] for _name, _title, attribute in DOCKS]

@@ -1,0 +1,234 @@
+"""KV-cache panel: how many bytes the cache holds per token, measured and by the formula."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.events import ModelInfo
+from ui.panels.buffers import KV, InternalsState, RedrawTracker, kv_formula_bytes
+
+TOTAL = "all layers (total)"
+STACKED = "stacked by layer"
+MATCH_TOLERANCE = 0.01  # the measured size may include a little bookkeeping
+
+
+def human_bytes(count: float) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def formula_text(info: ModelInfo, tokens: int, measured: int | None) -> str:
+    """The KV-cache formula filled in with the model's numbers, plain text with line breaks."""
+    total = kv_formula_bytes(info, tokens)
+    head = (
+        f"2 (K and V) × {info.kv_heads} KV heads × {info.head_dim} dims × "
+        f"{info.bytes_per_value} bytes"
+    )
+    sliding = len(info.sliding_layers) if info.sliding_window else 0
+    if sliding:
+        full = info.layers - sliding
+        window = min(tokens, info.sliding_window or tokens)
+        lines = [
+            f"{head} × ({full} full layers × {tokens:,} tokens + {sliding} sliding layers × "
+            f"{window:,} tokens)",
+            f"= {total:,} bytes ({human_bytes(total)})",
+            f"Sliding-window layers keep only the last {info.sliding_window:,} tokens, "
+            "so the formula caps them there.",
+        ]
+    else:
+        lines = [
+            f"2 (K and V) × {info.layers} layers × {info.kv_heads} KV heads × {info.head_dim} dims"
+            f" × {tokens:,} tokens × {info.bytes_per_value} bytes",
+            f"= {total:,} bytes ({human_bytes(total)})",
+        ]
+    lines.append(_measured_line(total, measured))
+    lines.append(_grouped_query_line(info, tokens, total))
+    return "\n".join(lines)
+
+
+def _measured_line(expected: int, measured: int | None) -> str:
+    if measured is None:
+        return "Measured: nothing yet."
+    if expected == measured or (
+        expected and abs(measured - expected) / expected <= MATCH_TOLERANCE
+    ):
+        return f"Measured: {measured:,} bytes ({human_bytes(measured)}) — matches the formula."
+    return (
+        f"Measured: {measured:,} bytes ({human_bytes(measured)}) — differs from the formula by "
+        f"{measured - expected:+,} bytes."
+    )
+
+
+def _grouped_query_line(info: ModelInfo, tokens: int, total: int) -> str:
+    if info.kv_heads >= info.heads:
+        return (
+            f"Multi-head attention: each of the {info.heads} query heads has its own K/V head, "
+            "so there is nothing to share."
+        )
+    full = kv_formula_bytes(info, tokens, kv_heads=info.heads)
+    ratio = info.heads / info.kv_heads
+    kind = "Multi-query" if info.kv_heads == 1 else "Grouped-query"
+    return (
+        f"With one K/V head per query head ({info.heads} heads) it would take "
+        f"{human_bytes(full)}: {kind.lower()} attention saves {human_bytes(full - total)} "
+        f"({info.heads}/{info.kv_heads} = {ratio:g}x)."
+    )
+
+
+class KvCachePanel(QWidget):
+    """Cache bytes against context length, per layer or in total, beside the formula."""
+
+    def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._state = state
+        self.tracker = RedrawTracker(state, KV)
+        self.view_choice = QComboBox()
+        self.view_choice.addItems([TOTAL, STACKED])
+        self.view_choice.currentIndexChanged.connect(lambda _index: self.tracker.mark())
+        self.plot_widget = pg.PlotWidget(title="KV cache size")
+        plot = self.plot_widget.getPlotItem()
+        plot.setLabel("bottom", "tokens in the cache")
+        plot.setLabel("left", "cache", units="B")
+        self.curve = pg.PlotDataItem(
+            pen=pg.mkPen((66, 133, 244), width=2),
+            stepMode="right",
+            clipToView=True,
+            autoDownsample=True,
+            downsampleMethod="subsample",
+            skipFiniteCheck=True,
+        )
+        plot.addItem(self.curve)
+        self.stack_curves: list[pg.PlotDataItem] = []
+        self.formula = QLabel("Load a model to see the KV-cache formula.")
+        self.formula.setWordWrap(True)
+        self.formula.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.context = QProgressBar()
+        self.context.setFormat("context: %v / %m tokens (%p%)")
+        self.context.setRange(0, 1)
+        self.context.setValue(0)
+        self._build_layout()
+
+    def _build_layout(self) -> None:
+        controls = QHBoxLayout()
+        controls.addWidget(QLabel("Show:"))
+        controls.addWidget(self.view_choice, 1)
+        left = QVBoxLayout()
+        left.addLayout(controls)
+        left.addWidget(self.plot_widget, 1)
+        right = QVBoxLayout()
+        right.addWidget(self.formula)
+        right.addWidget(self.context)
+        right.addStretch(1)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(left, 3)
+        layout.addLayout(right, 2)
+
+    # -- public ----------------------------------------------------------------------------
+
+    def select_view(self, text: str) -> None:
+        """Pick TOTAL, STACKED or "layer N"."""
+        self._sync_choices()
+        index = self.view_choice.findText(text)
+        if index < 0:
+            raise ValueError(f"no such KV view: {text!r}")
+        self.view_choice.setCurrentIndex(index)
+
+    def needs_redraw(self) -> bool:
+        return self.tracker.stale
+
+    def redraw(self) -> None:
+        revisions = self.tracker.snapshot()
+        if self.tracker.model_changed:
+            self._rebuild_for_model()
+        self._draw_curves()
+        self._draw_text()
+        self.tracker.drawn(revisions)
+
+    # -- drawing ---------------------------------------------------------------------------
+
+    def _sync_choices(self) -> None:
+        info = self._state.info
+        layers = info.layers if info is not None else 0
+        if self.view_choice.count() != layers + 2:
+            current = self.view_choice.currentText()
+            self.view_choice.blockSignals(True)
+            self.view_choice.clear()
+            self.view_choice.addItems([TOTAL, STACKED, *(f"layer {i}" for i in range(layers))])
+            self.view_choice.setCurrentIndex(max(self.view_choice.findText(current), 0))
+            self.view_choice.blockSignals(False)
+
+    def _rebuild_for_model(self) -> None:
+        self._sync_choices()
+        info = self._state.info
+        layers = info.layers if info is not None else 0
+        plot = self.plot_widget.getPlotItem()
+        for curve in self.stack_curves:
+            plot.removeItem(curve)
+        colours = pg.colormap.get("viridis").getLookupTable(nPts=max(layers, 2))
+        # Drawn from the top of the stack down, so each band fills over the ones above it.
+        self.stack_curves = []
+        for layer in range(layers):
+            colour = tuple(int(c) for c in colours[layer][:3])
+            curve = pg.PlotDataItem(
+                pen=pg.mkPen(colour),
+                brush=(*colour, 150),
+                fillLevel=0,
+                stepMode="right",
+                clipToView=True,
+                autoDownsample=True,
+                downsampleMethod="subsample",
+                skipFiniteCheck=True,
+            )
+            curve.setZValue(-layer)
+            curve.setVisible(False)
+            plot.addItem(curve)
+            self.stack_curves.append(curve)
+
+    def _draw_curves(self) -> None:
+        state = self._state
+        tokens = state.kv_tokens.view().astype(np.float64)
+        choice = self.view_choice.currentText()
+        per_layer = state.kv_layers.view() if state.kv_layers is not None else None
+        stacked = choice == STACKED and per_layer is not None
+        for curve in self.stack_curves:
+            curve.setVisible(stacked)
+        self.curve.setVisible(not stacked)
+        if stacked:
+            cumulative = np.cumsum(per_layer, axis=1, dtype=np.float64)
+            for layer, curve in enumerate(self.stack_curves[: cumulative.shape[1]]):
+                curve.setData(tokens, cumulative[:, layer])
+            return
+        if choice.startswith("layer "):
+            layer = int(choice.split()[1])
+            fits = per_layer is not None and layer < per_layer.shape[1]
+            values = per_layer[:, layer] if fits else np.zeros(0)
+            self.curve.setData(tokens[: len(values)], values.astype(np.float64))
+        else:
+            self.curve.setData(tokens, state.kv_bytes.view().astype(np.float64))
+
+    def _draw_text(self) -> None:
+        state = self._state
+        info = state.info
+        tokens = state.cache_tokens
+        if info is None:
+            self.formula.setText("Load a model to see the KV-cache formula.")
+            return
+        measured = int(state.kv_bytes.last()) if len(state.kv_bytes) else None
+        self.formula.setText(formula_text(info, tokens, measured))
+        self.context.setRange(0, max(info.max_context, 1))
+        self.context.setValue(min(tokens, max(info.max_context, 1)))

@@ -1,0 +1,174 @@
+"""Next-token panel: the top-k candidates of a step, before and after the sampling settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QLabel,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.events import Candidate
+from ui.panels.buffers import NEXT_TOKEN, InternalsState, RedrawTracker
+
+BAR_HEIGHT = 0.38
+PROB_BRUSH = (66, 133, 244)
+SAMPLED_BRUSH = (251, 188, 5)
+CHOSEN_PROB_BRUSH = (217, 48, 37)
+CHOSEN_SAMPLED_BRUSH = (244, 143, 177)
+
+
+def token_label(text: str) -> str:
+    shown = repr(text)[1:-1]
+    return shown if shown.strip() else repr(text)
+
+
+class NextTokenPanel(QWidget):
+    """A horizontal bar chart of one step's candidates; follows the latest step by default."""
+
+    step_changed = Signal(int)
+
+    def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._state = state
+        self.tracker = RedrawTracker(state, NEXT_TOKEN)
+        self._step = -1
+        self.follow = QCheckBox("follow the latest token")
+        self.follow.setChecked(True)
+        self.follow.toggled.connect(lambda _on: self.tracker.mark())
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.spin = QSpinBox()
+        for widget in (self.slider, self.spin):
+            widget.setRange(0, 0)
+            widget.valueChanged.connect(self._on_browse)
+        self.summary = QLabel("No token yet.")
+        self.summary.setWordWrap(True)
+        self.plot_widget = pg.PlotWidget(title="Next-token candidates")
+        plot = self.plot_widget.getPlotItem()
+        plot.invertY(True)
+        plot.setLabel("bottom", "probability")
+        plot.setXRange(0, 1, padding=0.02)
+        plot.setMouseEnabled(x=False, y=False)
+        legend = plot.addLegend(offset=(-5, 5))
+        self.prob_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=BAR_HEIGHT, brush=PROB_BRUSH)
+        self.sampled_bars = pg.BarGraphItem(
+            x0=[], y=[], width=[], height=BAR_HEIGHT, brush=SAMPLED_BRUSH
+        )
+        plot.addItem(self.prob_bars)
+        plot.addItem(self.sampled_bars)
+        legend.addItem(self.prob_bars, "model probability")
+        legend.addItem(self.sampled_bars, "after temperature / top-k / top-p")
+        browse = QHBoxLayout()
+        browse.addWidget(QLabel("Step:"))
+        browse.addWidget(self.slider, 1)
+        browse.addWidget(self.spin)
+        browse.addWidget(self.follow)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(browse)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.plot_widget, 1)
+
+    # -- public ----------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """The step shown (-1 before the first token)."""
+        return self._step
+
+    def show_step(self, index: int) -> None:
+        """Show one token's candidates (e.g. a token clicked in the reply); stops following."""
+        self.follow.setChecked(False)
+        self._set_browse(index)
+        self.tracker.mark()
+
+    def needs_redraw(self) -> bool:
+        return self.tracker.stale
+
+    def redraw(self) -> None:
+        revisions = self.tracker.snapshot()
+        steps = self._state.steps
+        for widget in (self.slider, self.spin):
+            widget.blockSignals(True)
+            widget.setRange(0, max(steps - 1, 0))
+            widget.blockSignals(False)
+        if self.follow.isChecked():
+            self._set_browse(steps - 1)
+        step = min(self.spin.value(), steps - 1)
+        self._draw_step(step)
+        self.tracker.drawn(revisions)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _set_browse(self, index: int) -> None:
+        for widget in (self.slider, self.spin):
+            widget.blockSignals(True)
+            widget.setValue(max(index, 0))
+            widget.blockSignals(False)
+
+    def _on_browse(self, value: int) -> None:
+        self.follow.setChecked(False)
+        self._set_browse(value)
+        self.tracker.mark()
+
+    def _draw_step(self, step: int) -> None:
+        previous, self._step = self._step, step
+        if step < 0:
+            self._set_bars(())
+            self.summary.setText("No token yet.")
+            return
+        candidates = self._state.top_k[step]
+        chosen = self._state.chosen[step]
+        self._set_bars(candidates, chosen)
+        self.summary.setText(self._summary(step, candidates, chosen))
+        if step != previous:
+            self.step_changed.emit(step)
+
+    def _set_bars(self, candidates: tuple[Candidate, ...], chosen: int | None = None) -> None:
+        count = len(candidates)
+        ranks = np.arange(count, dtype=np.float64)
+        prob = np.array([c.prob for c in candidates], dtype=np.float64)
+        sampled = np.array([c.sampled_prob for c in candidates], dtype=np.float64)
+        is_chosen = [c.token_id == chosen for c in candidates]
+        self.prob_bars.setOpts(
+            x0=np.zeros(count),
+            y=ranks - BAR_HEIGHT / 2,
+            width=prob,
+            brushes=[CHOSEN_PROB_BRUSH if hit else PROB_BRUSH for hit in is_chosen],
+        )
+        self.sampled_bars.setOpts(
+            x0=np.zeros(count),
+            y=ranks + BAR_HEIGHT / 2,
+            width=sampled,
+            brushes=[CHOSEN_SAMPLED_BRUSH if hit else SAMPLED_BRUSH for hit in is_chosen],
+        )
+        labels = [
+            (i, ("▶ " if hit else "") + token_label(c.text))
+            for i, (c, hit) in enumerate(zip(candidates, is_chosen, strict=True))
+        ]
+        axis = self.plot_widget.getPlotItem().getAxis("left")
+        axis.setTicks([labels])
+        self.plot_widget.getPlotItem().setYRange(-0.5, max(count, 1) - 0.5, padding=0.02)
+
+    def _summary(self, step: int, candidates: tuple[Candidate, ...], chosen: int) -> str:
+        piece = self._state.token_text(self._state.prompt_tokens + step)
+        match = next((c for c in candidates if c.token_id == chosen), None)
+        if not candidates:
+            return f"Step {step}: chose '{token_label(piece)}' (no candidates recorded)."
+        if match is None:
+            return (
+                f"Step {step}: chose '{token_label(piece)}' (id {chosen}), which is not among "
+                f"the top {len(candidates)} shown."
+            )
+        rank = candidates.index(match) + 1
+        return (
+            f"Step {step}: chose '{token_label(piece)}', candidate #{rank}: model probability "
+            f"{match.prob:.1%}, after sampling settings {match.sampled_prob:.1%}."
+        )

@@ -1,0 +1,248 @@
+"""Timing panel: where a reply's time goes, step by step and turn by turn."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
+
+from ui.panels.buffers import TIMING, InternalsState, RedrawTracker, Reply
+
+WITH_CACHE = "with KV cache"
+WITHOUT_CACHE = "without KV cache"
+
+# (name, colour) of the phases on a reply's timeline bar, in the order they happen.
+PHASES = (
+    ("tokenize", (150, 150, 150)),
+    ("prefill", (66, 133, 244)),
+    ("first token", (251, 188, 5)),
+    ("decode", (52, 168, 83)),
+)
+REUSED_BRUSH = (160, 160, 160)
+PROCESSED_BRUSH = (66, 133, 244)
+
+
+def cache_label(use_cache: bool) -> str:
+    """The legend label of a reply's step-latency curve for GenerationSettings.use_cache."""
+    return WITH_CACHE if use_cache else WITHOUT_CACHE
+
+
+def phase_seconds(reply: Reply) -> tuple[float, float, float, float]:
+    decode = reply.finished.decode_s if reply.finished is not None else reply.decode_s
+    return reply.tokenize_s, reply.prefill_s, reply.first_token_extra_s, decode
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def summary_html(reply: Reply | None, error: str | None = None) -> str:
+    failed = f"<span style='color:#d93025'>failed: {html.escape(error)}</span>" if error else ""
+    if reply is None:
+        return failed or "No reply yet."
+    parts = [
+        f"<b>TTFT</b> {format_seconds(reply.ttft_s)} "
+        f"(tokenize {format_seconds(reply.tokenize_s)} + first token "
+        f"{format_seconds(reply.first_token_s)})",
+        f"<b>prefill</b> {reply.processed_tokens} tokens at "
+        f"{reply.prefill_tokens_per_s:,.0f} tok/s ({reply.reused_tokens} reused from the cache)",
+    ]
+    state = "final" if reply.finished is not None else "live"
+    parts.append(
+        f"<b>decode</b> {reply.decode_tokens_per_s:.1f} tok/s ({state}, "
+        f"{len(reply.step_seconds)} steps in {format_seconds(reply.decode_s)})"
+    )
+    if failed:
+        parts.append(failed)
+    return "<br>".join(parts)
+
+
+class TimingPanel(QWidget):
+    """Phase timeline per reply, live decode-step latency, and TTFT vs cache reuse per turn."""
+
+    def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._state = state
+        self.tracker = RedrawTracker(state, TIMING)
+        self._legend_names: tuple[str, ...] = ()
+        self._turns_drawn: tuple | None = None
+        self.numbers = QLabel(summary_html(None))
+        self.numbers.setTextFormat(Qt.TextFormat.RichText)
+        self.numbers.setWordWrap(True)
+        self.compare = QCheckBox("Compare with the previous reply")
+        self.compare.toggled.connect(self._on_compare)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.numbers)
+        layout.addWidget(self._build_timeline(), 2)
+        layout.addWidget(self.compare)
+        layout.addWidget(self._build_steps(), 3)
+        layout.addWidget(self._build_turns(), 3)
+        self.caption = QLabel(
+            "Grey: prompt tokens reused from the KV cache (not recomputed). Blue: tokens "
+            "prefilled now. Later turns only prefill what is new, so their TTFT stays short."
+        )
+        self.caption.setWordWrap(True)
+        layout.addWidget(self.caption)
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _build_timeline(self) -> pg.PlotWidget:
+        self.timeline = pg.PlotWidget(title="Reply timeline")
+        self.timeline.setMinimumHeight(90)
+        plot = self.timeline.getPlotItem()
+        plot.setLabel("bottom", "time", units="s")
+        plot.invertY(True)
+        plot.setMouseEnabled(x=True, y=False)
+        legend = plot.addLegend(offset=(-5, 5), colCount=4)
+        self.phase_bars: dict[str, pg.BarGraphItem] = {}
+        for name, colour in PHASES:
+            bar = pg.BarGraphItem(x0=[], y=[], width=[], height=0.6, brush=colour, pen=None)
+            plot.addItem(bar)
+            legend.addItem(bar, name)
+            self.phase_bars[name] = bar
+        return self.timeline
+
+    def _build_steps(self) -> pg.PlotWidget:
+        self.steps_plot = pg.PlotWidget(title="Decode step latency")
+        self.steps_plot.setMinimumHeight(120)
+        plot = self.steps_plot.getPlotItem()
+        plot.setLabel("bottom", "generated token")
+        plot.setLabel("left", "latency", units="s")
+        self.steps_legend = plot.addLegend(offset=(5, 5), brush=(0, 0, 0, 170))
+        curve_opts = {
+            "clipToView": True,
+            "autoDownsample": True,
+            "downsampleMethod": "peak",
+            "skipFiniteCheck": True,
+        }
+        self.previous_curve = pg.PlotDataItem(
+            pen=pg.mkPen((160, 160, 160), width=1.5, style=Qt.PenStyle.DashLine), **curve_opts
+        )
+        self.step_curve = pg.PlotDataItem(pen=pg.mkPen((52, 168, 83), width=1.5), **curve_opts)
+        plot.addItem(self.previous_curve)
+        plot.addItem(self.step_curve)
+        self.previous_curve.setVisible(False)
+        return self.steps_plot
+
+    def _build_turns(self) -> pg.PlotWidget:
+        self.turns_plot = pg.PlotWidget(title="Prompt per turn: reused vs prefilled, and TTFT")
+        self.turns_plot.setMinimumHeight(120)
+        plot = self.turns_plot.getPlotItem()
+        plot.setLabel("left", "prompt tokens")
+        plot.setMouseEnabled(x=False, y=False)
+        self.reused_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush=REUSED_BRUSH)
+        self.processed_bars = pg.BarGraphItem(
+            x=[], y0=[], height=[], width=0.6, brush=PROCESSED_BRUSH
+        )
+        plot.addItem(self.reused_bars)
+        plot.addItem(self.processed_bars)
+        # TTFT on a second y axis (right) sharing the turn axis.
+        self.ttft_view = pg.ViewBox()
+        plot.showAxis("right")
+        plot.scene().addItem(self.ttft_view)
+        plot.getAxis("right").linkToView(self.ttft_view)
+        plot.getAxis("right").setLabel("TTFT", units="s")
+        self.ttft_view.setXLink(plot)
+        self.ttft_curve = pg.PlotDataItem(
+            pen=pg.mkPen((217, 48, 37), width=2),
+            symbol="o",
+            symbolSize=6,
+            symbolBrush=(217, 48, 37),
+            connect="finite",
+        )
+        self.ttft_view.addItem(self.ttft_curve)
+        plot.vb.sigResized.connect(self._sync_ttft_view)
+        return self.turns_plot
+
+    def _sync_ttft_view(self) -> None:
+        plot = self.turns_plot.getPlotItem()
+        self.ttft_view.setGeometry(plot.vb.sceneBoundingRect())
+        self.ttft_view.linkedViewChanged(plot.vb, self.ttft_view.XAxis)
+
+    # -- public ----------------------------------------------------------------------------
+
+    def compare_with_previous(self, enabled: bool) -> None:
+        """Overlay the previous reply's step-latency curve (with vs without the KV cache)."""
+        self.compare.setChecked(enabled)
+
+    def _on_compare(self, _checked: bool) -> None:
+        self.tracker.mark()
+
+    def needs_redraw(self) -> bool:
+        return self.tracker.stale
+
+    def redraw(self) -> None:
+        revisions = self.tracker.snapshot()
+        reply = self._state.reply
+        self.numbers.setText(summary_html(reply, self._state.last_error))
+        self._draw_timeline()
+        self._draw_steps(reply)
+        self._draw_turns()
+        self.tracker.drawn(revisions)
+
+    # -- drawing ---------------------------------------------------------------------------
+
+    def _draw_timeline(self) -> None:
+        replies = self._state.replies
+        phases = np.array([phase_seconds(r) for r in replies], dtype=np.float64).reshape(-1, 4)
+        starts = np.cumsum(phases, axis=1) - phases
+        rows = np.arange(len(replies), dtype=np.float64)
+        for column, (name, _colour) in enumerate(PHASES):
+            self.phase_bars[name].setOpts(x0=starts[:, column], y=rows, width=phases[:, column])
+        axis = self.timeline.getPlotItem().getAxis("left")
+        axis.setTicks([[(i, r.turn) for i, r in enumerate(replies)]])
+
+    def _draw_steps(self, reply: Reply | None) -> None:
+        if reply is None:
+            self.step_curve.setData([], [])
+        else:
+            self.step_curve.setData(reply.steps.view(), reply.step_seconds.view())
+        previous = self._state.previous
+        show_previous = self.compare.isChecked() and previous is not None
+        if show_previous:
+            self.previous_curve.setData(previous.steps.view(), previous.step_seconds.view())
+        self.previous_curve.setVisible(show_previous)
+        self._update_legend(reply, previous if show_previous else None)
+
+    def _update_legend(self, reply: Reply | None, previous: Reply | None) -> None:
+        current = (reply.curve_label if reply else "") or "this reply"
+        names: tuple[str, ...] = (current,)
+        if previous is not None:
+            before = previous.curve_label or "previous reply"
+            names += (f"{before} (previous)" if before == current else before,)
+        if names == self._legend_names:
+            return
+        self.steps_legend.clear()
+        self.steps_legend.addItem(self.step_curve, names[0])
+        if len(names) > 1:
+            self.steps_legend.addItem(self.previous_curve, names[1])
+        self._legend_names = names
+
+    def _draw_turns(self) -> None:
+        replies = self._state.replies
+        # Per-turn numbers change a few times per reply: leave the chart alone in between.
+        summary = tuple((r.turn, r.reused_tokens, r.processed_tokens, r.ttft_s) for r in replies)
+        if summary == self._turns_drawn:
+            return
+        self._turns_drawn = summary
+        turns = np.arange(len(replies), dtype=np.float64)
+        reused = np.array([r.reused_tokens for r in replies], dtype=np.float64)
+        processed = np.array([r.processed_tokens for r in replies], dtype=np.float64)
+        ttft = np.array(
+            [np.nan if r.ttft_s is None else r.ttft_s for r in replies], dtype=np.float64
+        )
+        self.reused_bars.setOpts(x=turns, height=reused)
+        self.processed_bars.setOpts(x=turns, y0=reused, height=processed)
+        finite = np.isfinite(ttft)  # a reply that failed before its first token has none
+        self.ttft_curve.setData(turns[finite], ttft[finite])
+        axis = self.turns_plot.getPlotItem().getAxis("bottom")
+        axis.setTicks([[(i, r.turn) for i, r in enumerate(replies)]])
+        if finite.any():
+            self.ttft_view.setYRange(0, float(ttft[finite].max()) * 1.15, padding=0)
+        self._sync_ttft_view()
