@@ -39,17 +39,18 @@ def run_gui(argv: list[str] | None = None) -> int:
 
     from PySide6.QtWidgets import QApplication
 
-    from app.worker import GenerationWorker
-    from ui.main_window import MainWindow
+    from app.assembly import assemble
+    from app.logs import setup_logging
 
+    setup_logging()
     app = QApplication.instance() or QApplication(["glassbox"])
     app.setOrganizationName("Glassbox")
     app.setApplicationName("Glassbox")
-    worker = GenerationWorker()
-    app.aboutToQuit.connect(worker.shutdown)  # however the loop ends, no thread outlives it
-    window = MainWindow(worker)
-    window.show()
-    window.load_model(LoadRequest(spec=args.model, device=args.device, dtype=args.dtype))
+    parts = assemble()
+    app.aboutToQuit.connect(parts.shutdown)  # however the loop ends, no thread outlives it
+    parts.window.show()
+    parts.window.load_model(LoadRequest(spec=args.model, device=args.device, dtype=args.dtype))
     code = app.exec()
-    worker.shutdown()
+    parts.window.close()
+    parts.shutdown()
     return code

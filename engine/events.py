@@ -81,6 +81,8 @@ class PrefillDone:
     token_texts: tuple[str, ...]
     # layer -> [heads, processed query rows, keys]; empty when attention is not watched.
     attention: Attention = field(default_factory=dict)
+    # The oldest messages left out so the conversation fits the context window.
+    dropped_messages: int = 0
 
     @property
     def tokens_per_s(self) -> float:

@@ -16,12 +16,14 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from transformers import DynamicCache
 
-from engine import kv_cache
+from engine import context, kv_cache
 from engine.attention_probe import PROBE_KWARG, AttentionProbe
+from engine.context import ContextFull
 from engine.detokenize import TextStream
 from engine.device import Stopwatch
 from engine.events import (
@@ -114,20 +116,19 @@ class ChatSession:
         tally = _Tally(started=time.perf_counter())
         stream: TextStream | None = None
         try:
-            prompt = encode_chat(self.tokenizer, messages)
+            try:
+                fitted = self._fit(messages, settings)
+            except ContextFull as error:
+                tally.tokenize_s = time.perf_counter() - tally.started
+                yield Failed(str(error), "ContextFull")
+                yield tally.finished("context_full", "")
+                return
+            prompt = encode_chat(self.tokenizer, fitted.messages)
             tally.tokenize_s = time.perf_counter() - tally.started
             tally.prompt_tokens = len(prompt)
             room = self.info.max_context - len(prompt) if self.info.max_context else None
-            if room is not None and room <= 0:
-                message = (
-                    f"The conversation is {len(prompt)} tokens long, but {self.info.name} holds"
-                    f" at most {self.info.max_context}. Start a new chat or drop old turns."
-                )
-                yield Failed(message, "ContextFull")
-                yield tally.finished("context_full", "")
-                return
             stream = TextStream(self.tokenizer, prompt, settings.stop_strings)
-            yield from self._reply(prompt, settings, probes, tally, stream, room)
+            yield from self._reply(prompt, settings, probes, tally, stream, room, fitted.dropped)
         except torch.OutOfMemoryError:
             self._recover()
             yield Failed(
@@ -144,7 +145,16 @@ class ChatSession:
 
     # -- the generation loop ----------------------------------------------------------------
 
-    def _reply(self, prompt, settings, probes, tally, stream, room) -> Iterator[Event]:
+    def _fit(self, messages: Sequence[Message], settings: GenerationSettings) -> context.Fitted:
+        """Apply the context policy, keeping room for a reply of up to 1/4 of the window."""
+        limit = self.info.max_context
+        reserve = min(settings.max_new_tokens, limit // 4) if limit else 0
+        count = partial(encode_chat, self.tokenizer)
+        return context.fit(
+            messages, lambda m: len(count(m)), limit, reserve, settings.context_policy
+        )
+
+    def _reply(self, prompt, settings, probes, tally, stream, room, dropped) -> Iterator[Event]:
         budget = settings.max_new_tokens if room is None else min(settings.max_new_tokens, room)
         sampler = Sampler(settings, self.device)
         clock = Stopwatch(self.device)
@@ -162,7 +172,9 @@ class ChatSession:
         logits = forward(self.model, history[None, reused:], cache, probe)
         tally.prefill_s, tally.reused_tokens = clock.stop(), reused
         self._cached_ids = list(prompt) if settings.use_cache else []
-        yield self._prefill_event(prompt, reused, tally, probe, probes)
+        yield replace(
+            self._prefill_event(prompt, reused, tally, probe, probes), dropped_messages=dropped
+        )
 
         reason: FinishReason = "length"
         step_s = tally.prefill_s

@@ -25,6 +25,9 @@ class GenerationSettings:
     use_cache: bool = True
     # Benchmarks: always generate max_new_tokens (as generate's min_new_tokens does).
     ignore_eos: bool = False
+    # When the conversation outgrows the context: "drop_oldest" turns (the system prompt
+    # stays) or "stop" with a notice.
+    context_policy: str = "drop_oldest"
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -37,6 +40,10 @@ class GenerationSettings:
             raise SettingsError(f"top-k must be 0 (off) or positive, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise SettingsError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.context_policy not in ("drop_oldest", "stop"):
+            raise SettingsError(
+                f"context policy must be 'drop_oldest' or 'stop', got {self.context_policy!r}"
+            )
         if self.repetition_penalty <= 0:
             raise SettingsError(
                 f"repetition penalty must be above 0, got {self.repetition_penalty}"

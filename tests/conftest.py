@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,10 @@ def _no_qthread_left_running(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # and tiny random-weight models of four architectures reuse its tokenizer: no network needed.
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Conversations, logs and Qt's saved layout go to a scratch folder, never the user's own.
+_scratch = tempfile.mkdtemp(prefix="glassbox-tests-")
+os.environ.setdefault("GLASSBOX_DATA_DIR", os.path.join(_scratch, "data"))
+os.environ.setdefault("XDG_CONFIG_HOME", os.path.join(_scratch, "config"))
 os.environ.setdefault(
     "GLASSBOX_CACHE_DIR",
     os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "glassbox-cache"),

@@ -138,6 +138,7 @@ class MainWindow(QMainWindow):
         self._awaiting = False  # a reply this window shows is streaming
         self._loading = 0
         self._failure: Failed | None = None
+        self._notice = ""  # shown under the reply when it ends
         self._info: ModelInfo | None = backend.info
         self._last_request = LoadRequest()
         self._picker: ModelPicker | None = None
@@ -152,7 +153,7 @@ class MainWindow(QMainWindow):
         self._build_menus_and_toolbar()
         self._build_status_bar()
         self._connect_backend()
-        self._restore_layout()
+        self.restore_layout()
         self._update_actions()
         self.input.setFocus()
 
@@ -243,10 +244,13 @@ class MainWindow(QMainWindow):
         self.load_progress.setMaximumWidth(160)
         self.load_progress.setVisible(False)
         self.model_label = QLabel("No model loaded")
+        self.context_label = QLabel()
+        self.context_label.setToolTip("Context used: prompt tokens / the model's maximum")
         self.speed_label = QLabel()
         bar = self.statusBar()
         bar.addPermanentWidget(self.load_progress)
         bar.addPermanentWidget(self.model_label)
+        bar.addPermanentWidget(self.context_label)
         bar.addPermanentWidget(self.speed_label)
 
     def _connect_backend(self) -> None:
@@ -273,7 +277,7 @@ class MainWindow(QMainWindow):
             dock.show()
         self.view_menu.addAction(dock.toggleViewAction())
 
-    def _restore_layout(self) -> None:
+    def restore_layout(self) -> None:
         geometry = self._qsettings.value("window/geometry")
         state = self._qsettings.value("window/state")
         if isinstance(geometry, QByteArray):
@@ -431,25 +435,45 @@ class MainWindow(QMainWindow):
     def _on_events(self, batch: list) -> None:
         text: list[str] = []
         for event in batch:
+            self.event_received.emit(event)  # listeners (the store) see it before the chat acts
             if self._awaiting:
                 if isinstance(event, Token):
                     text.append(event.text)
                 elif isinstance(event, PrefillDone):
-                    self.show_status(prefill_line(event))
+                    self._on_prefill(event)
                 elif isinstance(event, Failed):
                     self._failure = event
                 elif isinstance(event, Finished):
                     self.chat.append_reply("".join(text))
                     text.clear()
                     self._finish_reply(event)
-            self.event_received.emit(event)
         self.chat.append_reply("".join(text))  # one edit block for the whole batch
         self.events_received.emit(batch)
+
+    def _on_prefill(self, event: PrefillDone) -> None:
+        self.show_status(prefill_line(event))
+        limit = self._info.max_context if self._info else 0
+        self.context_label.setText(f"context {event.prompt_tokens:,} / {limit:,}" if limit else "")
+        if event.dropped_messages:
+            # Shown in the chat once the reply ends: a note now would split the streaming block.
+            self._notice = (
+                f"The conversation outgrew the context window ({limit:,} tokens): the"
+                f" {event.dropped_messages} oldest messages were left out of this request."
+            )
+            self.show_status(self._notice, 15000)
+
+    @property
+    def replying(self) -> bool:
+        """A reply to this window's conversation is streaming."""
+        return self._awaiting
 
     def _finish_reply(self, finished: Finished) -> None:
         self._awaiting = False
         self.chat.end_reply(finished.text, reply_stats(finished))
         self._conversation.append(Message("assistant", finished.text))
+        if self._notice:
+            self.chat.add_note(self._notice)
+            self._notice = ""
         if finished.generated_tokens:
             self.speed_label.setText(speed_line(finished))
         if self._failure is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -67,6 +68,13 @@ class SettingsPanel(QWidget):
             "Teaching mode: re-run the whole sequence for every token to feel what the KV"
             " cache saves. Much slower."
         )
+        self._context_policy = QComboBox()
+        self._context_policy.addItem("Drop the oldest turns", "drop_oldest")
+        self._context_policy.addItem("Stop and tell me", "stop")
+        self._context_policy.setToolTip(
+            "When the conversation no longer fits the model's context window: leave out the"
+            " oldest turns (the system prompt stays), or refuse the message with a notice."
+        )
         self._stop_strings: tuple[str, ...] = ()
         self._layout()
         self.set_settings(GenerationSettings())
@@ -85,6 +93,7 @@ class SettingsPanel(QWidget):
         form.addRow("Seed", seed_row)
         form.addRow("Max new tokens", self._max_tokens)
         form.addRow(self._no_cache)
+        form.addRow("When the context is full", self._context_policy)
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("System prompt"))
         layout.addWidget(self._prompt)
@@ -93,6 +102,7 @@ class SettingsPanel(QWidget):
 
     def _connect(self) -> None:
         self._prompt.textChanged.connect(self.changed)
+        self._context_policy.currentIndexChanged.connect(self.changed)
         for box in (self._greedy, self._seed_fixed, self._no_cache):
             box.toggled.connect(self._sync_enabled)
             box.toggled.connect(self.changed)
@@ -126,6 +136,7 @@ class SettingsPanel(QWidget):
             seed=self._seed.value() if self._seed_fixed.isChecked() else None,
             stop_strings=self._stop_strings,
             use_cache=not self._no_cache.isChecked(),
+            context_policy=self._context_policy.currentData(),
         )
 
     def set_settings(self, settings: GenerationSettings) -> None:
@@ -139,6 +150,7 @@ class SettingsPanel(QWidget):
             self._seed.setValue(settings.seed)
         self._max_tokens.setValue(settings.max_new_tokens)
         self._no_cache.setChecked(not settings.use_cache)
+        self._context_policy.setCurrentIndex(self._context_policy.findData(settings.context_policy))
         self._stop_strings = settings.stop_strings
         self._sync_enabled()
 

@@ -32,11 +32,17 @@ def test_the_window_loads_the_requested_model_and_quits_cleanly(qtbot, qapp, mon
 
     def make_worker():
         worker = real_worker(loader=backend.load, session_factory=backend.make_session)
-        worker.loaded.connect(qapp.quit)  # end the event loop once the model is in
         workers.append(worker)
         return worker
 
+    def run_until_loaded(self) -> int:
+        # The real exec() would mark the shared QApplication as quitting for later tests.
+        qtbot.waitUntil(lambda: workers and workers[0].info is not None, timeout=5000)
+        return 0
+
     monkeypatch.setattr(app.worker, "GenerationWorker", make_worker)
+    monkeypatch.setattr(type(qapp), "exec", run_until_loaded)
+    monkeypatch.setattr("app.logs.setup_logging", lambda: None)  # keep pytest's streams
     assert run_gui(["--model", "tiny", "--device", "cpu", "--dtype", "float32"]) == 0
     assert backend.requests == [LoadRequest("tiny", "cpu", "float32")]
     assert workers[0].info.name == "tiny"

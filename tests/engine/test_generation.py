@@ -173,17 +173,18 @@ def test_a_prompt_longer_than_the_context_is_refused(tokenizer):
     loaded = make_tiny(tokenizer, "gpt2", n_positions=16)
     loaded.info = type(loaded.info)(**{**_fields(loaded.info), "max_context": 16})
     events, tokens = run(ChatSession(loaded), [Message("user", "word " * 50)])
-    assert isinstance(events[0], Failed) and "at most 16" in events[0].message
+    assert isinstance(events[0], Failed) and "holds 16" in events[0].message
     assert events[-1].reason == "context_full" and tokens == []
 
 
 def test_replies_stop_at_the_context_limit(tokenizer):
     loaded = make_tiny(tokenizer, "llama")
     prompt_tokens = len(encode_chat(tokenizer, QUESTION))
-    loaded.info = type(loaded.info)(**{**_fields(loaded.info), "max_context": prompt_tokens + 3})
+    # The prompt fits (with the reserve for a reply), but 50 new tokens would not.
+    loaded.info = type(loaded.info)(**{**_fields(loaded.info), "max_context": prompt_tokens + 20})
     settings = GenerationSettings(greedy=True, max_new_tokens=50, ignore_eos=True)
     events, tokens = run(ChatSession(loaded), QUESTION, settings)
-    assert len(tokens) == 3 and events[-1].reason == "length"
+    assert len(tokens) == 20 and events[-1].reason == "length"
 
 
 def test_out_of_memory_ends_the_reply_and_frees_the_cache(tokenizer, monkeypatch):
@@ -222,3 +223,19 @@ def test_an_engine_exception_becomes_a_failed_event(tokenizer, monkeypatch):
     events, _ = run(session, QUESTION)
     assert [type(e) for e in events] == [Failed, Finished]
     assert "kernel exploded" in events[0].message and events[-1].reason == "error"
+
+
+def test_old_turns_are_dropped_to_fit_and_the_prefill_says_so(tokenizer):
+    loaded = make_tiny(tokenizer, "gpt2")
+    loaded.info = type(loaded.info)(**{**_fields(loaded.info), "max_context": 80})
+    old = [Message("user", "tell me " * 20), Message("assistant", "sure " * 20)]
+    history = [Message("system", "Be brief."), *old, Message("user", "And now?")]
+    settings = GenerationSettings(greedy=True, max_new_tokens=8)
+    events, _ = run(ChatSession(loaded), history, settings)
+    prefill = events[0]
+    assert isinstance(prefill, PrefillDone) and prefill.dropped_messages == 2
+    kept = [history[0], history[-1]]
+    assert list(prefill.prompt_token_ids) == encode_chat(tokenizer, kept)
+    stop = GenerationSettings(greedy=True, max_new_tokens=8, context_policy="stop")
+    events, _ = run(ChatSession(loaded), history, stop)
+    assert isinstance(events[0], Failed) and events[-1].reason == "context_full"

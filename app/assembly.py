@@ -1,0 +1,92 @@
+"""Build the whole window: chat, internals docks, conversation sidebar, store and worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtWidgets import QDockWidget
+
+from app import paths
+from app import worker as worker_module
+from app.controller import ConversationController
+from app.store import ConversationStore
+from engine.events import ModelInfo
+from ui.conversation_list import ConversationList
+from ui.main_window import MainWindow
+from ui.panels import InternalsView, build_docks, cache_label
+
+
+@dataclass
+class Parts:
+    window: MainWindow
+    worker: worker_module.GenerationWorker
+    internals: InternalsView
+    controller: ConversationController
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
+        self.controller.close()
+
+
+def default_watched_layers(info: ModelInfo) -> tuple[int, ...]:
+    """First, two inner and last layer: enough for the overview, cheap at every step."""
+    last = info.layers - 1
+    return tuple(sorted({0, last // 3, 2 * last // 3, last}))
+
+
+def assemble(
+    worker: worker_module.GenerationWorker | None = None,
+    database: Path | None = None,
+    settings: QSettings | None = None,
+) -> Parts:
+    worker = worker or worker_module.GenerationWorker()  # looked up late: tests replace it
+    window = MainWindow(worker, settings)
+    internals = build_docks(window)
+    for dock in internals.docks.values():
+        window.view_menu.addAction(dock.toggleViewAction())
+    sidebar = ConversationList()
+    conversations = QDockWidget("Conversations")
+    conversations.setObjectName("conversations_dock")
+    conversations.setWidget(sidebar)
+    window.add_dock(conversations, Qt.DockWidgetArea.LeftDockWidgetArea)
+    window.restore_layout()  # now that every dock exists, the saved layout can place them
+
+    store = ConversationStore(database or paths.database_path())
+    if store.recovered_from is not None:
+        window.chat.add_note(
+            f"The conversation database was damaged ({store.recovery_reason}). It was kept"
+            f" aside as {store.recovered_from} and a new one started.",
+            error=True,
+        )
+    controller = ConversationController(window, store, sidebar)
+    _connect_internals(window, internals)
+    controller.reopen_last()
+    return Parts(window, worker, internals, controller)
+
+
+def _connect_internals(window: MainWindow, internals: InternalsView) -> None:
+    def on_model(info: ModelInfo) -> None:
+        layers = default_watched_layers(info)
+        internals.set_model(info)
+        internals.set_watched_layers(layers)
+        window.set_probe_settings(replace(window.probe_settings(), attention_layers=layers))
+
+    def watch(layers: tuple[int, ...]) -> None:
+        window.set_probe_settings(replace(window.probe_settings(), attention_layers=layers))
+        internals.set_watched_layers(layers)
+
+    def label_next_reply() -> None:
+        use_cache = window.settings_panel.settings().use_cache
+        internals.set_next_reply_label(cache_label(use_cache))
+
+    window.model_changed.connect(on_model)
+    window.events_received.connect(internals.ingest_many)
+    window.conversation_changed.connect(label_next_reply)
+    window.settings_panel.changed.connect(label_next_reply)
+    internals.watched_layers_requested.connect(watch)
+    internals.compare_with_previous(True)
+    label_next_reply()
+    if window.info is not None:
+        on_model(window.info)
