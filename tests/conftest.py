@@ -52,6 +52,8 @@ def _no_qthread_left_running(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         pytest.fail(f"test left {len(running)} QThread(s) running: {names}", pytrace=False)
 
 
+from tests.models import TINY_ARCHITECTURES, make_tiny  # noqa: E402
+
 # -- models ---------------------------------------------------------------------------------
 # The bundled model is dequantised once into a cache beside the tests (not the user's cache),
 # and tiny random-weight models of four architectures reuse its tokenizer: no network needed.
@@ -66,8 +68,6 @@ os.environ.setdefault(
     os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "glassbox-cache"),
 )
 
-TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "gemma3")
-
 
 @pytest.fixture(scope="session")
 def bundled():
@@ -81,47 +81,6 @@ def bundled():
 @pytest.fixture(scope="session")
 def tokenizer(bundled):
     return bundled.tokenizer
-
-
-def tiny_config(architecture: str, **overrides):
-    """A few-layer config of the given shape with the bundled tokenizer's vocabulary."""
-    from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config
-
-    common = dict(vocab_size=49152, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    if architecture == "llama":  # grouped-query attention: 4 query heads share 2 KV heads
-        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                             num_attention_heads=4, num_key_value_heads=2, **common)  # fmt: skip
-    elif architecture == "qwen2":
-        config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, **common)  # fmt: skip
-    elif architecture == "gpt2":  # multi-head attention, learned positions
-        config = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, **common)
-    elif architecture == "gemma3":  # a sliding-window layer, then a global one
-        config = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                  sliding_window=8, layer_types=["sliding_attention",
-                                  "full_attention"], **common)  # fmt: skip
-    else:
-        raise ValueError(architecture)
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    return config
-
-
-def make_tiny(tokenizer, architecture: str, seed: int = 0, attn: str | None = None, **overrides):
-    """A random-weight model wrapped like a loaded one (attn="eager" for references)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from engine.loader import prepare
-
-    torch.manual_seed(seed)
-    config = tiny_config(architecture, **overrides)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if attn is not None:
-        model.set_attn_implementation(attn)
-        return model
-    return prepare(model, tokenizer, name=f"tiny-{architecture}", source="memory")
 
 
 @pytest.fixture(params=TINY_ARCHITECTURES)

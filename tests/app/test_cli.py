@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny
+
+from tests.models import make_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GLASSBOX = Path(sys.executable).with_name("glassbox")

@@ -6,12 +6,12 @@ import time
 
 import pytest
 import torch
-from conftest import make_tiny
 
 from engine.events import Failed, Finished, PrefillDone, Token
 from engine.prompt import encode_chat
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
+from tests.models import make_tiny
 
 GREEDY = GenerationSettings(greedy=True, max_new_tokens=20)
 QUESTION = [Message("user", "What is the capital of France?")]

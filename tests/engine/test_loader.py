@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny
 from transformers import BertConfig, BertForMaskedLM
 
 from engine.device import pick_device, pick_dtype
@@ -22,6 +21,7 @@ from engine.loader import (
     resolve,
 )
 from engine.settings import LoadRequest
+from tests.models import make_tiny
 
 CPU = torch.device("cpu")
 

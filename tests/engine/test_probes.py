@@ -11,12 +11,12 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny
 
 from engine import kv_cache
 from engine.events import PrefillDone, Token
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
+from tests.models import make_tiny
 
 QUESTION = [Message("user", "Why is the sky blue? Answer briefly.")]
 STEPS = 12

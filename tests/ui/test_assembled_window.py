@@ -1,0 +1,145 @@
+"""The whole window as `glassbox` builds it: a real engine feeding the panels, and the store.
+
+A tiny random Llama runs in the real worker thread; the panels are checked against the events
+that reached them, and every message against what SQLite holds afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings
+
+from app import assembly
+from app.store import ConversationStore
+from app.worker import GenerationWorker
+from engine.events import Finished, PrefillDone, Token
+from engine.settings import GenerationSettings, LoadRequest
+from tests.models import make_tiny
+from tests.ui.fakes import FakeBackend
+
+
+@pytest.fixture
+def build(qtbot, tmp_path):
+    """Assemble windows on one scratch database; each shuts down at the end of the test."""
+    built = []
+
+    def make(loader, session_factory=None, database=tmp_path / "chats.sqlite3"):
+        kwargs = {"session_factory": session_factory} if session_factory else {}
+        worker = GenerationWorker(loader=loader, **kwargs)
+        settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
+        parts = assembly.assemble(worker, database=database, settings=settings)
+        qtbot.addWidget(parts.window)
+        parts.window.show()
+        with qtbot.waitSignal(worker.loaded, timeout=30000):
+            parts.window.load_model(LoadRequest(spec="tiny"))
+        qtbot.waitUntil(lambda: not worker.busy, timeout=10000)
+        built.append(parts)
+        return parts
+
+    yield make
+    for parts in built:
+        parts.window.close()
+        parts.shutdown()
+
+
+@pytest.fixture
+def tiny_loader(tokenizer):
+    def load(request, progress):
+        progress("Ready", 1.0)
+        return make_tiny(tokenizer, "llama")
+
+    return load
+
+
+def send_and_wait(qtbot, parts, text: str) -> list:
+    events: list = []
+    parts.window.event_received.connect(events.append)
+    parts.window.settings_panel.set_settings(
+        GenerationSettings(greedy=True, max_new_tokens=12, ignore_eos=True)
+    )
+    assert parts.window.send(text)
+    qtbot.waitUntil(lambda: any(isinstance(e, Finished) for e in events), timeout=30000)
+    parts.internals.redraw(force=True)
+    return events
+
+
+def test_a_real_generation_fills_every_panel_with_its_events(qtbot, build, tiny_loader):
+    parts = build(tiny_loader)
+    events = send_and_wait(qtbot, parts, "Hello there")
+    prefill = next(e for e in events if isinstance(e, PrefillDone))
+    tokens = [e for e in events if isinstance(e, Token)]
+    internals, info = parts.internals, parts.window.info
+    assert len(tokens) == 12
+
+    _x, kv = internals.kv_cache.curve.getData()
+    assert kv[-1] == tokens[-1].kv_bytes  # the curve ends at the last event's bytes
+
+    _x, steps = internals.timing.step_curve.getData()
+    np.testing.assert_array_equal(steps, [t.seconds for t in tokens[1:]])  # one per step
+
+    layer = internals.attention.selected_layer
+    assert layer in prefill.attention  # the watched layers reached the engine
+    images = internals.attention.head_images
+    stack = np.stack([images[h].image for h in sorted(images)])
+    keys = prefill.prompt_tokens + len(tokens) - 1
+    assert stack.shape == (info.heads, keys, keys)  # heads x query tokens x key tokens
+    np.testing.assert_allclose(stack[:, : prefill.prompt_tokens, : prefill.prompt_tokens],
+                               prefill.attention[layer])  # fmt: skip
+    np.testing.assert_allclose(stack[:, -1, :], tokens[-1].attention[layer])
+
+
+def test_every_message_is_stored_with_its_stats_and_reopens(qtbot, build, tiny_loader, tmp_path):
+    parts = build(tiny_loader)
+    events = send_and_wait(qtbot, parts, "First question")
+    finished = events[-1]
+    shown = parts.window.conversation()
+    parts.window.close()
+    parts.shutdown()
+
+    store = ConversationStore(tmp_path / "chats.sqlite3")
+    (conversation,) = store.list_conversations()
+    stored = store.messages(conversation.id)
+    assert [(m.role, m.text) for m in stored] == [(m.role, m.content) for m in shown]
+    reply = stored[-1]
+    assert reply.complete and reply.stats["generated_tokens"] == finished.generated_tokens
+    assert reply.stats["finish_reason"] == "length"
+    store.close()
+
+    again = build(tiny_loader)  # the last conversation reopens on start
+    assert again.window.conversation() == shown
+    assert again.controller.conversation_id == conversation.id
+
+
+def test_closing_mid_reply_saves_the_partial_reply_as_incomplete(qtbot, build, tmp_path):
+    import threading
+
+    gate = threading.Semaphore(0)
+    backend = FakeBackend(gate=gate)
+    parts = build(backend.load, backend.make_session)
+    assert parts.window.send("Tell me a long story")
+    for _ in range(3):
+        gate.release()
+    qtbot.waitUntil(lambda: "".join(parts.window.chat.reply_text()) != "", timeout=5000)
+    shown = parts.window.chat.reply_text()
+    parts.window.close()  # mid-reply: the worker stops, the partial text is kept
+    parts.shutdown()
+    assert not parts.worker.is_running()
+
+    store = ConversationStore(tmp_path / "chats.sqlite3")
+    (conversation,) = store.list_conversations()
+    user, reply = store.messages(conversation.id)
+    assert user.text == "Tell me a long story" and user.complete
+    assert not reply.complete and reply.text == shown
+    store.close()
+
+
+def test_a_damaged_database_is_set_aside_and_the_window_says_so(qtbot, build, tmp_path):
+    database = tmp_path / "chats.sqlite3"
+    database.write_bytes(b"this is not a database" * 100)
+    backend = FakeBackend()
+    parts = build(backend.load, backend.make_session, database=database)
+    text = parts.window.chat.toPlainText()
+    assert "damaged" in text and "kept aside" in text
+    assert list(tmp_path.glob("chats.sqlite3.corrupt*"))
+    assert parts.window.send("still works")
