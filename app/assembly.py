@@ -51,6 +51,7 @@ def assemble(
     conversations.setObjectName("conversations_dock")
     conversations.setWidget(sidebar)
     window.add_dock(conversations, Qt.DockWidgetArea.LeftDockWidgetArea)
+    _first_start_sizes(window, internals, conversations)
     window.restore_layout()  # now that every dock exists, the saved layout can place them
 
     store = ConversationStore(database or paths.database_path())
@@ -64,6 +65,19 @@ def assemble(
     _connect_internals(window, internals)
     controller.reopen_last()
     return Parts(window, worker, internals, controller)
+
+
+def _first_start_sizes(window: MainWindow, internals: InternalsView, sidebar: QDockWidget) -> None:
+    """Chat in the middle gets room: narrow left column, internals on about half the width."""
+    settings = window.findChild(QDockWidget, "settings_dock")
+    window.resize(1500, 920)
+    left = [d for d in (settings, sidebar) if d is not None]
+    right = [internals.docks["timing"], internals.docks["attention"]]
+    horizontal, vertical = Qt.Orientation.Horizontal, Qt.Orientation.Vertical
+    window.resizeDocks([*left, *right], [280] * len(left) + [720] * len(right), horizontal)
+    window.resizeDocks(right, [520, 400], vertical)
+    if settings is not None:
+        window.resizeDocks([settings, sidebar], [520, 400], vertical)
 
 
 def _connect_internals(window: MainWindow, internals: InternalsView) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase
 
 CONTEXT_TOKENS = 4  # earlier ids decoded along, so a word's leading space survives
+LONGEST_WORD = 32  # past this many characters without a boundary, show the text anyway
 
 
 class TextStream:
@@ -59,6 +60,8 @@ class TextStream:
             # The last whitespace before the tail that could still become a stop string.
             limit = len(self.text) - self._hold
             end = _last_boundary(self.text, self.released, limit)
+            if end <= self.released and limit - self.released > LONGEST_WORD:
+                end = limit  # a run without spaces (code, a URL, a degenerate reply)
         if end <= self.released:
             return ""
         piece, self.released = self.text[self.released : end], end

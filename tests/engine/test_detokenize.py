@@ -142,3 +142,11 @@ def test_cjk_text_streams_character_by_character(tokenizer):
     released = "".join(pieces)
     assert len(released) >= len(text) - 2  # at most a character or two still pending
     assert released + stream.finish() == text
+
+
+def test_a_long_run_without_spaces_is_not_held_back_forever(tokenizer):
+    text = "(K-V-C-A-L-A-R-A-L-A-R-A-L-A-R-A-L-A-R-A-L-A-R-A-L-A-R-A-L-A-R) done"
+    stream = TextStream(tokenizer)
+    pieces = [stream.push(i) for i in ids_of(tokenizer, text)]
+    assert len("".join(pieces)) > 32  # released before any whitespace arrived
+    assert "".join(pieces) + stream.finish() == text
