@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from transformers.cache_utils import Cache
+from typing import TYPE_CHECKING
 
 from engine.events import ModelInfo
+
+if TYPE_CHECKING:  # the UI imports the formula; it need not load transformers for it
+    from transformers.cache_utils import Cache
 
 
 def layer_bytes(cache: Cache | None) -> tuple[int, ...]:
@@ -38,14 +41,15 @@ def _nbytes(tensor) -> int:
     return 0 if tensor is None or tensor.dim() == 0 else tensor.numel() * tensor.element_size()
 
 
+def sliding_tokens(info: ModelInfo, tokens: int) -> int:
+    """Tokens a sliding-window layer holds: the last window - 1 (the next query brings one)."""
+    return min(tokens, (info.sliding_window or tokens + 1) - 1)
+
+
 def cached_tokens_per_layer(info: ModelInfo, tokens: int) -> tuple[int, ...]:
     """How many tokens each layer keeps: all of them, or the window on sliding-window layers."""
-    # A sliding layer keeps the last window - 1 tokens; the next query brings the last one.
-    kept = (info.sliding_window or tokens + 1) - 1
-    return tuple(
-        min(tokens, kept) if layer in info.sliding_layers else tokens
-        for layer in range(info.layers)
-    )
+    kept = sliding_tokens(info, tokens)
+    return tuple(kept if layer in info.sliding_layers else tokens for layer in range(info.layers))
 
 
 def formula_bytes(info: ModelInfo, tokens: int) -> int:

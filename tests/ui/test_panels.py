@@ -9,9 +9,10 @@ from PySide6.QtCore import QPointF
 from PySide6.QtWidgets import QMainWindow
 
 from engine.events import Candidate, Failed, Finished, ModelInfo, PrefillDone, Token, frozen_array
+from engine.kv_cache import formula_bytes as kv_formula_bytes
 from ui.panels import WITH_CACHE, WITHOUT_CACHE, InternalsView, attention, build_docks, cache_label
 from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
-from ui.panels.buffers import AttentionRows, GrowableArray, InternalsState, kv_formula_bytes
+from ui.panels.buffers import AttentionRows, GrowableArray, InternalsState
 from ui.panels.kv_cache import STACKED, formula_text
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BYTES = 2, 4, 2, 8, 4
@@ -189,9 +190,10 @@ def test_attention_rows_grow_overwrite_and_drop(rng):
 def test_formula_counts_bytes_with_sliding_layers_capped():
     info = model_info(layers=4, sliding_layers=(0, 2), sliding_window=3)
     per_layer_token = 2 * KV_HEADS * HEAD_DIM * BYTES
-    assert kv_formula_bytes(info, 10) == per_layer_token * (2 * 10 + 2 * 3)
+    # A window of 3: those layers hold the last 2 tokens, as transformers' cache does.
+    assert kv_formula_bytes(info, 10) == per_layer_token * (2 * 10 + 2 * 2)
     text = formula_text(info, 10, kv_formula_bytes(info, 10))
-    assert f"{per_layer_token * 26:,} bytes" in text
+    assert f"{per_layer_token * 24:,} bytes" in text
     assert "2 sliding layers" in text and "matches" in text
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.events import Candidate, Event, Failed, Finished, ModelInfo, PrefillDone, Token
+from engine.kv_cache import formula_bytes
 
 # Revision keys: each panel follows one of them.
 TIMING = "timing"
@@ -269,15 +270,6 @@ class Reply:
         return steps / self.decode_s if steps and self.decode_s > 0 else 0.0
 
 
-def kv_formula_bytes(info: ModelInfo, tokens: int, kv_heads: int | None = None) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x tokens x bytes, sliding layers capped."""
-    heads = info.kv_heads if kv_heads is None else kv_heads
-    per_token = 2 * heads * info.head_dim * info.bytes_per_value
-    sliding = len(info.sliding_layers) if info.sliding_window else 0
-    window_tokens = min(tokens, info.sliding_window) if info.sliding_window else tokens
-    return per_token * ((info.layers - sliding) * tokens + sliding * window_tokens)
-
-
 class InternalsState:
     """Everything the four panels draw, updated from events in O(1)-ish time per event."""
 
@@ -439,7 +431,7 @@ class InternalsState:
         if not event.reused_tokens:
             return 0
         if self.info is not None:
-            return kv_formula_bytes(self.info, event.reused_tokens)
+            return formula_bytes(self.info, event.reused_tokens)
         return round(event.kv_bytes * event.reused_tokens / max(event.prompt_tokens, 1))
 
     def _add_kv_point(

@@ -15,7 +15,8 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import ModelInfo
-from ui.panels.buffers import KV, InternalsState, RedrawTracker, kv_formula_bytes
+from engine.kv_cache import formula_bytes, mha_bytes, sliding_tokens
+from ui.panels.buffers import KV, InternalsState, RedrawTracker
 
 TOTAL = "all layers (total)"
 STACKED = "stacked by layer"
@@ -33,7 +34,7 @@ def human_bytes(count: float) -> str:
 
 def formula_text(info: ModelInfo, tokens: int, measured: int | None) -> str:
     """The KV-cache formula filled in with the model's numbers, plain text with line breaks."""
-    total = kv_formula_bytes(info, tokens)
+    total = formula_bytes(info, tokens)
     head = (
         f"2 (K and V) × {info.kv_heads} KV heads × {info.head_dim} dims × "
         f"{info.bytes_per_value} bytes"
@@ -41,13 +42,13 @@ def formula_text(info: ModelInfo, tokens: int, measured: int | None) -> str:
     sliding = len(info.sliding_layers) if info.sliding_window else 0
     if sliding:
         full = info.layers - sliding
-        window = min(tokens, info.sliding_window or tokens)
+        window = sliding_tokens(info, tokens)
         lines = [
             f"{head} × ({full} full layers × {tokens:,} tokens + {sliding} sliding layers × "
             f"{window:,} tokens)",
             f"= {total:,} bytes ({human_bytes(total)})",
-            f"Sliding-window layers keep only the last {info.sliding_window:,} tokens, "
-            "so the formula caps them there.",
+            f"Sliding-window layers keep only the last {info.sliding_window - 1:,} tokens"
+            " (the window less the next query's own), so the formula caps them there.",
         ]
     else:
         lines = [
@@ -79,7 +80,7 @@ def _grouped_query_line(info: ModelInfo, tokens: int, total: int) -> str:
             f"Multi-head attention: each of the {info.heads} query heads has its own K/V head, "
             "so there is nothing to share."
         )
-    full = kv_formula_bytes(info, tokens, kv_heads=info.heads)
+    full = mha_bytes(info, tokens)
     ratio = info.heads / info.kv_heads
     kind = "Multi-query" if info.kv_heads == 1 else "Grouped-query"
     return (
