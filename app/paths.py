@@ -1,7 +1,8 @@
-"""Where Glassbox keeps its files: the per-user data and cache folders.
+"""Where Glassbox keeps its files: the per-user data folder.
 
-The platform's usual places (via platformdirs) unless GLASSBOX_DATA_DIR or GLASSBOX_CACHE_DIR
-name another folder, which is how tests and portable installs keep their files apart.
+The platform's usual place (via platformdirs) unless GLASSBOX_DATA_DIR names another folder,
+which is how tests and portable installs keep their files apart. Dequantised models go to the
+cache folder that engine.loader.default_cache_dir() names (GLASSBOX_CACHE_DIR).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import platformdirs
 
 APP_NAME = "glassbox"
 DATA_DIR_ENV = "GLASSBOX_DATA_DIR"
-CACHE_DIR_ENV = "GLASSBOX_CACHE_DIR"
 DATABASE_NAME = "conversations.sqlite3"
 
 
@@ -27,11 +27,6 @@ def _resolve(env_name: str, default: str) -> Path:
 def data_dir() -> Path:
     """The folder for conversations and settings, created if missing."""
     return _resolve(DATA_DIR_ENV, platformdirs.user_data_dir(APP_NAME, appauthor=False))
-
-
-def cache_dir() -> Path:
-    """The folder for things that can be rebuilt (downloads, benchmarks), created if missing."""
-    return _resolve(CACHE_DIR_ENV, platformdirs.user_cache_dir(APP_NAME, appauthor=False))
 
 
 def database_path() -> Path:

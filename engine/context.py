@@ -22,22 +22,27 @@ class ContextFull(Exception):
 @dataclass(frozen=True, slots=True)
 class Fitted:
     messages: tuple[Message, ...]
-    prompt_tokens: int
+    prompt_ids: list[int]  # the prompt the kept messages encode to
     dropped: int  # how many of the oldest messages were left out
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
 
 def fit(
     messages: Sequence[Message],
-    count_tokens: Callable[[Sequence[Message]], int],
+    encode: Callable[[Sequence[Message]], list[int]],
     max_context: int,
     reserve: int,
     policy: Policy = "drop_oldest",
 ) -> Fitted:
     """The messages to send, leaving `reserve` tokens of room for the reply."""
     budget = max_context - reserve if max_context else None
-    tokens = count_tokens(messages)
+    ids = encode(messages)
+    tokens = len(ids)
     if budget is None or tokens <= budget:
-        return Fitted(tuple(messages), tokens, 0)
+        return Fitted(tuple(messages), ids, 0)
     if policy == "stop":
         raise ContextFull(
             f"The conversation needs {tokens} tokens plus {reserve} for the reply, but the model"
@@ -51,10 +56,11 @@ def fit(
         # Drop whole turns: a user message and the reply that answered it.
         cut = 2 if len(rest) > 2 and rest[1].role == "assistant" else 1
         rest, dropped = rest[cut:], dropped + cut
-        tokens = count_tokens([*system, *rest])
+        ids = encode([*system, *rest])
+        tokens = len(ids)
     if tokens > budget:
         raise ContextFull(
             f"This message alone needs {tokens} tokens with the system prompt, but the model"
             f" holds {max_context} (with {reserve} kept for the reply). Shorten it."
         )
-    return Fitted((*system, *rest), tokens, dropped)
+    return Fitted((*system, *rest), ids, dropped)

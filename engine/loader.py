@@ -56,7 +56,8 @@ class LoadedModel:
 def default_cache_dir() -> Path:
     """Where dequantised models are kept: $GLASSBOX_CACHE_DIR, else the platform's user cache."""
     override = os.environ.get("GLASSBOX_CACHE_DIR")
-    return Path(override) if override else Path(platformdirs.user_cache_dir("glassbox"))
+    default = platformdirs.user_cache_dir("glassbox", appauthor=False)
+    return Path(override).expanduser() if override else Path(default)
 
 
 def bundled_gguf_path() -> Path:

@@ -123,7 +123,7 @@ class ChatSession:
                 yield Failed(str(error), "ContextFull")
                 yield tally.finished("context_full", "")
                 return
-            prompt = encode_chat(self.tokenizer, fitted.messages)
+            prompt = fitted.prompt_ids
             tally.tokenize_s = time.perf_counter() - tally.started
             tally.prompt_tokens = len(prompt)
             room = self.info.max_context - len(prompt) if self.info.max_context else None
@@ -149,17 +149,14 @@ class ChatSession:
         """Apply the context policy, keeping room for a reply of up to 1/4 of the window."""
         limit = self.info.max_context
         reserve = min(settings.max_new_tokens, limit // 4) if limit else 0
-        count = partial(encode_chat, self.tokenizer)
-        return context.fit(
-            messages, lambda m: len(count(m)), limit, reserve, settings.context_policy
-        )
+        encode = partial(encode_chat, self.tokenizer)
+        return context.fit(messages, encode, limit, reserve, settings.context_policy)
 
     def _reply(self, prompt, settings, probes, tally, stream, room, dropped) -> Iterator[Event]:
         budget = settings.max_new_tokens if room is None else min(settings.max_new_tokens, room)
         sampler = Sampler(settings, self.device)
         clock = Stopwatch(self.device)
         history = torch.tensor(prompt, device=self.device)
-        ids = list(prompt)
 
         clock.start()
         if settings.use_cache:
@@ -192,7 +189,6 @@ class ChatSession:
                 tally.decode_s += step_s
             tally.generated = index + 1
             yield replace(event, seconds=step_s)
-            ids.append(token_id)
             if eos:
                 reason = "eos"
             elif stream.stopped:

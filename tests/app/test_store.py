@@ -73,11 +73,9 @@ def aside_files(db_path: Path) -> list[Path]:
 # -- paths ---------------------------------------------------------------------------------
 
 
-def test_data_and_cache_dirs_follow_the_environment(tmp_path, monkeypatch):
+def test_data_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(paths.DATA_DIR_ENV, str(tmp_path / "data"))
-    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path / "cache"))
     assert paths.data_dir() == tmp_path / "data" and (tmp_path / "data").is_dir()
-    assert paths.cache_dir() == tmp_path / "cache" and (tmp_path / "cache").is_dir()
     assert paths.database_path() == tmp_path / "data" / paths.DATABASE_NAME
 
 

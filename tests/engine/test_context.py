@@ -9,7 +9,7 @@ from engine.settings import Message
 
 
 def words(messages):  # one token per word, so the arithmetic is visible
-    return sum(len(m.content.split()) for m in messages)
+    return [0] * sum(len(m.content.split()) for m in messages)
 
 
 SYSTEM = Message("system", "be brief")  # 2 tokens
