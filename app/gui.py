@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import os
 import sys
+from pathlib import Path
 
 from engine.settings import LoadRequest
 
 NO_DISPLAY = "no display found: set DISPLAY, or run `glassbox chat` for the terminal"
+X11_PACKAGES = (
+    "Debian/Ubuntu: sudo apt-get install libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1"
+    " libxcb-shape0 libxkbcommon-x11-0"
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -30,11 +36,36 @@ def display_missing() -> bool:
     return not any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
 
 
+def x11_problem() -> str | None:
+    """Why Qt could not open an X11 window, asked before Qt aborts the process over it."""
+    uses_x11 = os.environ.get("QT_QPA_PLATFORM", "xcb") == "xcb" and os.environ.get("DISPLAY")
+    if not sys.platform.startswith("linux") or not uses_x11 or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    import PySide6
+
+    qt_x11 = Path(PySide6.__file__).parent / "Qt" / "lib" / "libQt6XcbQpa.so.6"
+    missing = None if ctypes.util.find_library("xcb-cursor") else "libxcb-cursor.so.0"
+    try:
+        ctypes.CDLL(str(qt_x11))
+    except OSError as error:  # e.g. "libxcb-icccm.so.4: cannot open shared object file"
+        missing = str(error).split(":")[0].strip()
+    if missing is None:
+        return None
+    return (
+        f"Qt cannot open an X11 window: the system library {missing} is missing"
+        f" ({X11_PACKAGES}). Or run `glassbox chat` for the terminal."
+    )
+
+
 def run_gui(argv: list[str] | None = None) -> int:
     """Open the window and load the model; returns the process exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if display_missing():
         print(NO_DISPLAY, file=sys.stderr)
+        return 2
+    problem = x11_problem()
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
 
     from PySide6.QtWidgets import QApplication

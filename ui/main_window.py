@@ -37,7 +37,7 @@ from ui.model_picker import ModelPicker
 from ui.settings_panel import SettingsPanel
 
 STATUS_MS = 6000
-STATE_VERSION = 1  # bump when the dock layout changes incompatibly
+STATE_VERSION = 2  # bump when the set of docks changes: older layouts are then ignored
 
 
 class Backend(Protocol):

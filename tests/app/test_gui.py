@@ -47,3 +47,21 @@ def test_the_window_loads_the_requested_model_and_quits_cleanly(qtbot, qapp, mon
     assert backend.requests == [LoadRequest("tiny", "cpu", "float32")]
     assert workers[0].info.name == "tiny"
     assert not workers[0].is_running()
+
+
+def test_a_missing_x11_library_is_named_instead_of_qt_aborting(monkeypatch, capsys):
+    import ctypes
+
+    import app.gui
+
+    def refuse(path, *args, **kwargs):
+        raise OSError("libxcb-icccm.so.4: cannot open shared object file: No such file")
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("DISPLAY", ":0")
+    for name in ("WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(ctypes, "CDLL", refuse)
+    assert app.gui.x11_problem() is not None
+    assert run_gui([]) == 2
+    assert "libxcb-icccm.so.4 is missing" in capsys.readouterr().err
