@@ -50,6 +50,9 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--no-cache", action="store_true", help="teaching mode: no KV cache")
     parser.add_argument("--json", action="store_true", help="one JSON object per event per line")
+    parser.add_argument(
+        "--no-store", action="store_true", help="do not keep this chat with the conversations"
+    )
     parser.add_argument("--trace", type=Path, help="write the reply's internals as JSON here")
     parser.add_argument(
         "--watch-layers", default="0", help="layers whose attention --trace records: all, 0,14,29"

@@ -204,7 +204,11 @@ def set_aside(path: Path, moment: float) -> Path:
 class ConversationStore:
     """Conversations and messages in one SQLite file. Use from one thread (see module doc)."""
 
-    def __init__(self, path: Path | str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, path: Path | str, *, clock: Callable[[], float] = time.time, purge: bool = True
+    ) -> None:
+        """Open (or create) the store. `purge=False` leaves deleted conversations for another
+        process to restore: the terminal chat opens the file while the window may be running."""
         self.path = Path(path)
         self._clock = clock
         # Where a damaged file was moved, and why, when opening had to start afresh.
@@ -217,7 +221,8 @@ class ConversationStore:
             self.recovered_from = set_aside(self.path, self._clock())
             self.recovery_reason = str(problem)
             self._conn = self._open()
-        self.purge_deleted()
+        if purge:
+            self.purge_deleted()
 
     # -- opening ---------------------------------------------------------------------------
 

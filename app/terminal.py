@@ -1,11 +1,20 @@
-"""`glassbox chat`: the same engine in the terminal, interactive or one-shot, text or JSON lines."""
+"""`glassbox chat`: the same engine in the terminal, interactive or one-shot, text or JSON lines.
+
+Conversations go to the window's store (see app.chat_log) unless `--no-store` is given. Ctrl+C
+during a reply stops it as the window's Stop does; a second Ctrl+C interrupts at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+from app.chat_log import ChatLog, open_store
 from app.cli import generation_settings, load_request, print_json
 from engine.events import Failed, Finished, PrefillDone, Token
 from engine.loader import ModelLoadError, load_model
@@ -38,12 +47,17 @@ def run_chat(args: argparse.Namespace) -> int:
         return 2
     probes = ProbeSettings(attention_layers=layers, top_k=10 if args.trace else 0)
     history = [Message("system", args.system)] if args.system else []
-    if args.prompt is not None:
-        return _turn(session, history, args.prompt, settings, probes, args)
-    return _interactive(session, history, settings, probes, args)
+    store = None if args.no_store else open_store()
+    chat_log = ChatLog(store, session.info.name, args.system, settings)
+    try:
+        if args.prompt is not None:
+            return _turn(session, history, args.prompt, settings, probes, args, chat_log)
+        return _interactive(session, history, settings, probes, args, chat_log)
+    finally:
+        chat_log.close()
 
 
-def _interactive(session, history, settings, probes, args) -> int:
+def _interactive(session, history, settings, probes, args, chat_log) -> int:
     if not args.json:
         print(f"{session.info.name} on {session.info.device}. /new starts over, /quit leaves.")
     while True:
@@ -56,35 +70,61 @@ def _interactive(session, history, settings, probes, args) -> int:
         if line.strip() == "/new":
             history[:] = [m for m in history if m.role == "system"]
             session.reset()
+            chat_log.new_conversation()
             continue
-        _turn(session, history, line, settings, probes, args)
+        _turn(session, history, line, settings, probes, args, chat_log)
 
 
-def _turn(session, history, text, settings, probes, args) -> int:
+def _turn(session, history, text, settings, probes, args, chat_log) -> int:
     """Answer one user message; append both to `history`. Returns an exit status."""
     if not text.strip():
         print("glassbox chat: the message is empty", file=sys.stderr)
         return 2
     messages = [*history, Message("user", text)]
+    chat_log.user(text)
     trace = TraceRecorder(session.info) if args.trace else None
     finished: Finished | None = None
     if not args.json:
         print("assistant> " if args.prompt is None else "", end="", flush=True)
     try:
-        for event in session.generate(messages, settings, probes):
-            if trace:
-                trace.add(event)
-            _show(event, args.json)
-            if isinstance(event, Finished):
-                finished = event
-    except KeyboardInterrupt:
+        with _ctrl_c_cancels(session):
+            for event in session.generate(messages, settings, probes):
+                if trace:
+                    trace.add(event)
+                _show(event, args.json)
+                chat_log.record(event)  # after showing: what is saved was seen
+                if isinstance(event, Finished):
+                    finished = event
+    except KeyboardInterrupt:  # a second Ctrl+C: cut where it was, maybe inside a forward pass
         session.cancel()
+        session.reset()  # so the KV cache may be half-written: the next turn rebuilds it
+        chat_log.interrupted()
     if trace:
         args.trace.write_text(json.dumps(trace.to_dict()))
     if finished is None or finished.reason in ("error", "context_full"):
         return 1
     history[:] = [*messages, Message("assistant", finished.text)]
-    return 0
+    return 130 if finished.reason == "cancelled" else 0
+
+
+@contextmanager
+def _ctrl_c_cancels(session) -> Iterator[None]:
+    """Ctrl+C asks the session to stop after the current step, so the reply ends with
+    Finished("cancelled") and the KV cache stays in step with its tokens; a second Ctrl+C
+    raises KeyboardInterrupt as usual."""
+    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+        yield
+        return
+
+    def cancel(_signum, _frame) -> None:
+        session.cancel()
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, cancel)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _show(event, as_json: bool) -> None:

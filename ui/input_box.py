@@ -7,6 +7,7 @@ from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QPlainTextEdit, QWidget
 
 PLACEHOLDER = "Message the model… (Enter sends, Shift+Enter for a new line)"
+EMPTY_MESSAGE = "Nothing to send: the message is empty."
 
 
 class InputBox(QPlainTextEdit):
@@ -46,7 +47,7 @@ class InputBox(QPlainTextEdit):
         """Send the text if there is any and sending is on; True if it was sent."""
         text = self.toPlainText()
         if not text.strip():
-            self.refused.emit("Nothing to send: the message is empty.")
+            self.refused.emit(EMPTY_MESSAGE)
             return False
         if not self._sending_enabled:
             self.refused.emit(self._paused_reason)

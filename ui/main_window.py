@@ -32,7 +32,7 @@ from engine.settings import (
     SettingsError,
 )
 from ui.chat_view import ChatView
-from ui.input_box import InputBox
+from ui.input_box import EMPTY_MESSAGE, InputBox
 from ui.model_picker import ModelPicker
 from ui.settings_panel import SettingsPanel
 
@@ -331,7 +331,7 @@ class MainWindow(QMainWindow):
 
     def send(self, text: str) -> bool:
         """Add a user message and start the reply; False (with a status message) if refused."""
-        reason = self._send_refusal()
+        reason = self._send_refusal() or (None if text.strip() else EMPTY_MESSAGE)
         if reason:
             self.show_status(reason)
             return False
