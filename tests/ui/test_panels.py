@@ -464,6 +464,23 @@ def test_top_k_bars_follow_the_latest_step_and_browse(view, rng):
     assert panel.step == 2
 
 
+def test_clicking_a_token_of_the_reply_shows_its_step(view, rng):
+    from PySide6.QtCore import QUrl
+
+    _first, tokens = run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    panel = view.next_token
+    strip = panel.tokens.toPlainText().replace("\u200b", "")
+    assert strip == "".join(view.state.token_text(PROMPT + i) for i in range(4))
+    panel.tokens.anchorClicked.emit(QUrl("step:2"))  # what a click on the third token sends
+    view.redraw(force=True)
+    assert panel.step == 2 and not panel.follow.isChecked()
+    np.testing.assert_allclose(panel.prob_bars.opts["width"], [c.prob for c in tokens[2].top_k])
+    view.ingest(prefill(rng))  # a new reply starts the strip over
+    view.redraw(force=True)
+    assert panel.tokens.toPlainText() == ""
+
+
 # -- the view ----------------------------------------------------------------------------------
 
 

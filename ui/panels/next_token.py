@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
     QLabel,
     QSlider,
     QSpinBox,
+    QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
@@ -50,6 +54,13 @@ class NextTokenPanel(QWidget):
             widget.valueChanged.connect(self._on_browse)
         self.summary = QLabel("No token yet.")
         self.summary.setWordWrap(True)
+        # The reply as its tokens: click one to see the candidates of the step that chose it.
+        self.tokens = QTextBrowser()
+        self.tokens.setOpenLinks(False)
+        self.tokens.setMaximumHeight(90)
+        self.tokens.setPlaceholderText("The reply's tokens appear here; click one.")
+        self.tokens.anchorClicked.connect(self._on_token_clicked)
+        self._tokens_shown = 0
         self.plot_widget = pg.PlotWidget(title="Next-token candidates")
         plot = self.plot_widget.getPlotItem()
         plot.invertY(True)
@@ -74,6 +85,7 @@ class NextTokenPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(browse)
         layout.addWidget(self.summary)
+        layout.addWidget(self.tokens)
         layout.addWidget(self.plot_widget, 1)
 
     # -- public ----------------------------------------------------------------------------
@@ -99,6 +111,7 @@ class NextTokenPanel(QWidget):
             widget.blockSignals(True)
             widget.setRange(0, max(steps - 1, 0))
             widget.blockSignals(False)
+        self._append_tokens(steps)
         if self.follow.isChecked():
             self._set_browse(steps - 1)
         step = min(self.spin.value(), steps - 1)
@@ -106,6 +119,26 @@ class NextTokenPanel(QWidget):
         self.tracker.drawn(revisions)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _append_tokens(self, steps: int) -> None:
+        """Add the tokens chosen since the last frame (a new reply starts the strip over)."""
+        if steps < self._tokens_shown:
+            self.tokens.clear()
+            self._tokens_shown = 0
+        if steps == self._tokens_shown:
+            return
+        links = "".join(
+            f'<a href="step:{step}" style="text-decoration:none">'
+            f"{html.escape(self._state.token_text(self._state.prompt_tokens + step))}</a>&#8203;"
+            for step in range(self._tokens_shown, steps)
+        )
+        cursor = self.tokens.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.insertHtml(links)
+        self._tokens_shown = steps
+
+    def _on_token_clicked(self, url: QUrl) -> None:
+        self.show_step(int(url.toString().removeprefix("step:")))
 
     def _set_browse(self, index: int) -> None:
         for widget in (self.slider, self.spin):
