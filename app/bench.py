@@ -1,32 +1,59 @@
-"""`glassbox bench`: decode speed against model.generate and with the live view on vs off."""
+"""`glassbox bench`: decode speed against model.generate and with the live view on vs off, and
+with --gui (or --gui-only) how long the window's event loop stalls while a long reply streams."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from typing import Any
 
 from app.cli import load_request, print_json
-from engine import benchmark
-from engine.loader import ModelLoadError, load_model
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    try:
-        loaded = load_model(load_request(args))
-    except ModelLoadError as error:
-        print(f"glassbox bench: {error}", file=sys.stderr)
-        return 1
-    results = benchmark.run(loaded, new_tokens=args.new_tokens, repeats=args.repeats)
+    results: dict[str, Any] = {}
+    if not args.gui_only:
+        from engine import benchmark
+        from engine.loader import ModelLoadError, load_model
+
+        try:
+            loaded = load_model(load_request(args))
+        except ModelLoadError as error:
+            print(f"glassbox bench: {error}", file=sys.stderr)
+            return 1
+        results = benchmark.run(loaded, new_tokens=args.new_tokens, repeats=args.repeats)
+    if args.gui or args.gui_only:
+        results["gui"] = gui_stall(args.gui_tokens)
     if args.output:
         args.output.write_text(json.dumps(results, indent=2))
     if args.json:
         print_json(results)
     else:
-        rates = results["decode_tokens_per_s"]
+        print_text(results)
+    return 0
+
+
+def gui_stall(tokens: int) -> dict[str, Any]:
+    # Drawn offscreen unless told otherwise: no window pops up, and no display is needed.
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.stall import measure_gui_stall
+
+    return measure_gui_stall(tokens)
+
+
+def print_text(results: dict[str, Any]) -> None:
+    if "decode_tokens_per_s" in results:
         print(f"{results['model']} on {results['device']} ({results['dtype']})")
-        for name, rate in rates.items():
+        for name, rate in results["decode_tokens_per_s"].items():
             print(f"  {name:16} {rate:8.1f} tokens/s")
         print(f"  engine / generate  {results['ratio_engine_vs_generate']:.3f}")
         print(f"  live view cost     {results['view_cost']:+.1%}")
-    return 0
+    gui = results.get("gui")
+    if gui:
+        print(f"window, {gui['tokens']:,}-token reply ({gui['source']})")
+        print(f"  longest stall      {gui['longest_stall_ms']:8.1f} ms")
+        print(f"  99th percentile    {gui['p99_stall_ms']:8.1f} ms")
+        print(f"  redraws            {gui['redraws']:8d}")
+        print(f"  streamed in        {gui['seconds']:8.1f} s")

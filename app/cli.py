@@ -82,6 +82,13 @@ def bench_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
+    parser.add_argument(
+        "--gui", action="store_true", help="also measure how long the window stalls on a long reply"
+    )
+    parser.add_argument("--gui-only", action="store_true", help="only the window's stall")
+    parser.add_argument(
+        "--gui-tokens", type=int, default=10_000, help="length of that reply (default 10000)"
+    )
     return parser
 
 

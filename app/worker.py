@@ -7,9 +7,16 @@ within one decode step even though the thread is busy inside it.
 
 Events are not sent as one queued signal per token: at hundreds of tokens per second that floods
 the GUI event loop. The thread appends them to a locked buffer instead, and a GUI-thread QTimer
-drains it about 30 times a second, emitting the whole batch as `events` (and each event as
-`event`). A job's end is signalled through the queue after its last event was buffered, so the
-final drain always happens before `busy_changed(False)`: listeners see `Finished` first.
+drains it about 30 times a second, emitting batches as `events` (and each event as `event`).
+A job's end is signalled through the queue with the number of events pushed by then, and
+`busy_changed(False)` waits until that many were delivered: listeners see `Finished` first.
+
+The GUI must stay responsive however fast events come and however heavy they are (an attention
+row per watched layer grows with the context). So one drain delivers batches for at most
+DRAIN_BUDGET_S and lets the event loop paint and take input before it goes on; and when the
+undelivered events weigh more than MAX_BUFFERED_WEIGHT the model thread waits for the GUI,
+which keeps memory bounded when the GUI is the slower of the two (never with a model decoding
+at tens of tokens a second; possible with a fast one and long attention rows).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -28,6 +36,10 @@ from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSetti
 log = logging.getLogger(__name__)
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz: one GUI update per frame whatever the token rate
+DRAIN_BUDGET_S = 0.012  # GUI time one drain may spend delivering before the loop runs again
+EVENT_WEIGHT = 1024  # an event's weight in bytes, besides its attention arrays
+BATCH_WEIGHT = 256 * 1024  # a batch ends once it holds this much (listeners take ~2 ms)
+MAX_BUFFERED_WEIGHT = 8 * 2**20  # the model thread waits while more is undelivered
 PROGRESS_INTERVAL_S = 0.03  # loaders may report per tensor; the progress bar needs far less
 
 
@@ -64,6 +76,12 @@ def default_session_factory(loaded: Any) -> Session:
     return ChatSession(loaded)
 
 
+def event_weight(event: Event) -> int:
+    """Roughly what an event costs its listeners: attention rows dominate at long contexts."""
+    attention = getattr(event, "attention", None)
+    return EVENT_WEIGHT + (sum(a.nbytes for a in attention.values()) if attention else 0)
+
+
 def describe_error(error: BaseException) -> str:
     """A one-line message for the user; load errors already read as sentences."""
     text = str(error).strip()
@@ -78,7 +96,7 @@ class _Runner(QObject):
     loaded = Signal(object)
     load_progress = Signal(str, float)
     load_failed = Signal(str)
-    job_done = Signal()
+    job_done = Signal(int)  # how many events had been pushed when the job ended
 
     def __init__(
         self,
@@ -86,12 +104,14 @@ class _Runner(QObject):
         session_factory: SessionFactory,
         push: Callable[[list[Event]], None],
         cancelled_upto: Callable[[], int],
+        pushed: Callable[[], int],
     ) -> None:
         super().__init__()
         self._loader = loader
         self._session_factory = session_factory
         self._push = push
         self._cancelled_upto = cancelled_upto
+        self._pushed = pushed
         self.session: Session | None = None  # read by the GUI thread only to call cancel()
 
     @Slot(object)
@@ -108,7 +128,7 @@ class _Runner(QObject):
             self.session = session
             self.loaded.emit(info)
         finally:
-            self.job_done.emit()
+            self.job_done.emit(self._pushed())
 
     def _throttled_progress(self) -> ProgressCallback:
         last = {"stage": None, "time": 0.0}
@@ -133,7 +153,7 @@ class _Runner(QObject):
         try:
             self._run_generation(job, messages, settings, probes)
         finally:
-            self.job_done.emit()
+            self.job_done.emit(self._pushed())
 
     def _run_generation(
         self,
@@ -229,7 +249,12 @@ class GenerationWorker(QObject):
     ) -> None:
         super().__init__(parent)
         self._lock = threading.Lock()
-        self._buffer: list[Event] = []
+        self._drained = threading.Condition(self._lock)
+        self._buffer: deque[tuple[Event, int]] = deque()  # (event, weight)
+        self._buffered_weight = 0
+        self._pushed = 0  # events pushed by the model thread, ever
+        self._delivered = 0  # events emitted in the GUI thread, ever
+        self._job_ends: deque[int] = deque()  # per finished job: events pushed by its end
         self._pending_jobs = 0
         self._generating = False
         self._job = 0
@@ -244,6 +269,7 @@ class GenerationWorker(QObject):
             session_factory or default_session_factory,
             self._push,
             lambda: self._cancelled_upto,
+            self._pushed_count,
         )
         self._runner.moveToThread(self._thread)
         self._load_requested.connect(self._runner.load)
@@ -257,6 +283,10 @@ class GenerationWorker(QObject):
         self._timer = QTimer(self)
         self._timer.setInterval(DRAIN_INTERVAL_MS)
         self._timer.timeout.connect(self.drain)
+        self._again = QTimer(self)  # drains on as soon as the event loop has had its turn
+        self._again.setSingleShot(True)
+        self._again.setInterval(0)
+        self._again.timeout.connect(self.drain)
         self._thread.start()
 
     # -- state -------------------------------------------------------------------------------
@@ -323,15 +353,19 @@ class GenerationWorker(QObject):
         """Cancel, stop the thread and wait for it; safe to call more than once."""
         if self._shut_down:
             return
-        self._shut_down = True
+        with self._drained:
+            self._shut_down = True  # a model thread waiting for the GUI goes on
+            self._drained.notify_all()
         self.stop()
         self._timer.stop()
+        self._again.stop()
         self._thread.quit()
         if not self._thread.wait(int(timeout_s * 1000)):
             # A load cannot be interrupted; leaving the thread running would crash at exit.
             log.warning("waiting for the model thread to finish its current job")
             self._thread.wait()
         self._pending_jobs = 0
+        self._job_ends.clear()
         self._generating = False
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -343,35 +377,75 @@ class GenerationWorker(QObject):
             self.busy_changed.emit(True)
 
     def _push(self, events: list[Event]) -> None:
-        # Called from the worker thread.
+        """Buffer events (model thread); waits while the GUI is far behind, unless stopping."""
+        with self._drained:
+            for event in events:
+                weight = event_weight(event)
+                self._buffer.append((event, weight))
+                self._buffered_weight += weight
+            self._pushed += len(events)
+            while self._buffered_weight > MAX_BUFFERED_WEIGHT and not self._stopping():
+                self._drained.wait(0.1)
+
+    def _stopping(self) -> bool:
+        return self._shut_down or self._cancelled_upto >= self._job
+
+    def _pushed_count(self) -> int:
         with self._lock:
-            self._buffer.extend(events)
+            return self._pushed
+
+    def _take_batch(self) -> list[Event]:
+        with self._drained:
+            batch: list[Event] = []
+            weight = 0
+            while self._buffer and weight < BATCH_WEIGHT:
+                event, event_weight_ = self._buffer.popleft()
+                batch.append(event)
+                weight += event_weight_
+            self._buffered_weight -= weight
+            self._drained.notify_all()
+            return batch
 
     @Slot()
     def drain(self) -> None:
-        """Deliver the buffered events (GUI thread); the timer calls this ~30 times a second."""
-        with self._lock:
-            batch, self._buffer = self._buffer, []
-        if not batch:
-            return
-        if any(isinstance(event, Finished) for event in batch):
-            self._generating = False
-        self.events.emit(batch)
-        for event in batch:
-            self.event.emit(event)
+        """Deliver buffered events (GUI thread); the timer calls this ~30 times a second.
+
+        Batches go out until the buffer is empty or DRAIN_BUDGET_S has passed; then the event
+        loop gets its turn (paint, input, timers) and the rest follows right after.
+        """
+        started = time.perf_counter()
+        while batch := self._take_batch():
+            self._delivered += len(batch)
+            if any(isinstance(event, Finished) for event in batch):
+                self._generating = False
+            self.events.emit(batch)
+            for event in batch:
+                self.event.emit(event)
+            if time.perf_counter() - started > DRAIN_BUDGET_S:
+                break
+        self._end_delivered_jobs()
+        if self._buffer and not self._shut_down:
+            self._again.start()
+
+    def _end_delivered_jobs(self) -> None:
+        while self._job_ends and self._delivered >= self._job_ends[0]:
+            self._job_ends.popleft()
+            if self._pending_jobs == 0:  # shut down meanwhile
+                continue
+            self._pending_jobs -= 1
+            if self._pending_jobs == 0:
+                self._timer.stop()
+                self._generating = False
+                self.busy_changed.emit(False)
 
     @Slot(object)
     def _on_loaded(self, info: ModelInfo) -> None:
         self._info = info
         self.loaded.emit(info)
 
-    @Slot()
-    def _on_job_done(self) -> None:
-        self.drain()
+    @Slot(int)
+    def _on_job_done(self, pushed: int) -> None:
         if self._pending_jobs == 0:  # shut down meanwhile
             return
-        self._pending_jobs -= 1
-        if self._pending_jobs == 0:
-            self._timer.stop()
-            self._generating = False
-            self.busy_changed.emit(False)
+        self._job_ends.append(pushed)
+        self.drain()  # ends the job now if its events are all out, else when they are

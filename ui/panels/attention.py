@@ -22,6 +22,7 @@ from ui.panels.buffers import ATTENTION, AttentionRows, InternalsState, RedrawTr
 # Bounded work per frame: rows and keys past these are max-pooled into one image cell.
 DISPLAY_ROWS = 256
 DISPLAY_KEYS = 512
+POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
 ALL_HEADS = "all heads"
 MEASURES = {"mean max weight": "max", "mean entropy (normalized)": "entropy"}
 
@@ -42,32 +43,51 @@ class PooledRows:
     """A display copy of one layer's rows, max-pooled to at most DISPLAY_ROWS x DISPLAY_KEYS.
 
     Rows only ever change at the bottom (a new row, or the last one rewritten), so each frame
-    pools just the rows since the last pooled block; a new reply, new pooling factors or dropped
-    rows start it over. Max-pooling keeps a lone strong weight visible however far it zooms out.
+    pools just the rows since the last pooled block; rows dropped from the top shift the pooled
+    blocks up. A new reply or new pooling factors start it over, pooling POOL_CHUNK rows at a
+    time so a long context never needs a dense copy of every row. Max-pooling keeps a lone
+    strong weight visible however far it zooms out.
     """
 
     def __init__(self) -> None:
         self._key: tuple = ()
         self._data = np.zeros((0, 0, 0), dtype=np.float32)
         self._rows = 0
+        self._dropped = 0
 
     def update(self, rows: AttentionRows) -> tuple[np.ndarray, int, int]:
         """The pooled [heads, row blocks, key blocks] and how many rows and keys a cell covers."""
         row_factor = max(math.ceil(rows.rows / DISPLAY_ROWS), 1)
         key_factor = max(math.ceil(rows.keys / DISPLAY_KEYS), 1)
-        key = (rows.serial, rows.heads, rows.dropped, row_factor, key_factor)
-        if key != self._key or self._rows > rows.rows:
+        key = (rows.serial, rows.heads, row_factor, key_factor)
+        shift = rows.dropped - self._dropped
+        if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
             self._key, self._rows = key, 0
             self._data = np.zeros((rows.heads, DISPLAY_ROWS, DISPLAY_KEYS), dtype=np.float32)
+        elif shift:
+            self._shift(shift // row_factor)
+            self._rows -= shift
+        self._dropped = rows.dropped
+        self._rows = min(self._rows, rows.rows)
         columns = math.ceil(rows.keys / key_factor)
         blocks = math.ceil(rows.rows / row_factor)
+        chunk = row_factor * max(POOL_CHUNK // row_factor, 1)
         first = max(self._rows - 1, 0) // row_factor  # the block holding the last row seen
-        source = rows.padded(first * row_factor, columns * key_factor)
-        pooled = max_pool_keys(source, key_factor)
-        starts = np.arange(0, pooled.shape[1], row_factor)
-        self._data[:, first:blocks, :columns] = np.maximum.reduceat(pooled, starts, axis=1)
+        for start in range(first * row_factor, rows.rows, chunk):
+            source = rows.padded(start, columns * key_factor, start + chunk)
+            pooled = max_pool_keys(source, key_factor)
+            starts = np.arange(0, pooled.shape[1], row_factor)
+            block = start // row_factor
+            self._data[:, block : block + starts.size, :columns] = np.maximum.reduceat(
+                pooled, starts, axis=1
+            )
         self._rows = rows.rows
         return self._data[:, :blocks, :columns], row_factor, key_factor
+
+    def _shift(self, blocks: int) -> None:
+        kept = self._data.shape[1] - blocks
+        self._data[:, :kept] = self._data[:, blocks:].copy()
+        self._data[:, kept:] = 0.0
 
 
 def head_level(values: np.ndarray, quantile: float = 0.99) -> float:

@@ -83,59 +83,64 @@ class AttentionRows:
     """One layer's attention as a [heads, rows, keys] matrix that grows row by row.
 
     Row r holds the weights of the query at context position `positions[r]` over keys
-    0..keys-1; keys after a row's own position are zero (the causal mask). Rows double and keys
-    grow by a quarter when full. Past `max_rows` the oldest half is dropped, so memory stays
-    within heads x max_rows x ~1.25 keys x 4 bytes.
+    0..keys-1; keys after a row's own position are zero (the causal mask). Each row is kept as
+    the read-only [heads, keys] array its event carries, so appending copies nothing and a
+    longer context never reallocates what is stored (a dense buffer had to copy every row each
+    time the keys outgrew it: hundreds of milliseconds per event at 10,000 keys). Past
+    `max_rows` the oldest half is dropped. `matrix` and `padded` build dense copies.
     """
 
-    def __init__(self, heads: int, max_rows: int = 1024, capacity: int = 64) -> None:
+    def __init__(self, heads: int, max_rows: int = 256, capacity: int = 64) -> None:
+        # `capacity` is accepted for callers of the dense buffer this replaced; rows need none.
         self.serial = next(_serials)  # tells one reply's buffer from the next
         self.heads = heads
         self.max_rows = max_rows
-        self._data = np.zeros((heads, capacity, capacity), dtype=np.float32)
-        self._positions = np.zeros(capacity, dtype=np.int64)
-        self.rows = 0
+        self._rows: list[np.ndarray] = []  # [heads, n] each, n = its query position + 1 or more
+        self._positions: list[int] = []
         self.keys = 0
         self.dropped = 0  # rows dropped from the top since the reply began
 
     @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    @property
     def positions(self) -> np.ndarray:
-        return self._positions[: self.rows]
+        return np.array(self._positions, dtype=np.int64)
 
     def matrix(self, first_row: int = 0) -> np.ndarray:
-        """A view [heads, rows - first_row, keys] of the filled part."""
-        return self._data[:, first_row : self.rows, : self.keys]
+        """A dense copy [heads, rows - first_row, keys] of the filled part."""
+        return self.padded(first_row, self.keys)
 
-    def padded(self, first_row: int, keys: int) -> np.ndarray:
-        """Rows from `first_row`, with at least `keys` key columns (zeros past the filled part)."""
-        if keys > self._data.shape[2]:
-            self._resize(self._data.shape[1], keys)
-        return self._data[:, first_row : self.rows, :keys]
+    def padded(self, first_row: int, keys: int, end_row: int | None = None) -> np.ndarray:
+        """Rows `first_row` to `end_row` as a dense [heads, n, keys] copy, zeros past each row."""
+        rows = self._rows[first_row:end_row]
+        out = np.zeros((self.heads, len(rows), keys), dtype=np.float32)
+        for index, row in enumerate(rows):
+            width = min(row.shape[1], keys)
+            out[:, index, :width] = row[:, :width]
+        return out
 
     def append_block(self, block: np.ndarray) -> int:
         """Append a prefill matrix [heads, queries, keys]; the queries are the last positions.
 
         Returns how many leading rows rewrote a position already present (0 or 1); the rest
-        are new and copied in one go.
+        are new.
         """
         _heads, queries, keys = block.shape
         first = keys - queries
         skip = 0
-        if queries and self.rows and self._positions[self.rows - 1] == first:
-            self._append(block[:, 0, :], first)
+        if queries and self._positions and self._positions[-1] == first:
+            self._append(block[:, 0, : first + 1], first)
             skip = 1
-        fresh = block[:, skip:, :][:, -self.max_rows :, :]
-        count = fresh.shape[1]
-        if not count:
+        count = min(queries - skip, self.max_rows)
+        if count <= 0:
             return skip
         self._drop(max(self.rows + count - self.max_rows, 0))
-        if self.rows + count > self._data.shape[1] or keys > self._data.shape[2]:
-            rows = max(self.rows + count, self._data.shape[1])
-            self._resize(rows, max(keys, self._data.shape[2]))
-        self._data[:, self.rows : self.rows + count, :keys] = fresh
-        self._data[:, self.rows : self.rows + count, keys:] = 0.0
-        self._positions[self.rows : self.rows + count] = np.arange(keys - count, keys)
-        self.rows += count
+        for query in range(queries - count, queries):
+            position = first + query
+            self._rows.append(block[:, query, : position + 1])  # views: no copy
+            self._positions.append(position)
         self.dropped += queries - skip - count  # block rows that never fit
         self.keys = max(self.keys, keys)
         return skip
@@ -150,49 +155,31 @@ class AttentionRows:
 
     def value(self, row: int, key: int, head: int) -> float:
         if 0 <= row < self.rows and 0 <= key < self.keys and 0 <= head < self.heads:
-            return float(self._data[head, row, key])
+            weights = self._rows[row]
+            return float(weights[head, key]) if key < weights.shape[1] else 0.0
         return math.nan
 
     def _append(self, row: np.ndarray, position: int) -> bool:
-        keys = row.shape[1]
-        if self.rows and self._positions[self.rows - 1] == position:
-            target, new = self.rows - 1, False
+        if self._positions and self._positions[-1] == position:
+            self._rows[-1] = row
+            new = False
         else:
             if self.rows >= self.max_rows:
                 self._drop(max(self.rows // 2, 1))
-            if self.rows == self._data.shape[1]:
-                self._resize(self.rows * 2, self._data.shape[2])
-            target, new = self.rows, True
-            self.rows += 1
-        if keys > self._data.shape[2]:
-            # Keys grow by one a step: grow by a quarter, so little memory sits unused.
-            self._resize(self._data.shape[1], max(keys, self._data.shape[2] * 5 // 4 + 64))
-        self._data[:, target, :keys] = row
-        self._data[:, target, keys:] = 0.0
-        self._positions[target] = position
-        self.keys = max(self.keys, keys)
+            self._rows.append(row)
+            self._positions.append(position)
+            new = True
+        self.keys = max(self.keys, row.shape[1])
         return new
 
     def _drop(self, drop: int) -> None:
-        """Forget the `drop` oldest rows (halves at a time keep appends amortized O(1))."""
+        """Forget the `drop` oldest rows (at least half: the view redraws less often)."""
         if drop <= 0:
             return
         drop = min(self.rows, max(drop, self.rows // 2))
-        keep = self.rows - drop
-        self._data[:, :keep] = self._data[:, drop : self.rows]
-        self._positions[:keep] = self._positions[drop : self.rows]
-        self.rows = keep
+        del self._rows[:drop]
+        del self._positions[:drop]
         self.dropped += drop
-
-    def _resize(self, rows: int, keys: int) -> None:
-        bigger = np.zeros((self.heads, rows, keys), dtype=np.float32)
-        old_keys = min(self._data.shape[2], keys)
-        bigger[:, : self.rows, :old_keys] = self._data[:, : self.rows, :old_keys]
-        self._data = bigger
-        if rows > self._positions.shape[0]:
-            positions = np.zeros(rows, dtype=np.int64)
-            positions[: self.rows] = self._positions[: self.rows]
-            self._positions = positions
 
 
 @dataclass
@@ -273,7 +260,7 @@ class Reply:
 class InternalsState:
     """Everything the four panels draw, updated from events in O(1)-ish time per event."""
 
-    def __init__(self, max_attention_rows: int = 1024) -> None:
+    def __init__(self, max_attention_rows: int = 256) -> None:
         self.max_attention_rows = max_attention_rows
         self.revisions: dict[str, int] = dict.fromkeys(
             (TIMING, KV, ATTENTION, NEXT_TOKEN, MODEL), 0

@@ -49,7 +49,7 @@ class InternalsView(QObject):
     # The next-token panel now shows this step (token index of the latest reply).
     step_shown = Signal(int)
 
-    def __init__(self, parent: QObject | None = None, max_attention_rows: int = 1024) -> None:
+    def __init__(self, parent: QObject | None = None, max_attention_rows: int = 256) -> None:
         super().__init__(parent)
         self.state = InternalsState(max_attention_rows=max_attention_rows)
         self.timing = TimingPanel(self.state)

@@ -27,6 +27,9 @@ PROB_BRUSH = (66, 133, 244)
 SAMPLED_BRUSH = (251, 188, 5)
 CHOSEN_PROB_BRUSH = (217, 48, 37)
 CHOSEN_SAMPLED_BRUSH = (244, 143, 177)
+# The strip keeps the latest tokens only: appending to one paragraph lays all of it out again,
+# so an unbounded strip costs more every frame (35 ms at 9,000 tokens). The slider reaches all.
+STRIP_TOKENS = 256
 
 
 def token_label(text: str) -> str:
@@ -61,6 +64,8 @@ class NextTokenPanel(QWidget):
         self.tokens.setPlaceholderText("The reply's tokens appear here; click one.")
         self.tokens.anchorClicked.connect(self._on_token_clicked)
         self._tokens_shown = 0
+        self._strip_start = 0  # the first step in the strip
+        self._strip_reply: object | None = None  # the reply whose tokens the strip shows
         self.plot_widget = pg.PlotWidget(title="Next-token candidates")
         plot = self.plot_widget.getPlotItem()
         plot.invertY(True)
@@ -121,21 +126,33 @@ class NextTokenPanel(QWidget):
     # -- internals -------------------------------------------------------------------------
 
     def _append_tokens(self, steps: int) -> None:
-        """Add the tokens chosen since the last frame (a new reply starts the strip over)."""
-        if steps < self._tokens_shown:
-            self.tokens.clear()
-            self._tokens_shown = 0
+        """Add the tokens chosen since the last frame (a new reply starts the strip over).
+
+        Past 2 x STRIP_TOKENS the strip starts again from the latest STRIP_TOKENS.
+        """
+        reply = self._state.reply
+        if reply is not self._strip_reply or steps < self._tokens_shown:
+            self._restart_strip(0)
+            self._strip_reply = reply
+        if steps - self._strip_start > 2 * STRIP_TOKENS:
+            self._restart_strip(steps - STRIP_TOKENS)
         if steps == self._tokens_shown:
             return
-        links = "".join(
-            f'<a href="step:{step}" style="text-decoration:none">'
-            f"{html.escape(self._state.token_text(self._state.prompt_tokens + step))}</a>&#8203;"
-            for step in range(self._tokens_shown, steps)
-        )
         cursor = self.tokens.textCursor()
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertHtml(links)
+        cursor.insertHtml(self._links(self._tokens_shown, steps))
         self._tokens_shown = steps
+
+    def _restart_strip(self, start: int) -> None:
+        self.tokens.clear()
+        self._strip_start = self._tokens_shown = start
+
+    def _links(self, first: int, end: int) -> str:
+        return "".join(
+            f'<a href="step:{step}" style="text-decoration:none">'
+            f"{html.escape(self._state.token_text(self._state.prompt_tokens + step))}</a>&#8203;"
+            for step in range(first, end)
+        )
 
     def _on_token_clicked(self, url: QUrl) -> None:
         self.show_step(int(url.toString().removeprefix("step:")))

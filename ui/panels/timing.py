@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html
+import math
+from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
@@ -21,6 +23,11 @@ PHASES = (
     ("first token", (251, 188, 5)),
     ("decode", (52, 168, 83)),
 )
+# Per-frame work must not grow with the conversation: 200 turns made every frame of this panel
+# cost 10 ms instead of 3 (a bar row and a tick label per turn). The timeline shows the latest
+# replies; the per-turn chart keeps every turn but labels at most MAX_TURN_LABELS of them.
+TIMELINE_REPLIES = 12
+MAX_TURN_LABELS = 12
 REUSED_BRUSH = (160, 160, 160)
 PROCESSED_BRUSH = (66, 133, 244)
 
@@ -28,6 +35,12 @@ PROCESSED_BRUSH = (66, 133, 244)
 def cache_label(use_cache: bool) -> str:
     """The legend label of a reply's step-latency curve for GenerationSettings.use_cache."""
     return WITH_CACHE if use_cache else WITHOUT_CACHE
+
+
+def turn_ticks(replies: Sequence[Reply]) -> list[tuple[int, str]]:
+    """Evenly spaced (index, turn) labels, at most MAX_TURN_LABELS, the latest always one."""
+    step = max(math.ceil(len(replies) / MAX_TURN_LABELS), 1)
+    return [(i, replies[i].turn) for i in range(len(replies) - 1, -1, -step)][::-1]
 
 
 def phase_seconds(reply: Reply) -> tuple[float, float, float, float]:
@@ -93,7 +106,7 @@ class TimingPanel(QWidget):
     # -- construction ------------------------------------------------------------------------
 
     def _build_timeline(self) -> pg.PlotWidget:
-        self.timeline = pg.PlotWidget(title="Reply timeline")
+        self.timeline = pg.PlotWidget(title=f"Reply timeline (the latest {TIMELINE_REPLIES})")
         self.timeline.setMinimumHeight(90)
         plot = self.timeline.getPlotItem()
         plot.setLabel("bottom", "time", units="s")
@@ -189,7 +202,7 @@ class TimingPanel(QWidget):
     # -- drawing ---------------------------------------------------------------------------
 
     def _draw_timeline(self) -> None:
-        replies = self._state.replies
+        replies = self._state.replies[-TIMELINE_REPLIES:]
         phases = np.array([phase_seconds(r) for r in replies], dtype=np.float64).reshape(-1, 4)
         starts = np.cumsum(phases, axis=1) - phases
         rows = np.arange(len(replies), dtype=np.float64)
@@ -242,7 +255,7 @@ class TimingPanel(QWidget):
         finite = np.isfinite(ttft)  # a reply that failed before its first token has none
         self.ttft_curve.setData(turns[finite], ttft[finite])
         axis = self.turns_plot.getPlotItem().getAxis("bottom")
-        axis.setTicks([[(i, r.turn) for i, r in enumerate(replies)]])
+        axis.setTicks([turn_ticks(replies)])
         if finite.any():
             self.ttft_view.setYRange(0, float(ttft[finite].max()) * 1.15, padding=0)
         self._sync_ttft_view()
