@@ -49,18 +49,36 @@ def fit(
             f" holds {max_context}. Start a new chat, shorten the message, or let Glassbox drop"
             " the oldest turns."
         )
-    system = [m for m in messages[:1] if m.role == "system"]
+    system = list(messages[:1]) if messages and messages[0].role == "system" else []
     rest = list(messages[len(system) :])
-    dropped = 0
-    while len(rest) > 1 and tokens > budget:
-        # Drop whole turns: a user message and the reply that answered it.
-        cut = 2 if len(rest) > 2 and rest[1].role == "assistant" else 1
-        rest, dropped = rest[cut:], dropped + cut
-        ids = encode([*system, *rest])
-        tokens = len(ids)
-    if tokens > budget:
+    cuts = turn_starts(rest)
+    # Fewer messages never need more tokens, so binary-search the fewest turns to drop:
+    # a handful of encodings instead of one per dropped turn.
+    low, high, best = 1, len(cuts) - 1, None
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = encode([*system, *rest[cuts[middle] :]])
+        if len(candidate) <= budget:
+            best, high = (middle, candidate), middle - 1
+        else:
+            low = middle + 1
+    if best is None:
+        alone = len(encode([*system, *rest[cuts[-1] :]]))
         raise ContextFull(
-            f"This message alone needs {tokens} tokens with the system prompt, but the model"
+            f"This message alone needs {alone} tokens with the system prompt, but the model"
             f" holds {max_context} (with {reserve} kept for the reply). Shorten it."
         )
-    return Fitted((*system, *rest), ids, dropped)
+    index, ids = best
+    return Fitted((*system, *rest[cuts[index] :]), ids, cuts[index])
+
+
+def turn_starts(messages: Sequence[Message]) -> list[int]:
+    """Where the conversation may start after dropping whole turns, oldest first.
+
+    A turn is a user message and the reply that answered it; the last message always stays.
+    """
+    starts, at = [0], 0
+    while len(messages) - at > 1:
+        at += 2 if len(messages) - at > 2 and messages[at + 1].role == "assistant" else 1
+        starts.append(at)
+    return starts

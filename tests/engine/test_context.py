@@ -47,3 +47,18 @@ def test_a_single_message_too_long_is_refused_even_when_dropping():
 def test_unknown_context_size_never_drops():
     fitted = fit(TURNS, words, max_context=0, reserve=4)
     assert fitted.messages == tuple(TURNS)
+
+
+def test_turns_are_dropped_with_few_encodings():
+    calls = []
+
+    def counting(messages):
+        calls.append(len(messages))
+        return words(messages)
+
+    long = [Message("user", "a b c"), Message("assistant", "d e")] * 200 + [TURNS[-1]]
+    fitted = fit([SYSTEM, *long], counting, max_context=40, reserve=4)  # budget 36
+    # 2 + 6 turns x 5 + 2 = 34 tokens fit; a seventh turn would make 39.
+    assert fitted.messages == (SYSTEM, *long[-13:]) and fitted.prompt_tokens == 34
+    assert len(words([SYSTEM, *long[-15:]])) > 36
+    assert fitted.dropped == 388 and len(calls) < 15
