@@ -7,8 +7,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from PySide6.QtCore import QSettings
 
+from app import assembly
 from app.worker import GenerationWorker
 from engine.settings import LoadRequest
+from tests.models import make_tiny
 from tests.ui.fakes import FakeBackend
 from ui.main_window import MainWindow
 
@@ -49,3 +51,38 @@ def make_window(qtbot, qsettings) -> Iterator[Callable[[FakeBackend], MainWindow
 @pytest.fixture
 def window(make_window, backend) -> MainWindow:
     return make_window(backend)
+
+
+@pytest.fixture
+def build(qtbot, tmp_path):
+    """Assemble windows on one scratch database; each shuts down at the end of the test."""
+    built = []
+
+    def make(loader, session_factory=None, database=tmp_path / "chats.sqlite3"):
+        kwargs = {"session_factory": session_factory} if session_factory else {}
+        worker = GenerationWorker(loader=loader, **kwargs)
+        settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
+        parts = assembly.assemble(worker, database=database, settings=settings)
+        qtbot.addWidget(parts.window)
+        parts.window.show()
+        with qtbot.waitSignal(worker.loaded, timeout=30000):
+            parts.window.load_model(LoadRequest(spec="tiny"))
+        qtbot.waitUntil(lambda: not worker.busy, timeout=10000)
+        built.append(parts)
+        return parts
+
+    yield make
+    for parts in built:
+        parts.window.close()
+        parts.shutdown()
+
+
+@pytest.fixture
+def tiny_loader(tokenizer):
+    """A random-weight Llama with the bundled tokenizer and a 2048-token context."""
+
+    def load(request, progress):
+        progress("Ready", 1.0)
+        return make_tiny(tokenizer, "llama")
+
+    return load

@@ -7,49 +7,11 @@ that reached them, and every message against what SQLite holds afterwards.
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from PySide6.QtCore import QSettings
 
-from app import assembly
 from app.store import ConversationStore
-from app.worker import GenerationWorker
 from engine.events import Finished, PrefillDone, Token
-from engine.settings import GenerationSettings, LoadRequest
-from tests.models import make_tiny
+from engine.settings import GenerationSettings
 from tests.ui.fakes import FakeBackend
-
-
-@pytest.fixture
-def build(qtbot, tmp_path):
-    """Assemble windows on one scratch database; each shuts down at the end of the test."""
-    built = []
-
-    def make(loader, session_factory=None, database=tmp_path / "chats.sqlite3"):
-        kwargs = {"session_factory": session_factory} if session_factory else {}
-        worker = GenerationWorker(loader=loader, **kwargs)
-        settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
-        parts = assembly.assemble(worker, database=database, settings=settings)
-        qtbot.addWidget(parts.window)
-        parts.window.show()
-        with qtbot.waitSignal(worker.loaded, timeout=30000):
-            parts.window.load_model(LoadRequest(spec="tiny"))
-        qtbot.waitUntil(lambda: not worker.busy, timeout=10000)
-        built.append(parts)
-        return parts
-
-    yield make
-    for parts in built:
-        parts.window.close()
-        parts.shutdown()
-
-
-@pytest.fixture
-def tiny_loader(tokenizer):
-    def load(request, progress):
-        progress("Ready", 1.0)
-        return make_tiny(tokenizer, "llama")
-
-    return load
 
 
 def send_and_wait(qtbot, parts, text: str) -> list:

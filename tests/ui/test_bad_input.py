@@ -8,53 +8,15 @@ from __future__ import annotations
 import threading
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 
-from app import assembly
-from app.worker import GenerationWorker
 from engine.events import Failed, Finished, PrefillDone
 from engine.settings import GenerationSettings, LoadRequest, Message, SettingsError
-from tests.models import make_tiny
 from tests.ui.fakes import REPLY, FakeBackend
 from ui.input_box import EMPTY_MESSAGE
 from ui.settings_panel import SettingsPanel
 
 GREEDY = GenerationSettings(greedy=True, max_new_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture
-def build(qtbot, tmp_path):
-    """Assemble a window on a scratch database, loaded with the model "tiny"."""
-    built = []
-
-    def make(loader, session_factory=None):
-        kwargs = {"session_factory": session_factory} if session_factory else {}
-        worker = GenerationWorker(loader=loader, **kwargs)
-        settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
-        parts = assembly.assemble(worker, database=tmp_path / "chats.sqlite3", settings=settings)
-        built.append(parts)
-        qtbot.addWidget(parts.window)
-        parts.window.show()
-        with qtbot.waitSignal(worker.loaded, timeout=30000):
-            parts.window.load_model(LoadRequest(spec="tiny"))
-        qtbot.waitUntil(lambda: not worker.busy, timeout=10000)
-        return parts
-
-    yield make
-    for parts in built:
-        parts.window.close()
-        parts.shutdown()
-
-
-@pytest.fixture
-def tiny_loader(tokenizer):
-    """A random-weight Llama with the bundled tokenizer and a 2048-token context."""
-
-    def load(request, progress):
-        progress("Ready", 1.0)
-        return make_tiny(tokenizer, "llama")
-
-    return load
 
 
 @pytest.fixture
