@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import Finished
+from engine.serialize import event_to_dict
 from engine.settings import GenerationSettings, Message
 
 # Each script takes the database from version n to n + 1 (index n). Append, never edit.
@@ -118,20 +119,13 @@ class StoredMessage:
 
 
 def stats_from_finished(finished: Finished) -> dict[str, Any]:
-    """The numbers of a finished generation, as `finish_reply` stores them."""
-    return {
-        "finish_reason": finished.reason,
-        "prompt_tokens": finished.prompt_tokens,
-        "reused_tokens": finished.reused_tokens,
-        "generated_tokens": finished.generated_tokens,
-        "tokenize_s": finished.tokenize_s,
-        "prefill_s": finished.prefill_s,
-        "ttft_s": finished.ttft_s,
-        "decode_s": finished.decode_s,
-        "total_s": finished.total_s,
-        "decode_tokens_per_s": finished.decode_tokens_per_s,
-        "prefill_tokens_per_s": finished.prefill_tokens_per_s,
-    }
+    """The numbers of a finished generation, as `finish_reply` stores them.
+
+    The same fields, under the same names, as the `finished` line of `glassbox chat --json`.
+    """
+    stats = event_to_dict(finished)
+    del stats["event"], stats["text"]  # the text is the message itself
+    return stats
 
 
 def settings_to_dict(settings: GenerationSettings | Mapping[str, Any] | None) -> dict[str, Any]:
