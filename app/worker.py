@@ -1,22 +1,25 @@
 """Runs model loading and generation off the GUI thread and hands the events back to it.
 
-`GenerationWorker` is the GUI-thread face of a QThread. Requests (load, generate, reset) travel
-to the thread through queued signals and run there one at a time, in order. Only `stop()`
-bypasses that queue: it sets the running session's cancel flag directly, so a reply stops
-within one decode step even though the thread is busy inside it.
+`WorkerBase` is the GUI-thread face of the engine, whichever way the engine runs: in a process
+of its own (app.engine_client.EngineProcessWorker, what the window uses) or in a thread of
+this process (`GenerationWorker` below, for tests and anything that injects its own loader or
+session). Requests (load, generate, reset) run one at a time, in order. Only `stop()` bypasses
+that order: it reaches the running session's cancel flag directly, so a reply stops within
+one decode step even though the engine is busy inside it.
 
 Events are not sent as one queued signal per token: at hundreds of tokens per second that floods
-the GUI event loop. The thread appends them to a locked buffer instead, and a GUI-thread QTimer
-drains it about 30 times a second, emitting batches as `events` (and each event as `event`).
-A job's end is signalled through the queue with the number of events pushed by then, and
+the GUI event loop. A receiving thread appends them to a locked buffer instead, and a GUI-thread
+QTimer drains it about 30 times a second, emitting batches as `events` (and each event as
+`event`). A job's end is signalled with the number of events pushed by then, and
 `busy_changed(False)` waits until that many were delivered: listeners see `Finished` first.
 
 The GUI must stay responsive however fast events come and however heavy they are (an attention
 row per watched layer grows with the context). So one drain delivers batches for at most
 DRAIN_BUDGET_S and lets the event loop paint and take input before it goes on; and when the
-undelivered events weigh more than MAX_BUFFERED_WEIGHT the model thread waits for the GUI,
-which keeps memory bounded when the GUI is the slower of the two (never with a model decoding
-at tens of tokens a second; possible with a fast one and long attention rows).
+undelivered events weigh more than MAX_BUFFERED_WEIGHT the receiving thread waits for the GUI
+(and so, in turn, does the engine), which keeps memory bounded when the GUI is the slower of
+the two (never with a model decoding at tens of tokens a second; possible with a fast one and
+long attention rows).
 """
 
 from __future__ import annotations
@@ -25,201 +28,42 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
-from engine.events import Event, Failed, Finished, ModelInfo, Token
+from app.jobs import (
+    Loader,
+    Session,
+    SessionFactory,
+    default_loader,
+    default_session_factory,
+    describe_error,
+    event_weight,
+    load_session,
+    run_generation,
+)
+from engine.events import Event, Finished, ModelInfo
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 log = logging.getLogger(__name__)
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz: one GUI update per frame whatever the token rate
 DRAIN_BUDGET_S = 0.012  # GUI time one drain may spend delivering before the loop runs again
-EVENT_WEIGHT = 1024  # an event's weight in bytes, besides its attention arrays
 BATCH_WEIGHT = 256 * 1024  # a batch ends once it holds this much (listeners take ~2 ms)
-MAX_BUFFERED_WEIGHT = 8 * 2**20  # the model thread waits while more is undelivered
-PROGRESS_INTERVAL_S = 0.03  # loaders may report per tensor; the progress bar needs far less
+MAX_BUFFERED_WEIGHT = 8 * 2**20  # the receiving thread waits while more is undelivered
+
+__all__ = [
+    "GenerationWorker",
+    "Session",
+    "WorkerBase",
+    "describe_error",
+    "event_weight",
+]
 
 
-class Session(Protocol):
-    """What the worker needs of a chat session (engine.session.ChatSession has it)."""
-
-    @property
-    def info(self) -> ModelInfo: ...
-
-    def generate(
-        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
-    ) -> Iterator[Event]: ...
-
-    def cancel(self) -> None: ...
-
-    def reset(self) -> None: ...
-
-
-ProgressCallback = Callable[[str, float], None]
-Loader = Callable[..., Any]  # (LoadRequest, progress=ProgressCallback) -> loaded model
-SessionFactory = Callable[[Any], Session]
-
-
-def default_loader(request: LoadRequest, progress: ProgressCallback) -> Any:
-    # Imported here, in the worker thread: torch and transformers take seconds to import.
-    from engine.loader import load_model
-
-    return load_model(request, progress=progress)
-
-
-def default_session_factory(loaded: Any) -> Session:
-    from engine.session import ChatSession
-
-    return ChatSession(loaded)
-
-
-def event_weight(event: Event) -> int:
-    """Roughly what an event costs its listeners: attention rows dominate at long contexts."""
-    attention = getattr(event, "attention", None)
-    return EVENT_WEIGHT + (sum(a.nbytes for a in attention.values()) if attention else 0)
-
-
-def describe_error(error: BaseException) -> str:
-    """A one-line message for the user; load errors already read as sentences."""
-    text = str(error).strip()
-    if type(error).__name__ == "ModelLoadError" and text:
-        return text
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-class _Runner(QObject):
-    """Lives in the worker thread; every slot runs there."""
-
-    loaded = Signal(object)
-    load_progress = Signal(str, float)
-    load_failed = Signal(str)
-    job_done = Signal(int)  # how many events had been pushed when the job ended
-
-    def __init__(
-        self,
-        loader: Loader,
-        session_factory: SessionFactory,
-        push: Callable[[list[Event]], None],
-        cancelled_upto: Callable[[], int],
-        pushed: Callable[[], int],
-    ) -> None:
-        super().__init__()
-        self._loader = loader
-        self._session_factory = session_factory
-        self._push = push
-        self._cancelled_upto = cancelled_upto
-        self._pushed = pushed
-        self.session: Session | None = None  # read by the GUI thread only to call cancel()
-
-    @Slot(object)
-    def load(self, request: LoadRequest) -> None:
-        try:
-            loaded = self._loader(request, progress=self._throttled_progress())
-            session = self._session_factory(loaded)
-            info = session.info
-        except Exception as error:
-            # The previous session stays in place, so the old model keeps working.
-            log.exception("loading %r failed", request.spec)
-            self.load_failed.emit(describe_error(error))
-        else:
-            self.session = session
-            self.loaded.emit(info)
-        finally:
-            self.job_done.emit(self._pushed())
-
-    def _throttled_progress(self) -> ProgressCallback:
-        last = {"stage": None, "time": 0.0}
-
-        def progress(stage: str, fraction: float) -> None:
-            now = time.monotonic()
-            if stage == last["stage"] and fraction < 1 and now - last["time"] < PROGRESS_INTERVAL_S:
-                return
-            last.update(stage=stage, time=now)
-            self.load_progress.emit(stage, float(fraction))
-
-        return progress
-
-    @Slot(int, object, object, object)
-    def generate(
-        self,
-        job: int,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-    ) -> None:
-        try:
-            self._run_generation(job, messages, settings, probes)
-        finally:
-            self.job_done.emit(self._pushed())
-
-    def _run_generation(
-        self,
-        job: int,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-    ) -> None:
-        session = self.session
-        started = time.perf_counter()
-        if session is None:
-            self._push(_failure("no model is loaded", "RuntimeError", "", started))
-            return
-        if job <= self._cancelled_upto():  # Stop pressed before the job even started
-            self._push([_finished("cancelled", "", started)])
-            return
-        text: list[str] = []
-        try:
-            for event in session.generate(messages, settings, probes):
-                if isinstance(event, Token):
-                    text.append(event.text)
-                self._push([event])
-                if isinstance(event, Finished):
-                    return
-                if job <= self._cancelled_upto():
-                    # A stop that raced the session's own start (which may clear its flag).
-                    session.cancel()
-        except Exception as error:
-            log.exception("generation failed")
-            message, kind = describe_error(error), type(error).__name__
-            self._push(_failure(message, kind, "".join(text), started))
-            return
-        # The contract says a generation ends with Finished; keep the GUI consistent if not.
-        self._push(_failure("the generation ended early", "RuntimeError", "".join(text), started))
-
-    @Slot()
-    def reset(self) -> None:
-        try:
-            if self.session is not None:
-                self.session.reset()
-        except Exception:
-            log.exception("resetting the session failed")
-
-
-def _finished(reason: str, text: str, started: float) -> Finished:
-    elapsed = time.perf_counter() - started
-    return Finished(
-        reason=reason,  # type: ignore[arg-type]
-        text=text,
-        prompt_tokens=0,
-        reused_tokens=0,
-        generated_tokens=0,
-        tokenize_s=0.0,
-        prefill_s=0.0,
-        ttft_s=0.0,
-        decode_s=0.0,
-        total_s=elapsed,
-    )
-
-
-def _failure(message: str, error_type: str, text: str, started: float) -> list[Event]:
-    return [Failed(message=message, error_type=error_type), _finished("error", text, started)]
-
-
-class GenerationWorker(QObject):
-    """The GUI-thread handle on the model thread.
+class WorkerBase(QObject):
+    """The GUI-thread handle on the engine: job bookkeeping and time-sliced delivery.
 
     Signals (all delivered in the GUI thread):
       events(list[Event])   a batch of engine events, in order, at most ~30 batches a second
@@ -228,6 +72,11 @@ class GenerationWorker(QObject):
       load_progress(str, float)  stage name and fraction 0..1 of a load in progress
       load_failed(str)      a load failed; the previous model (if any) is still loaded
       busy_changed(bool)    whether a load or a generation is queued or running
+      engine_stopped(str)   the engine died (its process was killed or crashed); one line why
+
+    Subclasses carry requests to the engine (`_send_*`) and feed back what it says through
+    `_push` (events, from any thread), `loaded`/`load_progress`/`load_failed` and
+    `_on_job_done(pushed)` (GUI thread).
     """
 
     events = Signal(object)
@@ -236,23 +85,15 @@ class GenerationWorker(QObject):
     load_progress = Signal(str, float)
     load_failed = Signal(str)
     busy_changed = Signal(bool)
+    engine_stopped = Signal(str)
 
-    _load_requested = Signal(object)
-    _generate_requested = Signal(int, object, object, object)
-    _reset_requested = Signal()
-
-    def __init__(
-        self,
-        loader: Loader | None = None,
-        session_factory: SessionFactory | None = None,
-        parent: QObject | None = None,
-    ) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._lock = threading.Lock()
         self._drained = threading.Condition(self._lock)
         self._buffer: deque[tuple[Event, int]] = deque()  # (event, weight)
         self._buffered_weight = 0
-        self._pushed = 0  # events pushed by the model thread, ever
+        self._pushed = 0  # events pushed by the receiving thread, ever
         self._delivered = 0  # events emitted in the GUI thread, ever
         self._job_ends: deque[int] = deque()  # per finished job: events pushed by its end
         self._pending_jobs = 0
@@ -262,24 +103,6 @@ class GenerationWorker(QObject):
         self._info: ModelInfo | None = None
         self._shut_down = False
 
-        self._thread = QThread()
-        self._thread.setObjectName("glassbox-model")
-        self._runner = _Runner(
-            loader or default_loader,
-            session_factory or default_session_factory,
-            self._push,
-            lambda: self._cancelled_upto,
-            self._pushed_count,
-        )
-        self._runner.moveToThread(self._thread)
-        self._load_requested.connect(self._runner.load)
-        self._generate_requested.connect(self._runner.generate)
-        self._reset_requested.connect(self._runner.reset)
-        self._runner.loaded.connect(self._on_loaded)
-        self._runner.load_progress.connect(self.load_progress)
-        self._runner.load_failed.connect(self.load_failed)
-        self._runner.job_done.connect(self._on_job_done)
-
         self._timer = QTimer(self)
         self._timer.setInterval(DRAIN_INTERVAL_MS)
         self._timer.timeout.connect(self.drain)
@@ -287,7 +110,6 @@ class GenerationWorker(QObject):
         self._again.setSingleShot(True)
         self._again.setInterval(0)
         self._again.timeout.connect(self.drain)
-        self._thread.start()
 
     # -- state -------------------------------------------------------------------------------
 
@@ -305,18 +127,19 @@ class GenerationWorker(QObject):
         return self._generating
 
     def is_running(self) -> bool:
-        return self._thread.isRunning()
+        """Whether any thread (or process) of the engine is still running."""
+        raise NotImplementedError
 
     # -- requests (GUI thread) -----------------------------------------------------------------
 
     def load(self, request: LoadRequest) -> None:
-        """Load a model in the thread; a reply in progress is stopped first."""
+        """Load a model; a reply in progress is stopped first."""
         if self._shut_down:
             return
         if self._generating:
             self.stop()
         self._begin_job()
-        self._load_requested.emit(request)
+        self._send_load(request)
 
     def generate(
         self,
@@ -330,43 +153,55 @@ class GenerationWorker(QObject):
         self._job += 1
         self._generating = True
         self._begin_job()
-        self._generate_requested.emit(
-            self._job, tuple(messages), settings, probes if probes is not None else ProbeSettings()
-        )
+        probes = probes if probes is not None else ProbeSettings()
+        self._send_generate(self._job, tuple(messages), settings, probes)
         return True
 
     def stop(self) -> None:
-        """Cancel the reply in progress; thread-safe, takes effect within one decode step."""
+        """Cancel the reply in progress; takes effect within one decode step."""
         if not self._generating:
             return
         self._cancelled_upto = self._job
-        session = self._runner.session
-        if session is not None:
-            session.cancel()
+        self._send_stop(self._job)
 
     def reset(self) -> None:
         """Forget the session's KV cache (new chat); runs after any job already queued."""
         if not self._shut_down:
-            self._reset_requested.emit()
+            self._send_reset()
 
     def shutdown(self, timeout_s: float = 2.0) -> None:
-        """Cancel, stop the thread and wait for it; safe to call more than once."""
+        """Cancel, stop the engine and wait for it; safe to call more than once."""
         if self._shut_down:
             return
         with self._drained:
-            self._shut_down = True  # a model thread waiting for the GUI goes on
+            self._shut_down = True  # a receiving thread waiting for the GUI goes on
             self._drained.notify_all()
         self.stop()
         self._timer.stop()
         self._again.stop()
-        self._thread.quit()
-        if not self._thread.wait(int(timeout_s * 1000)):
-            # A load cannot be interrupted; leaving the thread running would crash at exit.
-            log.warning("waiting for the model thread to finish its current job")
-            self._thread.wait()
+        self._close_engine(timeout_s)
         self._pending_jobs = 0
         self._job_ends.clear()
         self._generating = False
+
+    # -- what subclasses provide ---------------------------------------------------------------
+
+    def _send_load(self, request: LoadRequest) -> None:
+        raise NotImplementedError
+
+    def _send_generate(
+        self, job: int, messages: tuple[Message, ...], settings: GenerationSettings, probes
+    ) -> None:
+        raise NotImplementedError
+
+    def _send_stop(self, job: int) -> None:
+        raise NotImplementedError
+
+    def _send_reset(self) -> None:
+        raise NotImplementedError
+
+    def _close_engine(self, timeout_s: float) -> None:
+        raise NotImplementedError
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -376,15 +211,16 @@ class GenerationWorker(QObject):
             self._timer.start()
             self.busy_changed.emit(True)
 
-    def _push(self, events: list[Event]) -> None:
-        """Buffer events (model thread); waits while the GUI is far behind, unless stopping."""
+    def _push(self, events: list[Event], wait: bool = True) -> None:
+        """Buffer events (receiving thread); waits while the GUI is far behind, unless
+        stopping or told not to (the GUI thread itself must never wait for itself)."""
         with self._drained:
             for event in events:
                 weight = event_weight(event)
                 self._buffer.append((event, weight))
                 self._buffered_weight += weight
             self._pushed += len(events)
-            while self._buffered_weight > MAX_BUFFERED_WEIGHT and not self._stopping():
+            while wait and self._buffered_weight > MAX_BUFFERED_WEIGHT and not self._stopping():
                 self._drained.wait(0.1)
 
     def _stopping(self) -> bool:
@@ -449,3 +285,123 @@ class GenerationWorker(QObject):
             return
         self._job_ends.append(pushed)
         self.drain()  # ends the job now if its events are all out, else when they are
+
+
+class _Runner(QObject):
+    """Lives in the worker thread; every slot runs there."""
+
+    loaded = Signal(object)
+    load_progress = Signal(str, float)
+    load_failed = Signal(str)
+    job_done = Signal(int)  # how many events had been pushed when the job ended
+
+    def __init__(self, loader: Loader, session_factory: SessionFactory, worker: WorkerBase) -> None:
+        super().__init__()
+        self._loader = loader
+        self._session_factory = session_factory
+        self._worker = worker
+        self.session: Session | None = None  # read by the GUI thread only to call cancel()
+
+    @Slot(object)
+    def load(self, request: LoadRequest) -> None:
+        try:
+            session = load_session(
+                self._loader, self._session_factory, request, self.load_progress.emit
+            )
+        except Exception as error:
+            # The previous session stays in place, so the old model keeps working.
+            log.exception("loading %r failed", request.spec)
+            self.load_failed.emit(describe_error(error))
+        else:
+            self.session = session
+            self.loaded.emit(session.info)
+        finally:
+            self.job_done.emit(self._worker._pushed_count())
+
+    @Slot(int, object, object, object)
+    def generate(
+        self,
+        job: int,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+    ) -> None:
+        worker = self._worker
+        try:
+            run_generation(
+                self.session,
+                messages,
+                settings,
+                probes,
+                worker._push,
+                lambda: job <= worker._cancelled_upto,
+            )
+        finally:
+            self.job_done.emit(worker._pushed_count())
+
+    @Slot()
+    def reset(self) -> None:
+        try:
+            if self.session is not None:
+                self.session.reset()
+        except Exception:
+            log.exception("resetting the session failed")
+
+
+class GenerationWorker(WorkerBase):
+    """The engine in a QThread of this process, on the loader and session factory given.
+
+    The window runs the engine in a process of its own (app.engine_client); this in-process
+    form serves the tests, which inject fake sessions and loaders, and tools that already
+    hold the model in this process.
+    """
+
+    _load_requested = Signal(object)
+    _generate_requested = Signal(int, object, object, object)
+    _reset_requested = Signal()
+
+    def __init__(
+        self,
+        loader: Loader | None = None,
+        session_factory: SessionFactory | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._thread = QThread()
+        self._thread.setObjectName("glassbox-model")
+        self._runner = _Runner(
+            loader or default_loader, session_factory or default_session_factory, self
+        )
+        self._runner.moveToThread(self._thread)
+        self._load_requested.connect(self._runner.load)
+        self._generate_requested.connect(self._runner.generate)
+        self._reset_requested.connect(self._runner.reset)
+        self._runner.loaded.connect(self._on_loaded)
+        self._runner.load_progress.connect(self.load_progress)
+        self._runner.load_failed.connect(self.load_failed)
+        self._runner.job_done.connect(self._on_job_done)
+        self._thread.start()
+
+    def is_running(self) -> bool:
+        return self._thread.isRunning()
+
+    def _send_load(self, request: LoadRequest) -> None:
+        self._load_requested.emit(request)
+
+    def _send_generate(self, job, messages, settings, probes) -> None:
+        self._generate_requested.emit(job, messages, settings, probes)
+
+    def _send_stop(self, job: int) -> None:
+        session = self._runner.session
+        if session is not None:
+            session.cancel()
+
+    def _send_reset(self) -> None:
+        self._reset_requested.emit()
+
+    def _close_engine(self, timeout_s: float) -> None:
+        self._thread.quit()
+        if not self._thread.wait(int(timeout_s * 1000)):
+            # A load cannot be interrupted; leaving the thread running would crash at exit.
+            log.warning("waiting for the model thread to finish its current job")
+            self._thread.wait()

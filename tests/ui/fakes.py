@@ -42,6 +42,8 @@ class ModelLoadError(Exception):
 @dataclass
 class FakeLoaded:
     info: ModelInfo
+    pieces: Sequence[str] = REPLY
+    delay: float = 0.0
 
 
 class FakeSession:
@@ -173,3 +175,19 @@ class FakeBackend:
     @property
     def session(self) -> FakeSession:
         return self.sessions[-1]
+
+
+# -- in the engine process -------------------------------------------------------------------
+# The engine child imports these by name (app.engine_process.EngineSpec). Options travel in
+# LoadRequest.extra: "delay" seconds per token and "tokens" (a reply of that many " wN").
+
+
+def process_loader(request: LoadRequest, progress) -> FakeLoaded:
+    loaded = FakeBackend().load(request, progress)
+    tokens = int(request.extra.get("tokens", 0))
+    pieces = tuple(f" w{i}" for i in range(tokens)) if tokens else REPLY
+    return FakeLoaded(loaded.info, pieces, float(request.extra.get("delay", 0.0)))
+
+
+def process_session(loaded: FakeLoaded) -> FakeSession:
+    return FakeSession(loaded.info, loaded.pieces, loaded.delay)

@@ -1,0 +1,378 @@
+"""The engine in a process of its own: the child side of the window's engine.
+
+Python's interpreter lock is shared by the threads of a process: a model thread dispatching
+hundreds of small torch ops per step waits for it whenever the GUI thread paints (measured
+here: 35-45% of decode speed lost). In a child process the model has an interpreter to itself.
+
+One channel each way, each a pipe of pickled tuples (`start_engine` makes them):
+
+  requests, GUI -> engine            replies, engine -> GUI
+  ("load", LoadRequest)              ("ready",)                   torch & co. imported
+  ("generate", job, messages,        ("progress", stage, fraction) throttled
+      settings, probes, deliver)     ("loaded", ModelInfo) / ("load_failed", message)
+  ("cancel", job)                    ("events", sent_at, [Event, ...])   engine events, unchanged
+  ("reset",)                         ("done", kind)                a load or generate job ended
+  ("count", ident, messages)         ("count", ident, tokens or None)
+  ("quit",)
+
+Three threads in the child: the main one runs jobs in order; a listener reads requests and acts
+on "cancel" at once, so Stop reaches the session within one decode step and is
+never queued behind the reply it stops (a count is answered in order: the tokenizer is not
+shared between threads); a sender pickles and writes replies, so a reply never
+waits on the GUI's reader, and coalesces the events waiting into one message. Each event
+crosses once: an attention row is sent with its token, never again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib
+import logging
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from app.jobs import describe_error, event_weight, load_session, run_generation
+from engine.events import Event, Failed, Finished
+
+log = logging.getLogger(__name__)
+
+MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet written
+PIPE_BYTES = 2**20  # a token's attention rows at 10,000 keys (1.4 MB) in one or two writes
+PICKLE_PROTOCOL = 5  # numpy arrays in band without an extra copy; unpickled read-only
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What the child runs, as importable names ("module:attribute"), so that a test can run
+    its own fake session in the child just as the app runs the real one."""
+
+    loader: str = "app.jobs:default_loader"
+    session_factory: str = "app.jobs:default_session_factory"
+    preload: tuple[str, ...] = ("engine.loader", "engine.session")  # imported at start
+
+
+def resolve(name: str) -> Callable[..., Any]:
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def encode(message: tuple) -> bytes:
+    return pickle.dumps(message, protocol=PICKLE_PROTOCOL)
+
+
+def widen_pipe(connection: Connection) -> None:
+    """Let one write carry a long token at once (Linux); elsewhere the default stays."""
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if set_size is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(connection.fileno(), set_size, PIPE_BYTES)
+
+
+# -- the child ------------------------------------------------------------------------------
+
+
+def serve(requests: Connection, replies: Connection, spec: EngineSpec) -> None:
+    """The child's main function: import, then run requests until "quit" or the GUI is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in a terminal is the window's to handle
+    logging.basicConfig(level=logging.WARNING, format="engine %(levelname)s %(name)s: %(message)s")
+    widen_pipe(replies)
+    engine = _Engine(replies, spec)
+    listener = threading.Thread(target=engine.listen, args=(requests,), name="engine-listen")
+    listener.daemon = True
+    listener.start()
+    for name in spec.preload:
+        importlib.import_module(name)
+    engine.outbox.put(("ready",))
+    try:
+        engine.run()
+    finally:
+        engine.outbox.close()
+        replies.close()
+
+
+class _Outbox:
+    """Replies written by a thread of their own; the events waiting go out as one message."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._items: deque[tuple[tuple, int]] = deque()
+        self._weight = 0
+        self._closed = False
+        self._condition = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="engine-send", daemon=True)
+        self._thread.start()
+
+    def put(self, message: tuple, weight: int = 0) -> None:
+        with self._condition:
+            self._items.append((message, weight))
+            self._weight += weight
+            self._condition.notify_all()
+
+    def wait_for_room(self, stop: Callable[[], bool]) -> None:
+        """Block while more than MAX_UNSENT_WEIGHT is unsent (the GUI is behind), unless
+        `stop()` says the reply was cancelled."""
+        with self._condition:
+            while self._weight > MAX_UNSENT_WEIGHT and not self._closed and not stop():
+                self._condition.wait(0.05)
+
+    def wake(self) -> None:
+        with self._condition:
+            self._condition.notify_all()
+
+    def close(self) -> None:
+        """Send what is queued, then stop the thread."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        self._thread.join()
+
+    def _next(self) -> tuple[tuple, int] | None:
+        with self._condition:
+            while not self._items and not self._closed:
+                self._condition.wait()
+            if not self._items:
+                return None
+            message, weight = self._items.popleft()
+            if message[0] == "events":  # coalesce the events queued behind it
+                events = list(message[2])
+                while self._items and self._items[0][0][0] == "events":
+                    more, more_weight = self._items.popleft()
+                    events.extend(more[2])
+                    weight += more_weight
+                message = ("events", time.monotonic(), events)
+            return message, weight
+
+    def _run(self) -> None:
+        while (item := self._next()) is not None:
+            message, weight = item
+            try:
+                self._connection.send_bytes(encode(message))
+            except (OSError, ValueError):  # the GUI is gone: nobody to tell
+                with self._condition:
+                    self._closed = True
+                    self._items.clear()
+                    self._condition.notify_all()
+                return
+            with self._condition:
+                self._weight -= weight
+                self._condition.notify_all()
+
+
+class _Engine:
+    def __init__(self, replies: Connection, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.outbox = _Outbox(replies)
+        self.jobs: queue.Queue[tuple | None] = queue.Queue()
+        self.session: Any = None
+        self._lock = threading.Lock()
+        self._cancelled_upto = 0
+        self._running_job = 0
+
+    # -- listener thread ----------------------------------------------------------------------
+
+    def listen(self, requests: Connection) -> None:
+        while True:
+            try:
+                message = pickle.loads(requests.recv_bytes())
+            except (EOFError, OSError):  # the GUI process is gone
+                message = ("quit",)
+            kind = message[0]
+            if kind == "cancel":
+                self.cancel(message[1])
+            elif kind == "quit":
+                self.cancel(sys.maxsize)
+                self.jobs.put(None)
+                return
+            else:
+                self.jobs.put(message)
+
+    def cancel(self, job: int) -> None:
+        with self._lock:
+            self._cancelled_upto = max(self._cancelled_upto, job)
+            running = self._running_job and self._running_job <= job
+            session = self.session if running else None
+        if session is not None:
+            session.cancel()
+        self.outbox.wake()  # a reply waiting for room in the outbox goes on
+
+    def count(self, ident: int, messages) -> None:
+        try:
+            tokens = self.session.count_tokens(messages) if self.session is not None else None
+        except Exception:
+            log.exception("counting tokens failed")
+            tokens = None
+        self.outbox.put(("count", ident, tokens))
+
+    def cancelled(self, job: int) -> bool:
+        return job <= self._cancelled_upto
+
+    # -- main thread ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while (message := self.jobs.get()) is not None:
+            kind, *args = message
+            if kind == "load":
+                self.load(*args)
+                self.outbox.put(("done", "load"))
+            elif kind == "generate":
+                self.generate(*args)
+                self.outbox.put(("done", "generate"))
+            elif kind == "reset":
+                self.reset()
+            elif kind == "count":
+                self.count(*args)
+
+    def load(self, request) -> None:
+        def progress(stage: str, fraction: float) -> None:
+            self.outbox.put(("progress", stage, fraction))
+
+        try:
+            session = load_session(
+                resolve(self.spec.loader), resolve(self.spec.session_factory), request, progress
+            )
+        except Exception as error:
+            log.exception("loading %r failed", request.spec)
+            self.outbox.put(("load_failed", describe_error(error)))
+            return
+        with self._lock:
+            self.session = session
+        self.outbox.put(("loaded", session.info))
+
+    def generate(self, job: int, messages, settings, probes, deliver: bool = True) -> None:
+        with self._lock:
+            self._running_job = job
+        try:
+            run_generation(
+                self.session,
+                messages,
+                settings,
+                probes,
+                self._sender(job) if deliver else self._final_only,
+                lambda: self.cancelled(job),
+            )
+        finally:
+            with self._lock:
+                self._running_job = 0
+
+    def _sender(self, job: int) -> Callable[[list[Event]], None]:
+        def push(events: list[Event]) -> None:
+            weight = sum(event_weight(event) for event in events)
+            self.outbox.put(("events", 0.0, events), weight)
+            self.outbox.wait_for_room(lambda: self.cancelled(job))
+
+        return push
+
+    def _final_only(self, events: list[Event]) -> None:
+        """A headless reply (benchmarks): only its ending crosses to the GUI."""
+        kept = [e for e in events if isinstance(e, Failed | Finished)]
+        if kept:
+            self.outbox.put(("events", 0.0, kept))
+
+    def reset(self) -> None:
+        try:
+            if self.session is not None:
+                self.session.reset()
+        except Exception:
+            log.exception("resetting the session failed")
+
+
+# -- the parent's handle ------------------------------------------------------------------------
+
+
+class EngineProcess:
+    """A started engine child and the GUI's ends of its two pipes. Qt-free: the app starts it
+    before it builds any window, so torch imports while the window is being built."""
+
+    def __init__(self, spec: EngineSpec | None = None) -> None:
+        import multiprocessing
+
+        self.spec = spec or EngineSpec()
+        context = multiprocessing.get_context("spawn")  # fork would copy Qt's threads and state
+        child_requests, self.requests = context.Pipe(duplex=False)
+        self.replies, child_replies = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=serve,
+            args=(child_requests, child_replies, self.spec),
+            name="glassbox-engine",
+            daemon=True,
+        )
+        self.started_at = time.perf_counter()
+        self.process.start()
+        # Only the child holds these now: when it dies, reading `replies` ends at once.
+        child_requests.close()
+        child_replies.close()
+        self._send_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send(self, message: tuple) -> bool:
+        """Write a request; False if the child is gone."""
+        data = encode(message)
+        with self._send_lock:
+            try:
+                self.requests.send_bytes(data)
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def receive(self) -> tuple:
+        """The next reply (blocking); EOFError once the child is gone."""
+        try:
+            return pickle.loads(self.replies.recv_bytes())
+        except OSError as error:
+            raise EOFError(str(error)) from error
+
+    def why_stopped(self) -> str:
+        """One line on how the child ended, for the user."""
+        self.process.join(1.0)
+        code = self.process.exitcode
+        if code is None:
+            return "The engine stopped responding"
+        if code < 0:
+            name = _signal_name(-code)
+            if -code == signal.SIGKILL:
+                return f"The engine was killed ({name}; out of memory?)"
+            return f"The engine crashed ({name})"
+        return f"The engine exited unexpectedly (exit code {code})"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the child to quit, then make sure it has: nothing is left running."""
+        self.send(("cancel", sys.maxsize))
+        self.send(("quit",))
+        self.process.join(timeout_s)
+        if self.process.is_alive():  # busy in a load that cannot be interrupted
+            log.warning("the engine did not quit within %.0f s: terminating it", timeout_s)
+            self.process.terminate()
+            self.process.join(2.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    def close_pipes(self) -> None:
+        """Once nobody reads or writes them any more (after `stop` and the reader's end)."""
+        for connection in (self.requests, self.replies):
+            connection.close()
+
+    def kill(self) -> None:
+        """SIGKILL the child (tests and benchmarks use it to check recovery)."""
+        os.kill(self.process.pid, signal.SIGKILL)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
