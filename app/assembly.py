@@ -21,7 +21,7 @@ from ui.panels import InternalsView, build_docks, cache_label
 @dataclass
 class Parts:
     window: MainWindow
-    worker: worker_module.GenerationWorker
+    worker: worker_module.WorkerBase
     internals: InternalsView
     controller: ConversationController
 
@@ -37,7 +37,7 @@ def default_watched_layers(info: ModelInfo) -> tuple[int, ...]:
 
 
 def assemble(
-    worker: worker_module.GenerationWorker | None = None,
+    worker: worker_module.WorkerBase | None = None,
     database: Path | None = None,
     settings: QSettings | None = None,
 ) -> Parts:
@@ -63,6 +63,7 @@ def assemble(
         )
     controller = ConversationController(window, store, sidebar)
     _connect_internals(window, internals)
+    _connect_engine_notes(window, worker)
     controller.reopen_last()
     return Parts(window, worker, internals, controller)
 
@@ -78,6 +79,17 @@ def _first_start_sizes(window: MainWindow, internals: InternalsView, sidebar: QD
     window.resizeDocks(right, [520, 400], vertical)
     if settings is not None:
         window.resizeDocks([settings, sidebar], [520, 400], vertical)
+
+
+def _connect_engine_notes(window: MainWindow, worker: worker_module.WorkerBase) -> None:
+    """The engine died: one line in the chat (a reply it cut off says so itself)."""
+
+    def stopped(line: str) -> None:
+        if not window.replying:
+            window.chat.add_note(line, error=True)
+        window.show_status(line, 20000)
+
+    worker.engine_stopped.connect(stopped)
 
 
 def _connect_internals(window: MainWindow, internals: InternalsView) -> None:

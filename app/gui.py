@@ -1,4 +1,7 @@
-"""`glassbox` with no subcommand: the chat window, loading the chosen model in the background."""
+"""`glassbox` with no subcommand: the chat window, loading the chosen model in the background.
+
+The engine process is spawned first, before Qt is even imported, so that torch and the model
+load in it while this process builds the window (which never imports torch)."""
 
 from __future__ import annotations
 
@@ -57,6 +60,20 @@ def x11_problem() -> str | None:
     )
 
 
+def spawn_engine():
+    """Start the engine process now (Qt-free); see app.engine_process."""
+    from app.engine_process import EngineProcess
+
+    return EngineProcess()
+
+
+def engine_backend(engine):
+    """The window's backend on the engine process spawned by `spawn_engine`."""
+    from app.engine_client import EngineProcessWorker
+
+    return EngineProcessWorker(engine)
+
+
 def run_gui(argv: list[str] | None = None) -> int:
     """Open the window and load the model; returns the process exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -68,6 +85,7 @@ def run_gui(argv: list[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 2
 
+    engine = spawn_engine()
     from PySide6.QtWidgets import QApplication
 
     from app.assembly import assemble
@@ -77,7 +95,7 @@ def run_gui(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(["glassbox"])
     app.setOrganizationName("Glassbox")
     app.setApplicationName("Glassbox")
-    parts = assemble()
+    parts = assemble(engine_backend(engine))
     app.aboutToQuit.connect(parts.shutdown)  # however the loop ends, no thread outlives it
     parts.window.show()
     parts.window.load_model(LoadRequest(spec=args.model, device=args.device, dtype=args.dtype))

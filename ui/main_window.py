@@ -37,6 +37,7 @@ from ui.model_picker import ModelPicker
 from ui.settings_panel import SettingsPanel
 
 STATUS_MS = 6000
+WAITING = "Waiting for the model: your message is answered as soon as it has loaded."
 STATE_VERSION = 2  # bump when the set of docks changes: older layouts are then ignored
 
 
@@ -136,6 +137,7 @@ class MainWindow(QMainWindow):
         self._conversation: list[Message] = []
         self._probes = ProbeSettings()
         self._awaiting = False  # a reply this window shows is streaming
+        self._queued: GenerationSettings | None = None  # sent while the first model loads
         self._loading = 0
         self._failure: Failed | None = None
         self._notice = ""  # shown under the reply when it ends
@@ -258,7 +260,7 @@ class MainWindow(QMainWindow):
         self.backend.loaded.connect(self._on_loaded)
         self.backend.load_progress.connect(self._on_load_progress)
         self.backend.load_failed.connect(self._on_load_failed)
-        self.backend.busy_changed.connect(self._update_actions)
+        self.backend.busy_changed.connect(self._on_busy_changed)
         if self._info is not None:
             self._show_model(self._info)
 
@@ -341,7 +343,7 @@ class MainWindow(QMainWindow):
         self._conversation.append(Message("user", text))
         self.chat.add_message("user", text)
         self.conversation_changed.emit()
-        return self._start_reply(settings)
+        return self._reply_when_ready(settings)
 
     def regenerate(self) -> bool:
         """Drop the last reply (if any) and answer the last user message again."""
@@ -359,9 +361,13 @@ class MainWindow(QMainWindow):
             self._conversation.pop()
             self.chat.remove_last_message()
         self.conversation_changed.emit()
-        return self._start_reply(settings)
+        return self._reply_when_ready(settings)
 
     def stop(self) -> None:
+        if self._queued is not None:
+            self._queued = None
+            self.show_status("Stopped: the message waits unanswered.")
+            self._update_actions()
         if self._awaiting:
             self.backend.stop()
             self.show_status("Stopping…")
@@ -401,8 +407,10 @@ class MainWindow(QMainWindow):
     # -- replies ---------------------------------------------------------------------------------
 
     def _send_refusal(self) -> str | None:
+        if self._queued is not None:
+            return WAITING
         if self._info is None:
-            return "The model is still loading." if self._loading else "No model is loaded."
+            return None if self._loading else "No model is loaded."
         if self._awaiting:
             return "A reply is still streaming: press Esc to stop it."
         if self.backend.busy:
@@ -416,6 +424,26 @@ class MainWindow(QMainWindow):
             self.show_status(str(error))
             return None
 
+    def _reply_when_ready(self, settings: GenerationSettings) -> bool:
+        """Start the reply, or, while the first model loads, once it has loaded."""
+        if self._info is not None:
+            return self._start_reply(settings)
+        self._queued = settings
+        self.chat.add_note(WAITING)
+        self.show_status(WAITING, 0)
+        self._update_actions()
+        return True
+
+    def _start_queued(self) -> None:
+        if self._queued is not None and self._info is not None and not self.backend.busy:
+            settings, self._queued = self._queued, None
+            self._start_reply(settings)
+
+    def _on_busy_changed(self, busy: bool) -> None:
+        self._update_actions()
+        if not busy:
+            self._start_queued()
+
     def _start_reply(self, settings: GenerationSettings) -> bool:
         if not self.backend.generate(self.prompt_messages(), settings, self._probes):
             self.show_status("The model is busy: try again in a moment.")
@@ -428,6 +456,7 @@ class MainWindow(QMainWindow):
 
     def _abandon_reply(self) -> None:
         """Stop showing the reply in progress; its remaining events only reach the panels."""
+        self._queued = None
         if self._awaiting:
             self.backend.stop()
             self._awaiting = False
@@ -509,6 +538,9 @@ class MainWindow(QMainWindow):
         self._loading = max(self._loading - 1, 0)
         self.load_progress.setVisible(self._loading > 0)
         kept = f" Still using {self._info.name}." if self._info is not None else ""
+        if self._queued is not None and self._info is None:
+            self._queued = None
+            kept += " The message waiting for it was not answered."
         self.show_status(f"Could not load the model: {message}{kept}", 20000)
         if self._picker is not None:
             self._picker.set_failed(message)
@@ -531,7 +563,7 @@ class MainWindow(QMainWindow):
         reason = self._send_refusal()
         self.input.set_sending_enabled(reason is None, reason or "")
         self.send_action.setEnabled(reason is None)
-        self.stop_action.setEnabled(self._awaiting)
+        self.stop_action.setEnabled(self._awaiting or self._queued is not None)
         has_user = any(m.role == "user" for m in self._conversation)
         self.regenerate_action.setEnabled(reason is None and has_user)
 

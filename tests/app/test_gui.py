@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import app.gui
 import app.worker
 from app.gui import NO_DISPLAY, parse_args, run_gui
 from engine.settings import LoadRequest
@@ -28,10 +29,12 @@ def test_arguments_default_to_the_bundled_model():
 def test_the_window_loads_the_requested_model_and_quits_cleanly(qtbot, qapp, monkeypatch):
     backend = FakeBackend()
     workers: list[app.worker.GenerationWorker] = []
-    real_worker = app.worker.GenerationWorker
 
-    def make_worker():
-        worker = real_worker(loader=backend.load, session_factory=backend.make_session)
+    def make_worker(engine):
+        assert engine == "spawned before the window"
+        worker = app.worker.GenerationWorker(
+            loader=backend.load, session_factory=backend.make_session
+        )
         workers.append(worker)
         return worker
 
@@ -40,7 +43,8 @@ def test_the_window_loads_the_requested_model_and_quits_cleanly(qtbot, qapp, mon
         qtbot.waitUntil(lambda: workers and workers[0].info is not None, timeout=5000)
         return 0
 
-    monkeypatch.setattr(app.worker, "GenerationWorker", make_worker)
+    monkeypatch.setattr(app.gui, "spawn_engine", lambda: "spawned before the window")
+    monkeypatch.setattr(app.gui, "engine_backend", make_worker)
     monkeypatch.setattr(type(qapp), "exec", run_until_loaded)
     monkeypatch.setattr("app.logs.setup_logging", lambda: None)  # keep pytest's streams
     assert run_gui(["--model", "tiny", "--device", "cpu", "--dtype", "float32"]) == 0
