@@ -89,6 +89,9 @@ def bench_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gui-tokens", type=int, default=10_000, help="length of that reply (default 10000)"
     )
+    parser.add_argument(
+        "--window", action="store_true", help="only the real window vs headless, real model"
+    )
     return parser
 
 
