@@ -1,5 +1,6 @@
 """`glassbox bench`: decode speed against model.generate and with the live view on vs off, and
-with --gui (or --gui-only) how long the window's event loop stalls while a long reply streams."""
+with --gui (or --gui-only) how long the window's event loop stalls while a long reply streams;
+with --window only, what the real window costs the model it shows (app.window_bench)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from app.cli import load_request, print_json
 
 def run_bench(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
+    if args.window:
+        return _finish(args, {"window": window_cost(args)})
     if not args.gui_only:
         from engine import benchmark
         from engine.loader import ModelLoadError, load_model
@@ -26,6 +29,10 @@ def run_bench(args: argparse.Namespace) -> int:
         results = benchmark.run(loaded, new_tokens=args.new_tokens, repeats=args.repeats)
     if args.gui or args.gui_only:
         results["gui"] = gui_stall(args.gui_tokens)
+    return _finish(args, results)
+
+
+def _finish(args: argparse.Namespace, results: dict[str, Any]) -> int:
     if args.output:
         args.output.write_text(json.dumps(results, indent=2))
     if args.json:
@@ -43,6 +50,14 @@ def gui_stall(tokens: int) -> dict[str, Any]:
     return measure_gui_stall(tokens)
 
 
+def window_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """The real window on the engine process vs the same engine headless (app.window_bench)."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.window_bench import measure_window
+
+    return measure_window(load_request(args), new_tokens=args.new_tokens, repeats=args.repeats)
+
+
 def print_text(results: dict[str, Any]) -> None:
     if "decode_tokens_per_s" in results:
         print(f"{results['model']} on {results['device']} ({results['dtype']})")
@@ -50,6 +65,15 @@ def print_text(results: dict[str, Any]) -> None:
             print(f"  {name:16} {rate:8.1f} tokens/s")
         print(f"  engine / generate  {results['ratio_engine_vs_generate']:.3f}")
         print(f"  live view cost     {results['view_cost']:+.1%}")
+    window = results.get("window")
+    if window:
+        print(f"{window['model']}: window vs headless, {window['prompt_tokens']}-token prompt")
+        print(f"  decode tokens/s    {window['decode_tokens_per_s']}")
+        print(f"  decode ratio       {window['decode_ratio_window_vs_headless']}")
+        print(f"  TTFT s             {window['ttft_s']}")
+        print(f"  GUI CPU per second {window['gui_cpu_per_s']}")
+        print(f"  stall ms           {window['stall_ms']}")
+        print(f"  start s            {window['start_s']}")
     gui = results.get("gui")
     if gui:
         print(f"window, {gui['tokens']:,}-token reply ({gui['source']})")

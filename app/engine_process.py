@@ -60,6 +60,14 @@ class EngineSpec:
     loader: str = "app.jobs:default_loader"
     session_factory: str = "app.jobs:default_session_factory"
     preload: tuple[str, ...] = ("engine.loader", "engine.session")  # imported at start
+    # torch's intra-op threads; None: one per core but one, left to the window. A window
+    # drawing on a core that an OpenMP thread also wants stalls every op at its barrier: on
+    # this 2-core machine two threads decoded at 0.2x the headless speed beside a busy window.
+    threads: int | None = None
+
+
+def engine_threads(spec: EngineSpec) -> int:
+    return spec.threads or max(1, (os.cpu_count() or 2) - 1)
 
 
 def resolve(name: str) -> Callable[..., Any]:
@@ -93,6 +101,9 @@ def serve(requests: Connection, replies: Connection, spec: EngineSpec) -> None:
     listener.start()
     for name in spec.preload:
         importlib.import_module(name)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(engine_threads(spec))
     engine.outbox.put(("ready",))
     try:
         engine.run()

@@ -79,8 +79,9 @@ def _pieces() -> list[str]:
 class SyntheticSession:
     """Honours the ChatSession interface with events shaped like the bundled model's."""
 
-    def __init__(self, info: ModelInfo = SYNTHETIC_INFO, seed: int = 0) -> None:
+    def __init__(self, info: ModelInfo = SYNTHETIC_INFO, seed: int = 0, delay: float = 0.0) -> None:
         self.info = info
+        self.delay = delay  # seconds between tokens (0: as fast as the consumer takes them)
         self._cancel = threading.Event()
         self._rng = np.random.default_rng(seed)
         self._pieces = _pieces()
@@ -116,6 +117,8 @@ class SyntheticSession:
         yield self._prefill(prompt, layers, probes)
         reason = "length"
         for index in range(settings.max_new_tokens):
+            if self.delay:
+                self._cancel.wait(self.delay)
             if self._cancel.is_set():
                 reason = "cancelled"
                 break
@@ -215,6 +218,7 @@ class SyntheticSession:
 @dataclass
 class _Loaded:
     info: ModelInfo
+    delay: float = 0.0
 
 
 def peak_rss_mb() -> int | None:
@@ -231,8 +235,13 @@ def stall_statistics(beats: Sequence[float], interval_s: float) -> tuple[float, 
     """Longest and 99th-percentile stall in seconds: gaps between beats beyond the interval."""
     if len(beats) < 2:
         return 0.0, 0.0
-    stalls = np.maximum(np.diff(np.asarray(beats)) - interval_s, 0.0)
+    stalls = stalls_of(beats, interval_s)
     return float(stalls.max()), float(np.percentile(stalls, 99))
+
+
+def stalls_of(beats: Sequence[float], interval_s: float) -> np.ndarray:
+    """Each gap between heartbeats beyond the interval, in seconds (0 where on time)."""
+    return np.maximum(np.diff(np.asarray(beats)) - interval_s, 0.0)
 
 
 class StallRun:
@@ -258,10 +267,7 @@ class StallRun:
         self.window = self.parts.window
         self.internals = self.parts.internals
         self.window.show()
-        for dock in self.internals.docks.values():  # tabbed docks behind others never redraw
-            dock.setFloating(True)
-            dock.resize(720, 460)
-            dock.show()
+        float_docks(self.internals)
         self.redraws = dict.fromkeys(("timing", "kv_cache", "attention", "next_token"), 0)
         for name in self.redraws:
             self._count_redraws(name)
@@ -334,6 +340,24 @@ class StallRun:
         self.parts.shutdown()
 
 
+def float_docks(internals: Any) -> None:
+    """Every internals dock floating and shown: tabbed docks behind others never redraw."""
+    for dock in internals.docks.values():
+        dock.setFloating(True)
+        dock.resize(720, 460)
+        dock.show()
+
+
+def synthetic_loader(request: LoadRequest, progress: Callable[[str, float], None]) -> _Loaded:
+    """For the engine process (imported there by name): request.extra["delay"] paces tokens."""
+    progress("Ready", 1.0)
+    return _Loaded(SYNTHETIC_INFO, float(request.extra.get("delay", 0.0)))
+
+
+def synthetic_session(loaded: _Loaded) -> SyntheticSession:
+    return SyntheticSession(loaded.info, delay=loaded.delay)
+
+
 def _run_for(seconds: float) -> None:
     from PySide6.QtCore import QEventLoop, QTimer
 
@@ -395,4 +419,14 @@ def _quiet_offscreen(_kind: Any, _context: Any, message: str) -> None:
         print(message, file=sys.stderr)
 
 
-__all__ = ["SOURCE", "StallRun", "SyntheticSession", "measure_gui_stall", "stall_statistics"]
+__all__ = [
+    "SOURCE",
+    "StallRun",
+    "SyntheticSession",
+    "float_docks",
+    "measure_gui_stall",
+    "stall_statistics",
+    "stalls_of",
+    "synthetic_loader",
+    "synthetic_session",
+]

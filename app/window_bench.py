@@ -1,0 +1,302 @@
+"""`glassbox bench --window`: what the real window costs the model it shows.
+
+The window is built as `glassbox` builds it (engine process spawned first, then the window,
+then the model loaded), offscreen, with the four internals docks floating so that every panel
+is on screen and redraws. Then, interleaved, the same greedy reply of the same length to the
+same ~1,000-token prompt runs:
+
+- in the window: sent as a user would, every event crossing to the GUI and drawn;
+- headless: in the same engine process, on the same loaded model, with the same probes, whose
+  events stay in the engine (only its Finished crosses).
+
+Same process, same weights, same torch threads, same probes: the only difference is the
+window (pickling and sending the events, and a GUI process busy drawing them on the same
+cores), which is what this benchmark is for. A headless run in this (GUI) process would also
+measure a second copy of the model, another allocator and thread pool, and would import torch
+into the window's process, which it otherwise never does.
+
+The GUI thread's CPU time is read in the GUI thread (time.thread_time) from the first token
+shown to the Finished delivered; a 5 ms heartbeat QTimer measures event-loop stalls from send
+to Finished.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.stall import HEARTBEAT_MS, PASSAGE, float_docks, peak_rss_mb, stalls_of
+from engine.events import Event, Finished, Token
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+
+CONTEXT_TOKENS = 1000  # the prompt's length: the context the panels draw attention over
+QUESTION = "Here are some notes on how a language model writes. Summarise them in detail.\n\n"
+
+
+@dataclass
+class WindowReply:
+    """One reply in the window, as the GUI thread saw it."""
+
+    sent: float
+    finished: Finished | None = None
+    first_token: float | None = None
+    first_cpu: float = 0.0
+    end: float | None = None
+    end_cpu: float = 0.0
+    beats: list[float] = field(default_factory=list)
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, Token) and self.first_token is None:
+            self.first_token, self.first_cpu = time.perf_counter(), time.thread_time()
+        elif isinstance(event, Finished):
+            self.end, self.end_cpu = time.perf_counter(), time.thread_time()
+            self.finished = event
+
+    @property
+    def gui_cpu_per_s(self) -> float:
+        """GUI-thread CPU seconds per wall second between the first token and the Finished."""
+        wall = (self.end or 0.0) - (self.first_token or 0.0)
+        return (self.end_cpu - self.first_cpu) / wall if wall > 0 else 0.0
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), or None elsewhere."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return None
+    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_of(pid: int | None) -> int | None:
+    """Peak resident memory of another process in MiB (Linux /proc), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024)
+    except OSError:
+        pass
+    return None
+
+
+class WindowBench:
+    """The assembled window on the real engine process; see the module docstring."""
+
+    def __init__(self, request: LoadRequest, folder: Path) -> None:
+        from app.engine_process import EngineProcess
+
+        self.launch_s = process_age_s() or 0.0  # how long this process ran before the spawn
+        self.started = time.perf_counter()
+        self.engine = EngineProcess()  # first: torch imports while the window is built
+        from PySide6.QtCore import QSettings
+        from PySide6.QtWidgets import QApplication
+
+        from app.assembly import assemble
+        from app.engine_client import EngineProcessWorker
+
+        self._app = QApplication.instance() or QApplication(["glassbox-bench"])
+        self.worker = EngineProcessWorker(self.engine)
+        layout = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
+        self.parts = assemble(self.worker, database=folder / "chats.sqlite3", settings=layout)
+        self.window = self.parts.window
+        self.window.show()
+        float_docks(self.parts.internals)
+        self.window_shown_s = self._since_launch()
+        self.window.load_model(request)
+        _run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
+        self.model_ready_s = self._since_launch()
+        if self.worker.info is None:
+            raise RuntimeError("the model did not load")
+        self.engine_ready_s = None
+        receiver = self.worker._receiver
+        if receiver is not None and receiver.ready_at is not None:
+            self.engine_ready_s = self.launch_s + receiver.ready_at - self.started
+        self._reply: WindowReply | None = None
+        self._headless: list[Finished | None] = []
+        self.window.event_received.connect(self._on_event)
+        self.worker.headless_finished.connect(self._headless.append)
+
+    def _since_launch(self) -> float:
+        return self.launch_s + time.perf_counter() - self.started
+
+    def _on_event(self, event: Event) -> None:
+        if self._reply is not None:
+            self._reply.on_event(event)
+
+    def prompt(self, tokens: int = CONTEXT_TOKENS) -> str:
+        """A user message of about `tokens` tokens (counted by the engine's tokenizer)."""
+        unit = self._count(PASSAGE) - self._count("")
+        return QUESTION + PASSAGE * max(1, math.ceil((tokens - 60) / max(unit, 1)))
+
+    def _count(self, text: str) -> int:
+        answers: dict[int, int] = {}
+
+        def on_count(ident: int, tokens: int) -> None:
+            answers[ident] = tokens
+
+        self.worker.tokens_counted.connect(on_count)
+        ident = self.worker.count_tokens([Message("user", text)])
+        _run_until(lambda: ident in answers, 60)
+        self.worker.tokens_counted.disconnect(on_count)
+        return answers[ident]
+
+    def window_reply(self, text: str, settings: GenerationSettings) -> WindowReply:
+        from PySide6.QtCore import Qt, QTimer
+
+        self.window.new_chat()
+        self.window.settings_panel.settings = lambda: settings  # no ignore_eos switch there
+        reply = WindowReply(sent=time.perf_counter())
+        heartbeat = QTimer()
+        heartbeat.setTimerType(Qt.TimerType.PreciseTimer)
+        heartbeat.setInterval(HEARTBEAT_MS)
+        heartbeat.timeout.connect(lambda: reply.beats.append(time.perf_counter()))
+        self._reply = reply
+        heartbeat.start()
+        if not self.window.send(text):
+            raise RuntimeError("the window refused to send")
+        _run_until(lambda: reply.finished is not None, 900)
+        heartbeat.stop()
+        self._reply = None
+        _run_until(lambda: not self.worker.busy, 60)
+        return reply
+
+    def headless_reply(self, text: str, settings: GenerationSettings) -> Finished:
+        system = self.window.settings_panel.system_prompt()
+        messages = [*([Message("system", system)] if system else []), Message("user", text)]
+        self.worker.reset()
+        self._headless.clear()
+        probes: ProbeSettings = self.window.probe_settings()
+        if not self.worker.generate_headless(messages, settings, probes):
+            raise RuntimeError("the engine refused the headless reply")
+        _run_until(lambda: bool(self._headless), 900)
+        _run_until(lambda: not self.worker.busy, 60)
+        finished = self._headless[0]
+        if finished is None:
+            raise RuntimeError("the engine died during the headless reply")
+        return finished
+
+    def close(self) -> None:
+        self.window.close()
+        for dock in self.parts.internals.docks.values():
+            dock.close()
+        self.parts.shutdown()
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def measure_window(
+    request: LoadRequest, new_tokens: int = 128, repeats: int = 3, context: int = CONTEXT_TOKENS
+) -> dict[str, Any]:
+    """Run the benchmark; returns the JSON-ready results (see the module docstring)."""
+    from PySide6.QtCore import qInstallMessageHandler
+
+    from app.stall import _quiet_offscreen
+
+    previous = qInstallMessageHandler(_quiet_offscreen)
+    try:
+        with tempfile.TemporaryDirectory(prefix="glassbox-window-bench-") as folder:
+            bench = WindowBench(request, Path(folder))
+            try:
+                return _run(bench, new_tokens, repeats, context)
+            finally:
+                bench.close()
+    finally:
+        qInstallMessageHandler(previous)
+
+
+def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dict[str, Any]:
+    text = bench.prompt(context)
+    settings = GenerationSettings(greedy=True, max_new_tokens=new_tokens, ignore_eos=True)
+    warm = GenerationSettings(greedy=True, max_new_tokens=4, ignore_eos=True)
+    bench.window_reply(text, warm)  # first-time allocations and first paint of every panel
+    bench.headless_reply(text, warm)
+    windows: list[WindowReply] = []
+    headless: list[Finished] = []
+    transport = bench.worker.transport
+    sent_before, bytes_before = transport.messages, transport.bytes
+    window_seconds = 0.0
+    for repeat in range(repeats):  # ABBA: neither way always goes first
+        for way in ("window", "headless") if repeat % 2 == 0 else ("headless", "window"):
+            if way == "window":
+                reply = bench.window_reply(text, settings)
+                windows.append(reply)
+                window_seconds += (reply.end or 0.0) - reply.sent
+            else:
+                headless.append(bench.headless_reply(text, settings))
+    latencies = np.asarray(transport.latencies_s[sent_before:] or [0.0]) * 1000
+    stalls = np.concatenate([stalls_of(r.beats, HEARTBEAT_MS / 1000) for r in windows]) * 1000
+    finished = [r.finished for r in windows if r.finished is not None]
+    decode = {
+        "window": _median([f.decode_tokens_per_s for f in finished]),
+        "headless": _median([f.decode_tokens_per_s for f in headless]),
+    }
+    ttft = {
+        "window": _median([f.ttft_s for f in finished]),
+        "headless": _median([f.ttft_s for f in headless]),
+    }
+    shown_ttft = _median([(r.first_token or r.sent) - r.sent for r in windows])
+    gui_cpu = [r.gui_cpu_per_s for r in windows]
+    return {
+        "model": bench.worker.info.name if bench.worker.info else None,
+        "device": bench.worker.info.device if bench.worker.info else None,
+        "prompt_tokens": finished[0].prompt_tokens if finished else 0,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "watched_layers": list(bench.window.probe_settings().attention_layers),
+        "decode_tokens_per_s": {k: round(v, 2) for k, v in decode.items()},
+        "decode_ratio_window_vs_headless": _ratio(decode["window"], decode["headless"]),
+        "ttft_s": {k: round(v, 3) for k, v in ttft.items()},
+        "ttft_ratio_window_vs_headless": _ratio(ttft["window"], ttft["headless"]),
+        "ttft_shown_s": round(shown_ttft, 3),  # send pressed -> first token in the chat
+        "runs": {
+            "window_decode": [round(f.decode_tokens_per_s, 2) for f in finished],
+            "headless_decode": [round(f.decode_tokens_per_s, 2) for f in headless],
+            "window_ttft": [round(f.ttft_s, 3) for f in finished],
+            "headless_ttft": [round(f.ttft_s, 3) for f in headless],
+            "gui_cpu_per_s": [round(c, 3) for c in gui_cpu],
+        },
+        "gui_cpu_per_s": round(_median(gui_cpu), 3),
+        "stall_ms": {
+            "p50": round(float(np.percentile(stalls, 50)), 1) if stalls.size else 0.0,
+            "p99": round(float(np.percentile(stalls, 99)), 1) if stalls.size else 0.0,
+            "max": round(float(stalls.max()), 1) if stalls.size else 0.0,
+        },
+        "transport": {
+            "messages": transport.messages - sent_before,
+            "mb_per_s": round((transport.bytes - bytes_before) / 2**20 / window_seconds, 2)
+            if window_seconds
+            else 0.0,
+            "latency_ms_p50": round(float(np.percentile(latencies, 50)), 2),
+            "latency_ms_p99": round(float(np.percentile(latencies, 99)), 2),
+        },
+        "start_s": {
+            "window_shown": round(bench.window_shown_s, 2),
+            "engine_imported": round(bench.engine_ready_s, 2) if bench.engine_ready_s else None,
+            "model_ready": round(bench.model_ready_s, 2),
+        },
+        "peak_rss_mb": {"gui": peak_rss_mb(), "engine": peak_rss_of(bench.engine.pid)},
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": sys.version.split()[0],
+    }
+
+
+def _run_until(done, timeout_s: float) -> float:
+    from app.stall import _run_until as run_until
+
+    return run_until(done, timeout_s)
