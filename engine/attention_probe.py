@@ -5,6 +5,9 @@ mask builder through `AttentionMaskInterface`). It always computes the layer's o
 SDPA; for the layers an `AttentionProbe` watches it also computes softmax(q·kᵀ·scale + mask)
 for the last `rows` query rows, the only weights the view needs. `output_attentions=True` would
 instead force eager attention on every layer and materialise every matrix.
+
+transformers is imported only when a transformers model registers the probe: Glassbox's own
+GGUF model (engine/llama.py) uses `attention_weights` without it.
 """
 
 from __future__ import annotations
@@ -12,9 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTN_IMPLEMENTATION = "glassbox"
 PROBE_KWARG = "glassbox_probe"
@@ -44,7 +44,7 @@ def attention_weights(
     q_len, k_len = query.shape[2], key.shape[2]
     rows = min(rows, q_len)
     q = query[0, :, q_len - rows :].float()
-    k = repeat_kv(key, groups)[0].float()
+    k = key[0].float().repeat_interleave(groups, dim=0)  # [heads, keys, head_dim]
     scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [heads, rows, keys]
     if mask is None:
         # SDPA skipped the mask because it is purely causal: queries are the last q_len positions.
@@ -68,6 +68,8 @@ def glassbox_attention(
     attention_mask: torch.Tensor | None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     probe: AttentionProbe | None = kwargs.pop(PROBE_KWARG, None)
     output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     layer = getattr(module, "layer_idx", None)
@@ -79,6 +81,9 @@ def glassbox_attention(
 
 def register() -> str:
     """Register the probe (idempotent); returns the name to pass as attn_implementation."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     AttentionInterface.register(ATTN_IMPLEMENTATION, glassbox_attention)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
     return ATTN_IMPLEMENTATION

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
-from transformers import DynamicCache
 
-from engine import context, kv_cache
-from engine.attention_probe import PROBE_KWARG, AttentionProbe
+from engine import context
+from engine.attention_probe import AttentionProbe
 from engine.context import ContextFull
+from engine.decoder import Cache, decoder_for
 from engine.detokenize import TextStream
 from engine.device import Stopwatch
 from engine.events import (
@@ -42,15 +42,6 @@ from engine.sampling import Sampler
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
 log = logging.getLogger(__name__)
-
-
-@torch.inference_mode()
-def forward(model, ids: torch.Tensor, cache: DynamicCache | None, probe: AttentionProbe | None):
-    """One pass over `ids` [1, n] (the prompt, or one new token); the last position's logits."""
-    extra = {PROBE_KWARG: probe} if probe is not None else {}
-    out = model(input_ids=ids, past_key_values=cache, use_cache=cache is not None,
-                logits_to_keep=1, **extra)  # fmt: skip
-    return out.logits[0, -1].float()
 
 
 @dataclass
@@ -78,11 +69,12 @@ class _Tally:
 class ChatSession:
     def __init__(self, loaded: LoadedModel) -> None:
         self.model = loaded.model
+        self.decoder = decoder_for(loaded.model)  # transformers or Glassbox's own GGUF model
         self.tokenizer = loaded.tokenizer
         self.info = loaded.info
-        self.device = next(self.model.parameters()).device
+        self.device = self.decoder.device
         self._cancel = threading.Event()
-        self._cache: DynamicCache | None = None
+        self._cache: Cache | None = None
         self._cached_ids: list[int] = []
         self.eos_ids = self._eos_ids()
 
@@ -166,7 +158,7 @@ class ChatSession:
             reused = 0
         cache = self._cache
         probe = self._probe(probes, rows=min(probes.prefill_rows, len(prompt) - reused))
-        logits = forward(self.model, history[None, reused:], cache, probe)
+        logits = self.decoder.forward(history[None, reused:], cache, probe)
         tally.prefill_s, tally.reused_tokens = clock.stop(), reused
         self._cached_ids = list(prompt) if settings.use_cache else []
         yield replace(
@@ -200,7 +192,7 @@ class ChatSession:
                 history = torch.cat([history, history.new_tensor([token_id])])
                 probe = self._probe(probes, rows=1)
                 step_ids = history[None, -1:] if settings.use_cache else history[None, :]
-                logits = forward(self.model, step_ids, cache, probe)
+                logits = self.decoder.forward(step_ids, cache, probe)
                 if settings.use_cache:
                     self._cached_ids.append(token_id)
                 step_s = clock.stop()
@@ -217,10 +209,10 @@ class ChatSession:
             common += 1
         common = min(common, len(prompt) - 1)  # the last prompt token must run for logits
         if self._cache is None or common == 0:
-            self._cache, self._cached_ids = DynamicCache(config=self.model.config), []
+            self._cache, self._cached_ids = self.decoder.new_cache(), []
             return 0
-        if common < len(self._cached_ids) and not kv_cache.truncate(self._cache, common):
-            self._cache, self._cached_ids = DynamicCache(config=self.model.config), []
+        if common < len(self._cached_ids) and not self._cache.truncate(common):
+            self._cache, self._cached_ids = self.decoder.new_cache(), []
             return 0
         self._cached_ids = self._cached_ids[:common]
         return common
@@ -233,7 +225,7 @@ class ChatSession:
     # -- events -----------------------------------------------------------------------------
 
     def _prefill_event(self, prompt, reused, tally, probe, probes) -> PrefillDone:
-        per_layer = kv_cache.layer_bytes(self._cache)
+        per_layer = self._cache.layer_bytes() if self._cache is not None else ()
         return PrefillDone(
             prompt_tokens=len(prompt),
             reused_tokens=reused,
@@ -248,7 +240,7 @@ class ChatSession:
         )
 
     def _token_event(self, index, token_id, logits, probs, probe, probes, stream, last) -> Token:
-        per_layer = kv_cache.layer_bytes(self._cache)
+        per_layer = self._cache.layer_bytes() if self._cache is not None else ()
         return Token(
             index=index,
             token_id=token_id,
@@ -275,7 +267,8 @@ class ChatSession:
         return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
 
     def _eos_ids(self) -> frozenset[int]:
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        generation = getattr(self.model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None)
         if eos is None:
             eos = self.tokenizer.eos_token_id
         return frozenset([eos] if isinstance(eos, int) else (eos or ()))

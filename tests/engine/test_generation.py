@@ -188,10 +188,8 @@ def test_replies_stop_at_the_context_limit(tokenizer):
 
 
 def test_out_of_memory_ends_the_reply_and_frees_the_cache(tokenizer, monkeypatch):
-    import engine.session as session_module
-
     session = ChatSession(make_tiny(tokenizer, "llama"))
-    real_forward, calls = session_module.forward, []
+    real_forward, calls = session.decoder.forward, []
 
     def failing_forward(*args, **kwargs):
         calls.append(1)
@@ -199,27 +197,25 @@ def test_out_of_memory_ends_the_reply_and_frees_the_cache(tokenizer, monkeypatch
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(session_module, "forward", failing_forward)
+    monkeypatch.setattr(session.decoder, "forward", failing_forward)
     settings = GenerationSettings(greedy=True, max_new_tokens=10, ignore_eos=True)
     events, tokens = run(session, QUESTION, settings)
     failed, finished = events[-2], events[-1]
     assert isinstance(failed, Failed) and "out of memory" in failed.message
     assert finished.reason == "error" and finished.generated_tokens == 2 == len(tokens)
     assert session.cached_tokens == 0
-    monkeypatch.setattr(session_module, "forward", real_forward)
+    monkeypatch.setattr(session.decoder, "forward", real_forward)
     events, _ = run(session, QUESTION, settings)  # the session still works
     assert events[-1].reason == "length"
 
 
 def test_an_engine_exception_becomes_a_failed_event(tokenizer, monkeypatch):
-    import engine.session as session_module
-
     session = ChatSession(make_tiny(tokenizer, "llama"))
 
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(session_module, "forward", broken)
+    monkeypatch.setattr(session.decoder, "forward", broken)
     events, _ = run(session, QUESTION)
     assert [type(e) for e in events] == [Failed, Finished]
     assert "kernel exploded" in events[0].message and events[-1].reason == "error"

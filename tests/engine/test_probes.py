@@ -91,7 +91,7 @@ def test_kv_bytes_equal_the_tensors_and_the_formula(tiny):
         assert token.kv_bytes == kv_cache.formula_bytes(info, cached)
         assert sum(token.kv_bytes_per_layer) == token.kv_bytes
     measured = sum(
-        layer.keys.numel() * layer.keys.element_size() * 2 for layer in session._cache.layers
+        layer.keys.numel() * layer.keys.element_size() * 2 for layer in session._cache.inner.layers
     )
     assert tokens[-1].kv_bytes == measured
     assert (
