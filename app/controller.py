@@ -3,6 +3,7 @@
 The window owns the conversation being shown; this controller mirrors it into SQLite. A reply
 is saved while it streams (about once a second, marked incomplete) and completed with its
 stats when it finishes, so a crash loses at most the last second and never a finished message.
+A reply cut off because the engine process died stays stored incomplete, with what streamed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.export import export_conversation, suggested_filename
+from app.jobs import ENGINE_STOPPED
 from app.store import ConversationStore, ReplySaver, settings_to_dict, stats_from_finished
-from engine.events import Finished, PrefillDone, Token
+from engine.events import Failed, Finished, PrefillDone, Token
 from engine.settings import Message
 from ui.conversation_list import ConversationList, ConversationRow
 from ui.main_window import MainWindow
@@ -32,6 +34,7 @@ class ConversationController(QObject):
         self.window, self.store, self.sidebar = window, store, sidebar
         self.conversation_id: int | None = None
         self._saver: ReplySaver | None = None
+        self._engine_stopped = False  # the streaming reply was cut off with its engine
         self._saved: list[Message] = []  # what the store holds for the open conversation
         window.conversation_changed.connect(self.sync)
         window.event_received.connect(self._on_event)
@@ -100,12 +103,19 @@ class ConversationController(QObject):
             settings = self.window.settings_panel.settings()
             reply = self.store.begin_reply(self.conversation_id, model, settings)
             self._saver = ReplySaver(self.store, reply)
+            self._engine_stopped = False
         elif isinstance(event, Token) and self._saver:
             self._saver.append(event.text)
+        elif isinstance(event, Failed) and event.error_type == ENGINE_STOPPED:
+            self._engine_stopped = True
         elif isinstance(event, Finished) and self._saver:
-            self._saver.finish(stats_from_finished(event), event.text)
-            self._saver = None
-            self._saved.append(Message("assistant", event.text))  # now stored, complete
+            if self._engine_stopped:  # kept as on a crash: the text so far, incomplete
+                self._saver.set_text(event.text)
+                self._saver.flush()
+            else:
+                self._saver.finish(stats_from_finished(event), event.text)
+            self._saver, self._engine_stopped = None, False
+            self._saved.append(Message("assistant", event.text))  # now stored
 
     def flush(self) -> None:
         """Save the streaming reply's text now (quitting or switching mid-reply)."""

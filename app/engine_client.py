@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.engine_process import EngineProcess, EngineSpec
-from app.jobs import ReplyTally
+from app.jobs import ENGINE_STOPPED, ReplyTally
 from app.worker import WorkerBase
 from engine.events import Finished, ModelInfo
 from engine.settings import LoadRequest
 
 log = logging.getLogger(__name__)
 
-ENGINE_DIED = "EngineStopped"  # Failed.error_type of a reply cut off with its engine
 RESTART_NOTE = "a new engine starts with your next message"
 
 
@@ -255,16 +254,16 @@ class EngineProcessWorker(WorkerBase):
         log.error("%s", reason)
         with self._jobs_lock:
             cut, self._jobs = list(self._jobs), deque()
+        self.engine_stopped.emit(f"{reason}: {RESTART_NOTE}.")  # before the reply it cut ends
         for kind in cut:
             self._end_cut_job(kind, reason, receiver.tally)
-        self.engine_stopped.emit(f"{reason}: {RESTART_NOTE}.")
 
     def _end_cut_job(self, kind: str, reason: str, tally: ReplyTally) -> None:
         if kind in ("load", "reload"):
             self.load_failed.emit(f"{reason} while loading the model")
         elif kind == "generate":
             line = f"{reason}; the reply was cut here and {RESTART_NOTE}."
-            self._push(tally.cut_off(line, ENGINE_DIED), wait=False)
+            self._push(tally.cut_off(line, ENGINE_STOPPED), wait=False)
         elif kind == "headless":
             self.headless_finished.emit(None)
         self._on_job_done(self._pushed_count())

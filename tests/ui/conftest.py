@@ -10,6 +10,7 @@ from PySide6.QtCore import QSettings
 from app import assembly
 from app.worker import GenerationWorker
 from engine.settings import LoadRequest
+from tests.app.process_check import no_engine_process_left  # noqa: F401 - autouse
 from tests.models import make_tiny
 from tests.ui.fakes import FakeBackend
 from ui.main_window import MainWindow

@@ -1,0 +1,54 @@
+"""Models the engine process builds by name in tests (app.engine_process.EngineSpec): a tiny
+random Llama with a byte-level tokenizer, made in memory in well under a second."""
+
+from __future__ import annotations
+
+SPECIALS = ["<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_tokenizer():
+    """One token per byte plus the ChatML specials: encodes and decodes any text exactly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIALS)}
+    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[char] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token=SPECIALS[0], eos_token=SPECIALS[1], chat_template=CHATML
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS})
+    return tokenizer
+
+
+def tiny_llama(request, progress):
+    """A loader: a 2-layer random Llama named "tiny-llama" (request.spec is ignored)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.loader import prepare
+
+    progress("Building the tiny model", 0.5)
+    torch.manual_seed(0)
+    tokenizer = byte_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    loaded = prepare(LlamaForCausalLM(config), tokenizer, name="tiny-llama", source="memory")
+    progress("Ready", 1.0)
+    return loaded

@@ -1,0 +1,262 @@
+"""The engine in its own process: events cross unchanged and in order, Stop reaches it within a
+step, a killed engine is survived and replaced, and nothing is left running after shutdown.
+
+Most tests run the fake session of tests/ui/fakes.py in the child (it starts in a fraction of
+a second); one runs a tiny real Llama there, in a fresh interpreter that checks the window's
+process never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QCoreApplication, QSettings
+
+from app import assembly
+from app.engine_client import RESTART_NOTE, EngineProcessWorker
+from app.engine_process import EngineSpec, encode
+from app.jobs import ENGINE_STOPPED
+from engine.events import Failed, Finished, PrefillDone, Token
+from engine.settings import GenerationSettings, LoadRequest, Message
+
+FAKE = EngineSpec(
+    loader="tests.ui.fakes:process_loader",
+    session_factory="tests.ui.fakes:process_session",
+    preload=(),
+)
+HELLO = (Message("user", "hello"),)
+SETTINGS = GenerationSettings(greedy=True, max_new_tokens=1000)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_request(tokens: int = 0, delay: float = 0.0, spec: str = "fake") -> LoadRequest:
+    return LoadRequest(spec=spec, extra={"tokens": str(tokens), "delay": str(delay)})
+
+
+@pytest.fixture
+def worker(qtbot):
+    worker = EngineProcessWorker(spec=FAKE)
+    yield worker
+    worker.shutdown()
+
+
+def load(qtbot, worker, request: LoadRequest) -> None:
+    with qtbot.waitSignal(worker.loaded, timeout=10_000):
+        worker.load(request)
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+
+
+def collect(worker) -> list:
+    events: list = []
+    worker.events.connect(events.extend)
+    return events
+
+
+def test_events_cross_in_order_on_the_gui_thread_and_the_worker_goes_idle(qtbot, worker):
+    progress: list = []
+    worker.load_progress.connect(lambda stage, fraction: progress.append((stage, fraction)))
+    load(qtbot, worker, fake_request(tokens=300))
+    assert worker.info.name == "fake" and ("Ready", 1.0) in progress
+    events, threads = collect(worker), set()
+    worker.events.connect(lambda _batch: threads.add(QCoreApplication.instance().thread()))
+    with qtbot.waitSignal(worker.busy_changed, timeout=10_000, check_params_cb=lambda b: not b):
+        assert worker.generate(HELLO, SETTINGS)
+
+    assert isinstance(events[0], PrefillDone) and isinstance(events[-1], Finished)
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert [t.index for t in tokens] == list(range(300))
+    assert events[-1].text == "".join(f" w{i}" for i in range(300))
+    assert worker.transport.events == len(events)
+    assert worker.transport.messages < len(events)  # the child coalesces what waits
+    assert len(threads) == 1
+
+
+def test_stop_reaches_the_engine_within_one_step(qtbot, worker):
+    load(qtbot, worker, fake_request(tokens=1000, delay=0.1))
+    events = collect(worker)
+    assert worker.generate(HELLO, SETTINGS)
+    qtbot.waitUntil(lambda: sum(isinstance(e, Token) for e in events) >= 2, timeout=10_000)
+    seen = sum(isinstance(e, Token) for e in events)
+    started = time.perf_counter()
+    worker.stop()
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+    (end,) = [e for e in events if isinstance(e, Finished)]
+    assert end.reason == "cancelled"
+    assert end.generated_tokens <= seen + 2  # the step running, and one in flight at most
+    assert time.perf_counter() - started < 1.0  # 0.1 s steps: not queued behind the reply
+
+
+def test_a_failed_load_in_the_engine_keeps_the_model_and_counts_tokens(qtbot, worker):
+    load(qtbot, worker, fake_request())
+    failures: list[str] = []
+    worker.load_failed.connect(failures.append)
+    with qtbot.waitSignal(worker.load_failed, timeout=5000):
+        worker.load(fake_request(spec="broken"))
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+    assert failures == ["No model at broken: that file or folder does not exist."]
+    assert worker.info.name == "fake"
+    with qtbot.waitSignal(worker.tokens_counted, timeout=5000) as counted:
+        ident = worker.count_tokens([Message("user", "three words here")])
+    assert counted.args == [ident, 6]  # the fake session counts words + 3
+
+
+def test_a_killed_idle_engine_is_reported_and_replaced_on_the_next_request(qtbot, worker):
+    load(qtbot, worker, fake_request())
+    with qtbot.waitSignal(worker.engine_stopped, timeout=5000) as stopped:
+        worker.engine.kill()
+    assert "killed (SIGKILL" in stopped.args[0] and RESTART_NOTE in stopped.args[0]
+    assert worker.engine is None and not worker.is_running()
+
+    events = collect(worker)
+    announced: list = []
+    worker.loaded.connect(announced.append)
+    assert worker.generate(HELLO, SETTINGS)  # the same model, reloaded first
+    qtbot.waitUntil(lambda: not worker.busy, timeout=10_000)
+    assert events[-1].reason == "eos" and worker.restarts == 1
+    assert announced == []  # nothing changed for the window
+
+
+def test_shutdown_mid_reply_is_quick_and_leaves_no_process_or_thread(qtbot, worker):
+    load(qtbot, worker, fake_request(tokens=1000, delay=0.05))
+    events = collect(worker)
+    assert worker.generate(HELLO, SETTINGS)
+    qtbot.waitUntil(lambda: any(isinstance(e, Token) for e in events), timeout=10_000)
+    process = worker.engine.process
+    started = time.perf_counter()
+    worker.shutdown()
+    assert time.perf_counter() - started < 2
+    assert not worker.is_running() and process.exitcode == 0  # it quit, it was not killed
+    assert multiprocessing.active_children() == []
+    worker.shutdown()  # twice is fine
+    assert not worker.generate(HELLO, SETTINGS)
+
+
+def test_attention_rows_at_ten_thousand_keys_cross_once_per_token():
+    """A token's rows at 10,000 keys, 4 layers x 9 heads, pickled as the pipe carries them."""
+    rows = {layer: np.full((9, 10_000), 0.5, dtype=np.float32) for layer in range(4)}
+    token = Token(0, 1, "a", "a", 0.01, 0, (), attention=rows)
+    size = len(encode(("events", 0.0, [token])))
+    assert 4 * 9 * 10_000 * 4 <= size < 4 * 9 * 10_000 * 4 * 1.01  # the rows, no history
+
+
+# -- the window on the engine process ----------------------------------------------------------
+
+
+@pytest.fixture
+def window_parts(qtbot, tmp_path):
+    worker = EngineProcessWorker(spec=FAKE)
+    settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
+    parts = assembly.assemble(worker, database=tmp_path / "chats.sqlite3", settings=settings)
+    qtbot.addWidget(parts.window)
+    parts.window.show()
+    with qtbot.waitSignal(worker.loaded, timeout=10_000):
+        parts.window.load_model(fake_request(tokens=1000, delay=0.02))
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+    yield parts
+    parts.window.close()
+    parts.shutdown()
+
+
+def test_sigkill_mid_reply_keeps_the_partial_reply_and_the_next_message_is_answered(
+    qtbot, window_parts
+):
+    parts = window_parts
+    window, worker = parts.window, parts.worker
+    events: list = []
+    window.event_received.connect(events.append)
+    window.settings_panel.set_settings(GenerationSettings(greedy=True, max_new_tokens=1000))
+    assert window.send("Tell me a long story")
+    qtbot.waitUntil(lambda: sum(isinstance(e, Token) for e in events) >= 5, timeout=10_000)
+    worker.engine.kill()
+    qtbot.waitUntil(lambda: not window.replying and not worker.busy, timeout=10_000)
+
+    failed = next(e for e in events if isinstance(e, Failed))
+    end = events[-1]
+    assert failed.error_type == ENGINE_STOPPED and "killed" in failed.message
+    assert end.reason == "error" and end.generated_tokens >= 5
+    assert end.text == "".join(e.text for e in events if isinstance(e, Token))
+    assert failed.message in window.chat.toPlainText()  # said once, in one line
+    assert window.chat.toPlainText().count("killed") == 1
+    assert window.conversation()[-1] == Message("assistant", end.text)
+    store, conversation = parts.controller.store, parts.controller.conversation_id
+    _user, partial = store.messages(conversation)
+    assert (partial.text, partial.complete) == (end.text, False)  # kept, marked incomplete
+
+    events.clear()
+    window.settings_panel.set_settings(GenerationSettings(greedy=True, max_new_tokens=3))
+    assert window.send("Are you back?")
+    qtbot.waitUntil(lambda: not window.replying and not worker.busy, timeout=10_000)
+    assert events[-1].reason == "eos" and events[-1].text == " w0 w1 w2"  # fake: cut = eos
+    assert worker.restarts == 1 and window.info.name == "fake"
+    *_, question, answer = store.messages(conversation)
+    assert (question.text, answer.text, answer.complete) == ("Are you back?", " w0 w1 w2", True)
+    assert len(store.messages(conversation)) == 4
+
+
+def test_the_window_process_never_imports_torch(tmp_path):
+    """The real app path (engine spawned first, then the window) with a tiny real Llama in
+    the child: a reply streams into the assembled window, and torch stays out of its process."""
+    script = textwrap.dedent(
+        f"""
+        import json, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+
+        def main():
+            from app.engine_process import EngineProcess, EngineSpec
+            engine = EngineProcess(EngineSpec(loader="tests.app.engine_models:tiny_llama"))
+            from PySide6.QtCore import QSettings
+            from PySide6.QtWidgets import QApplication
+            from app.assembly import assemble
+            from app.engine_client import EngineProcessWorker
+            from engine.events import Finished
+            from engine.settings import GenerationSettings, LoadRequest
+            app = QApplication([])
+            worker = EngineProcessWorker(engine)
+            layout = QSettings({str(tmp_path / "layout.ini")!r}, QSettings.Format.IniFormat)
+            parts = assemble(worker, database={str(tmp_path / "db.sqlite3")!r}, settings=layout)
+            parts.window.show()
+            parts.window.load_model(LoadRequest("tiny"))
+            parts.window.settings_panel.set_settings(
+                GenerationSettings(greedy=True, max_new_tokens=8))
+            events = []
+            parts.window.event_received.connect(events.append)
+            sent = parts.window.send("Hello")  # typed while the model loads: it waits
+            deadline = time.time() + 60
+            while not (events and isinstance(events[-1], Finished)) and time.time() < deadline:
+                app.processEvents()
+                time.sleep(0.005)
+            parts.window.close()
+            parts.shutdown()
+            print(json.dumps({{
+                "sent": sent,
+                "finished": events[-1].reason if events else None,
+                "tokens": events[-1].generated_tokens if events else 0,
+                "model": parts.window.info.name if parts.window.info else None,
+                "torch": "torch" in sys.modules,
+                "transformers": "transformers" in sys.modules,
+                "engine_exit": engine.process.exitcode if engine.process else None,
+            }}))
+
+        if __name__ == "__main__":
+            main()
+        """
+    )
+    path = tmp_path / "window.py"
+    path.write_text(script)
+    env = {**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"}
+    done = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["sent"] and result["finished"] in ("length", "eos") and result["tokens"] >= 1
+    assert result["model"] == "tiny-llama"
+    assert not result["torch"] and not result["transformers"]
