@@ -16,7 +16,7 @@ from app.cli import load_request, print_json
 def run_bench(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     if args.window:
-        return _finish(args, {"window": window_cost(args)})
+        return _finish(args, {"window": window_cost(args), "transport": transport_cost()})
     if not args.gui_only:
         from engine import benchmark
         from engine.loader import ModelLoadError, load_model
@@ -56,6 +56,14 @@ def window_cost(args: argparse.Namespace) -> dict[str, Any]:
     from app.window_bench import measure_window
 
     return measure_window(load_request(args), new_tokens=args.new_tokens, repeats=args.repeats)
+
+
+def transport_cost() -> dict[str, Any]:
+    """Bytes/s and latency of the engine-to-window channel at 10,000 keys (app.window_bench)."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.window_bench import measure_transport
+
+    return measure_transport()
 
 
 def print_text(results: dict[str, Any]) -> None:

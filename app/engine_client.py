@@ -41,12 +41,12 @@ class TransportStats:
     bytes: int = 0
     latencies_s: list[float] = field(default_factory=list)
 
-    def add(self, size: int, events: int, sent_at: float) -> None:
+    def add(self, size: int, events: int, queued_at: float) -> None:
         self.messages += 1
         self.events += events
         self.bytes += size
         if len(self.latencies_s) < 100_000:
-            self.latencies_s.append(time.monotonic() - sent_at)
+            self.latencies_s.append(time.monotonic() - queued_at)
 
 
 class _Receiver(QThread):

@@ -10,7 +10,7 @@ One channel each way, each a pipe of pickled tuples (`start_engine` makes them):
   ("load", LoadRequest)              ("ready",)                   torch & co. imported
   ("generate", job, messages,        ("progress", stage, fraction) throttled
       settings, probes, deliver)     ("loaded", ModelInfo) / ("load_failed", message)
-  ("cancel", job)                    ("events", sent_at, [Event, ...])   engine events, unchanged
+  ("cancel", job)                    ("events", queued_at, [Event, ...])  engine events, unchanged
   ("reset",)                         ("done", kind)                a load or generate job ended
   ("count", ident, messages)         ("count", ident, tokens or None)
   ("quit",)
@@ -117,7 +117,7 @@ class _Outbox:
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
-        self._items: deque[tuple[tuple, int]] = deque()
+        self._items: deque[tuple[tuple, int, float]] = deque()  # (message, weight, queued at)
         self._weight = 0
         self._closed = False
         self._condition = threading.Condition()
@@ -126,7 +126,7 @@ class _Outbox:
 
     def put(self, message: tuple, weight: int = 0) -> None:
         with self._condition:
-            self._items.append((message, weight))
+            self._items.append((message, weight, time.monotonic()))
             self._weight += weight
             self._condition.notify_all()
 
@@ -154,14 +154,14 @@ class _Outbox:
                 self._condition.wait()
             if not self._items:
                 return None
-            message, weight = self._items.popleft()
+            message, weight, queued_at = self._items.popleft()
             if message[0] == "events":  # coalesce the events queued behind it
                 events = list(message[2])
                 while self._items and self._items[0][0][0] == "events":
-                    more, more_weight = self._items.popleft()
+                    more, more_weight, _ = self._items.popleft()
                     events.extend(more[2])
                     weight += more_weight
-                message = ("events", time.monotonic(), events)
+                message = ("events", queued_at, events)  # the oldest event's wait counts
             return message, weight
 
     def _run(self) -> None:

@@ -300,3 +300,54 @@ def _run_until(done, timeout_s: float) -> float:
     from app.stall import _run_until as run_until
 
     return run_until(done, timeout_s)
+
+
+def measure_transport(
+    keys: int = 10_000, tokens: int = 300, paced_tokens: int = 75, rate: float = 25.0
+) -> dict[str, Any]:
+    """What the engine-to-window channel carries at `keys` keys: synthetic events with the
+    bundled model's shapes (4 watched layers x 9 heads x `keys` floats per token), through the
+    real engine process and receiving thread into the worker's delivery (no window drawing).
+
+    "flood": as fast as the channel takes them; "paced": `rate` tokens a second, as a model
+    would send them. Latency: from the event queued in the engine to unpickled in the GUI
+    process (delivery to the window then waits for the next ~30 Hz frame, by design).
+    """
+    from PySide6.QtWidgets import QApplication
+
+    from app.engine_client import EngineProcessWorker
+    from app.engine_process import EngineSpec
+
+    _app = QApplication.instance() or QApplication(["glassbox-bench"])
+    spec = EngineSpec("app.stall:synthetic_loader", "app.stall:synthetic_session", preload=())
+    probes = ProbeSettings(attention_layers=(0, 9, 19, 29), top_k=10, prefill_rows=1)
+    prompt = [Message("user", " ".join(["w"] * (keys - 5)))]  # the synthetic count: keys
+    results: dict[str, Any] = {"keys": keys, "floats_per_token": 4 * 9 * keys}
+    for mode, count, delay in (("flood", tokens, 0.0), ("paced", paced_tokens, 1 / rate)):
+        worker = EngineProcessWorker(spec=spec)
+        try:
+            worker.load(LoadRequest("synthetic", extra={"delay": str(delay)}))
+            _run_until(lambda w=worker: w.info is not None and not w.busy, 60)
+            ends: list[Finished] = []
+            worker.event.connect(
+                lambda e, ends=ends: ends.append(e) if isinstance(e, Finished) else None
+            )
+            before = (worker.transport.bytes, len(worker.transport.latencies_s))
+            started = time.perf_counter()
+            worker.generate(prompt, GenerationSettings(greedy=True, max_new_tokens=count), probes)
+            _run_until(lambda ends=ends: bool(ends), 600)
+            seconds = time.perf_counter() - started
+            sent = worker.transport.bytes - before[0]
+            latency = np.asarray(worker.transport.latencies_s[before[1] :]) * 1000
+            results[mode] = {
+                "tokens": ends[0].generated_tokens,
+                "tokens_per_s": round(ends[0].generated_tokens / seconds, 1),
+                "mb_per_s": round(sent / 2**20 / seconds, 1),
+                "mb_per_token": round(sent / 2**20 / max(ends[0].generated_tokens, 1), 3),
+                "latency_ms_p50": round(float(np.percentile(latency, 50)), 2),
+                "latency_ms_p99": round(float(np.percentile(latency, 99)), 2),
+                "latency_ms_max": round(float(latency.max()), 2),
+            }
+        finally:
+            worker.shutdown()
+    return results
