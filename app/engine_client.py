@@ -194,6 +194,7 @@ class EngineProcessWorker(WorkerBase):
         self.restarts += 1
         self._attach(EngineProcess(self._spec))
         if self._info is not None and self._last_request is not None:
+            self.load_progress.emit(f"Starting a new engine with {self._info.name}", 0.0)
             self._begin_job()
             with self._jobs_lock:
                 self._jobs.append("reload")
