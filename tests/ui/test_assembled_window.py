@@ -42,13 +42,13 @@ def test_a_real_generation_fills_every_panel_with_its_events(qtbot, build, tiny_
 
     layer = internals.attention.selected_layer
     assert layer in prefill.attention  # the watched layers reached the engine
-    images = internals.attention.head_images
-    stack = np.stack([images[h].image for h in sorted(images)])
+    panel = internals.attention  # the heads' tiles of its mosaic, colour scale undone
+    stack = np.stack([panel.head_tile(head) for head in panel.slots])
     keys = prefill.prompt_tokens + len(tokens) - 1
     assert stack.shape == (info.heads, keys, keys)  # heads x query tokens x key tokens
     np.testing.assert_allclose(stack[:, : prefill.prompt_tokens, : prefill.prompt_tokens],
-                               prefill.attention[layer])  # fmt: skip
-    np.testing.assert_allclose(stack[:, -1, :], tokens[-1].attention[layer])
+                               prefill.attention[layer], rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(stack[:, -1, :], tokens[-1].attention[layer], rtol=1e-6)
 
 
 def test_every_message_is_stored_with_its_stats_and_reopens(qtbot, build, tiny_loader, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyqtgraph as pg
 import pytest
@@ -14,6 +16,7 @@ from ui.panels import WITH_CACHE, WITHOUT_CACHE, InternalsView, attention, build
 from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
 from ui.panels.buffers import AttentionRows, GrowableArray, InternalsState
 from ui.panels.kv_cache import STACKED, formula_text
+from ui.panels.mosaic import LEVEL_EDGES
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BYTES = 2, 4, 2, 8, 4
 PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * BYTES  # 256 bytes for all layers
@@ -256,11 +259,13 @@ def test_formula_text_uses_the_models_numbers(view, rng):
 
 
 def head_stack(view: InternalsView) -> np.ndarray:
-    images = view.attention.head_images
-    return np.stack([images[h].image for h in sorted(images)])
+    """Each shown head's tile of the mosaic, its colour scale undone."""
+    panel = view.attention
+    return np.stack([panel.head_tile(head) for head in panel.slots])
 
 
 def test_heatmap_builds_row_by_row_from_the_events(view, rng):
+    view.attention.per_head_scale.setChecked(False)  # absolute scale: pixels are the weights
     first = prefill(rng)
     view.ingest(first)
     view.redraw(force=True)
@@ -273,10 +278,8 @@ def test_heatmap_builds_row_by_row_from_the_events(view, rng):
     stack = head_stack(view)
     assert stack.shape == (HEADS, PROMPT + 3, PROMPT + 3)  # token 0 re-reads the last prompt row
     np.testing.assert_array_equal(stack, expected_matrix(first, tokens, 0))
-    image = view.attention.head_images[0]
+    image = view.attention.mosaic
     assert image.axisOrder == "row-major" and image.image.dtype == np.float32
-    view.attention.per_head_scale.setChecked(False)  # absolute scale: every head 0..1
-    view.redraw(force=True)
     assert tuple(image.getLevels()) == (0.0, 1.0)
     assert image.lut.shape[0] == 256
 
@@ -285,27 +288,40 @@ def test_layer_choice_hover_text_and_head_focus(view, rng):
     first, tokens = run_reply(view, rng, count=3)
     view.attention.select(1)
     view.redraw(force=True)
-    np.testing.assert_array_equal(head_stack(view), expected_matrix(first, tokens, 1))
+    # Each head over its colour level and back: equal to float32 rounding.
+    np.testing.assert_allclose(head_stack(view), expected_matrix(first, tokens, 1), rtol=1e-6)
     text = view.attention.describe(head=2, row=6, key=5)
     weight = tokens[2].attention[1][2, 5]
     assert text == f"head 2 · query #6 't1' → key #5 't0': {weight:.4f}"
     assert "causal mask" in view.attention.describe(head=0, row=1, key=3)
     view.attention.select(1, head=2)
     view.redraw(force=True)
-    assert list(view.attention.head_images) == [2]
-    np.testing.assert_array_equal(
-        view.attention.head_images[2].image, expected_matrix(first, tokens, 1)[2]
+    assert view.attention.slots == (2,)
+    np.testing.assert_allclose(
+        view.attention.head_tile(2), expected_matrix(first, tokens, 1)[2], rtol=1e-6
     )
 
 
 def test_per_head_scale_uses_a_high_quantile_of_each_head(view, rng):
-    run_reply(view, rng, count=2)
-    assert view.attention.per_head_scale.isChecked()  # the default
+    first, tokens = run_reply(view, rng, count=2)
+    panel = view.attention
+    assert panel.per_head_scale.isChecked()  # the default
     view.redraw(force=True)
-    for image in view.attention.head_images.values():
-        weights = image.image[image.image > 0]
-        assert image.getLevels()[1] == pytest.approx(float(np.quantile(weights, 0.99)))
-        assert image.getLevels()[1] < 1.0  # not pinned by the first query's weight of 1
+    expected = expected_matrix(first, tokens, 0)
+    assert tuple(panel.mosaic.getLevels()) == (0.0, 1.0)
+    one_bin = LEVEL_EDGES[-1] / LEVEL_EDGES[-2]  # the levels are read from log-spaced bins
+    for slot, head in enumerate(panel.slots):
+        weights = np.sort(expected[head][expected[head] > 0])
+        level = 1.0 / panel.tile_scale[slot]
+        # np.quantile interpolates between two neighbouring weights; the level lies between
+        # them too, give or take one bin.
+        rank = 0.99 * (weights.size - 1)
+        below, above = weights[math.floor(rank)], weights[math.ceil(rank)]
+        assert below / one_bin <= level <= above * one_bin
+        assert level < 1.0  # not pinned by the first query's weight of 1
+        # The tile's pixels are the head's weights over its level: 1.0 is the top colour.
+        tile = panel.layout.tile(panel.mosaic.image, slot)
+        np.testing.assert_allclose(tile, expected[head] / level, rtol=1e-6)
 
 
 def test_overview_shows_mean_max_weight_and_click_selects(qtbot, view, rng):
@@ -514,7 +530,7 @@ def test_thousands_of_tokens_add_no_items_and_stay_bounded(qtbot, rng):
     assert scene_items(internals) == before
     assert len(internals.timing.step_curve.getData()[0]) == 4999
     assert internals.kv_cache.curve.getData()[1][-1] == (PROMPT + 4999) * PER_TOKEN
-    image = internals.attention.head_images[0].image
+    image = internals.attention.head_tile(0)
     assert image.shape[0] <= DISPLAY_ROWS and image.shape[1] <= DISPLAY_KEYS
     assert internals.state.attention[0].rows <= 64
     internals.timer.stop()

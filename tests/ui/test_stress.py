@@ -70,7 +70,7 @@ def test_ten_thousand_tokens_keep_the_window_responsive_and_reach_every_panel(ru
     rows = run.internals.state.attention[panel.selected_layer]
     assert rows.rows <= DISPLAY_ROWS and rows.dropped > 0
     assert rows.positions[-1] == rows.keys - 1
-    image = np.stack([panel.head_images[h].image for h in sorted(panel.head_images)])
+    image = np.stack([panel.head_tile(head) for head in panel.slots])  # the mosaic's tiles
     row_factor = math.ceil(rows.rows / DISPLAY_ROWS)
     key_factor = math.ceil(rows.keys / DISPLAY_KEYS)
     _heads, blocks, columns = image.shape
@@ -78,7 +78,7 @@ def test_ten_thousand_tokens_keep_the_window_responsive_and_reach_every_panel(ru
     full = np.zeros((rows.heads, blocks * row_factor, columns * key_factor), dtype=np.float32)
     full[:, : rows.rows] = dense
     pooled = full.reshape(rows.heads, blocks, row_factor, columns, key_factor).max(axis=(2, 4))
-    np.testing.assert_array_equal(image, pooled)
+    np.testing.assert_allclose(image, pooled, rtol=1e-6)  # colour scale undone: float32
 
 
 def test_bench_gui_only_reports_the_window_numbers_without_a_model(qapp, capsys):

@@ -1,4 +1,4 @@
-"""Attention panel: one heatmap per head that grows a row per generated token."""
+"""Attention panel: the heads of a layer as one mosaic that grows a row per generated token."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from PySide6.QtWidgets import (
 )
 
 from ui.panels.buffers import ATTENTION, AttentionRows, InternalsState, RedrawTracker
+from ui.panels.mosaic import MosaicLayout, WeightHistogram, best_columns
 
 # Bounded work per frame: rows and keys past these are max-pooled into one image cell.
 DISPLAY_ROWS = 256
 DISPLAY_KEYS = 512
 POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
+LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
 ALL_HEADS = "all heads"
 MEASURES = {"mean max weight": "max", "mean entropy (normalized)": "entropy"}
 
@@ -54,6 +56,7 @@ class PooledRows:
         self._data = np.zeros((0, 0, 0), dtype=np.float32)
         self._rows = 0
         self._dropped = 0
+        self.histogram = WeightHistogram(0, 0)  # of the pooled cells, for the colour levels
 
     def update(self, rows: AttentionRows) -> tuple[np.ndarray, int, int]:
         """The pooled [heads, row blocks, key blocks] and how many rows and keys a cell covers."""
@@ -64,6 +67,7 @@ class PooledRows:
         if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
             self._key, self._rows = key, 0
             self._data = np.zeros((rows.heads, DISPLAY_ROWS, DISPLAY_KEYS), dtype=np.float32)
+            self.histogram = WeightHistogram(rows.heads, DISPLAY_ROWS)
         elif shift:
             self._shift(shift // row_factor)
             self._rows -= shift
@@ -78,28 +82,26 @@ class PooledRows:
             pooled = max_pool_keys(source, key_factor)
             starts = np.arange(0, pooled.shape[1], row_factor)
             block = start // row_factor
-            self._data[:, block : block + starts.size, :columns] = np.maximum.reduceat(
-                pooled, starts, axis=1
-            )
+            target = self._data[:, block : block + starts.size, :columns]
+            target[...] = np.maximum.reduceat(pooled, starts, axis=1)
+            self.histogram.set_rows(block, target)
         self._rows = rows.rows
         return self._data[:, :blocks, :columns], row_factor, key_factor
+
+    def levels(self, quantile: float = LEVEL_QUANTILE) -> np.ndarray:
+        """Per head, the top colour level: a high quantile of its nonzero pooled weights.
+
+        Not the max: the first query can only attend to itself (weight 1), which would leave
+        everything else dark. Read from a histogram kept as cells are pooled, not by sorting
+        the image every frame.
+        """
+        return self.histogram.level(quantile)
 
     def _shift(self, blocks: int) -> None:
         kept = self._data.shape[1] - blocks
         self._data[:, :kept] = self._data[:, blocks:].copy()
         self._data[:, kept:] = 0.0
-
-
-def head_level(values: np.ndarray, quantile: float = 0.99) -> float:
-    """The top colour level for one head: a high quantile of its nonzero weights.
-
-    Not the max: the first query can only attend to itself (weight 1), which would leave
-    everything else dark. A strided sample keeps the cost bounded.
-    """
-    sample = values.ravel()[:: max(values.size // 20_000, 1)]
-    sample = sample[sample > 0]
-    top = float(np.quantile(sample, quantile)) if sample.size else 1.0
-    return top if top > 0 else 1.0
+        self.histogram.shift(blocks)
 
 
 def display_token(text: str) -> str:
@@ -107,7 +109,11 @@ def display_token(text: str) -> str:
 
 
 class AttentionPanel(QWidget):
-    """Per-head causal attention of a watched layer, plus a layer x head overview."""
+    """Per-head causal attention of a watched layer as one mosaic, plus a layer x head overview.
+
+    The heads share one ImageItem in a bare ViewBox (no axes): tile i shows head `slots[i]`,
+    its rows and keys in buffer units, so hover reads the exact weight under the pointer.
+    """
 
     # The layers the app should capture from the next reply on (the watched ones plus a pick).
     watched_layers_requested = Signal(tuple)
@@ -117,18 +123,21 @@ class AttentionPanel(QWidget):
         self._state = state
         self.tracker = RedrawTracker(state, ATTENTION)
         self._lut = colour_table()
-        self._layout_key: tuple = ()
         self._pooled = PooledRows()
-        self._overview_title = ""
         self._choices_key: tuple = ()
-        self.head_plots: dict[int, pg.PlotItem] = {}
-        self.head_images: dict[int, pg.ImageItem] = {}
+        self._overview_key: tuple = ()
         self.overview_layers: tuple[int, ...] = ()
+        # The mosaic as last drawn: its layout, the heads per tile, each tile's colour scale
+        # (1 / its level) and the size of an image pixel in buffer units (keys, rows).
+        self.layout: MosaicLayout | None = None
+        self.slots: tuple[int, ...] = ()
+        self.tile_scale = np.ones(0)
+        self._pixel = (1.0, 1.0)
+        self._image_buffer: np.ndarray | None = None
         self._build_controls()
-        self.grid = pg.GraphicsLayoutWidget()
-        self.grid.scene().sigMouseMoved.connect(self._on_hover)
-        self.hover = QLabel("Hover a heatmap to read a weight.")
+        self._build_mosaic()
         self._build_overview()
+        self.hover = QLabel("Hover a heatmap to read a weight.")
         grid_box = QWidget()
         grid_layout = QVBoxLayout(grid_box)
         grid_layout.setContentsMargins(0, 0, 0, 0)
@@ -139,6 +148,7 @@ class AttentionPanel(QWidget):
         overview_layout.setContentsMargins(0, 0, 0, 0)
         overview_layout.addWidget(self.measure_choice)
         overview_layout.addWidget(self.overview, 1)
+        overview_layout.addWidget(self.overview_caption)
         splitter = QSplitter()
         splitter.addWidget(grid_box)
         splitter.addWidget(overview_box)
@@ -174,6 +184,18 @@ class AttentionPanel(QWidget):
         self._controls.addWidget(self.per_head_scale)
         self._controls.addStretch(1)
 
+    def _build_mosaic(self) -> None:
+        self.grid = pg.GraphicsLayoutWidget()
+        self.heads_view = self.grid.addViewBox(row=0, col=0, invertY=True, enableMenu=False)
+        self.heads_view.setMouseEnabled(x=False, y=False)
+        self.heads_view.disableAutoRange()  # the range is set when the mosaic's extent changes
+        self.mosaic = pg.ImageItem(axisOrder="row-major")
+        self.mosaic.setLookupTable(self._lut)
+        self.heads_view.addItem(self.mosaic)
+        self.head_labels: list[pg.TextItem] = []
+        self.heads_view.sigResized.connect(self._on_mosaic_resized)
+        self.grid.scene().sigMouseMoved.connect(self._on_hover)
+
     def _build_overview(self) -> None:
         self.overview = pg.PlotWidget(title="Layer × head")
         plot = self.overview.getPlotItem()
@@ -181,9 +203,13 @@ class AttentionPanel(QWidget):
         plot.setLabel("left", "layer")
         plot.invertY(True)
         plot.setMouseEnabled(x=False, y=False)
+        plot.disableAutoRange()
+        plot.setMenuEnabled(False)
         self.overview_image = pg.ImageItem(axisOrder="row-major")
         self.overview_image.setLookupTable(self._lut)
         plot.addItem(self.overview_image)
+        self.overview_caption = QLabel("")
+        self.overview_caption.setWordWrap(True)
         self.overview.scene().sigMouseClicked.connect(self._on_overview_click)
 
     # -- public ----------------------------------------------------------------------------
@@ -225,6 +251,24 @@ class AttentionPanel(QWidget):
             f"key #{key} '{display_token(state.token_text(key))}': "
             f"{rows.value(row, key, head):.4f}"
         )
+
+    def cell_at(self, view_point: QPointF) -> tuple[int, int, int] | None:
+        """(head, buffer row, key) under a point of the mosaic's view; None off the tiles."""
+        if self.layout is None or self.mosaic.image is None:
+            return None
+        key_size, row_size = self._pixel
+        found = self.layout.locate(view_point.y() / row_size, view_point.x() / key_size)
+        if found is None:
+            return None
+        slot, inside_y, inside_x = found
+        return self.slots[slot], math.floor(inside_y * row_size), math.floor(inside_x * key_size)
+
+    def head_tile(self, head: int) -> np.ndarray:
+        """The weights the tile of `head` shows, one per display cell (colour scale undone)."""
+        if self.layout is None or self.mosaic.image is None or head not in self.slots:
+            raise KeyError(f"head {head} is not in the mosaic")
+        slot = self.slots.index(head)
+        return self.layout.tile(self.mosaic.image, slot) / self.tile_scale[slot]
 
     def needs_redraw(self) -> bool:
         return self.tracker.stale
@@ -273,66 +317,88 @@ class AttentionPanel(QWidget):
             self.watched_layers_requested.emit(tuple(sorted({*watched, layer})))
         self.tracker.mark()
 
-    # -- heatmaps --------------------------------------------------------------------------
+    # -- mosaic ----------------------------------------------------------------------------
 
-    def _heads_to_show(self, heads: int) -> list[int]:
+    def _heads_to_show(self, heads: int) -> tuple[int, ...]:
         head = self.selected_head
-        return [head] if head is not None and head < heads else list(range(heads))
+        return (head,) if head is not None and head < heads else tuple(range(heads))
 
-    def _rebuild_grid(self, shown: list[int]) -> None:
-        self.grid.clear()
-        self.head_plots.clear()
-        self.head_images.clear()
-        columns = max(math.ceil(math.sqrt(len(shown))), 1)
-        for slot, head in enumerate(shown):
-            plot = self.grid.addPlot(row=slot // columns, col=slot % columns, title=f"head {head}")
-            plot.invertY(True)
-            plot.hideAxis("bottom")
-            plot.hideAxis("left")
-            plot.setMenuEnabled(False)
-            image = pg.ImageItem(axisOrder="row-major")
-            image.setLookupTable(self._lut)
-            plot.addItem(image)
-            self.head_plots[head] = plot
-            self.head_images[head] = image
+    def _tile_columns(self, tiles: int) -> int:
+        size = self.heads_view.size()
+        return best_columns(tiles, size.width(), size.height())
+
+    def _on_mosaic_resized(self) -> None:
+        # Another width may fit other tile columns better: lay the mosaic out again.
+        if self.layout is not None and self._tile_columns(self.layout.tiles) != (
+            self.layout.columns_of_tiles
+        ):
+            self.tracker.mark()
 
     def _draw_heads(self) -> None:
         layer = self.selected_layer
         rows = self._state.attention.get(layer) if layer is not None else None
-        heads = (
-            rows.heads if rows is not None else (self._state.info.heads if self._state.info else 0)
-        )
-        shown = self._heads_to_show(heads)
-        if (heads, tuple(shown)) != self._layout_key:
-            self._rebuild_grid(shown)
-            self._layout_key = (heads, tuple(shown))
         if rows is None or rows.rows == 0:
-            for image in self.head_images.values():
-                image.clear()
+            self._clear_mosaic()
             if layer is not None and layer not in self._state.watched_layers:
                 self.hover.setText(
                     f"Layer {layer} is not watched yet: it is recorded from the next reply."
                 )
             return
         matrix, row_factor, key_factor = self._pooled.update(rows)
-        # Image cells map back to buffer rows and keys, so hover reads the exact weight.
-        rect = QRectF(0, 0, matrix.shape[2] * key_factor, matrix.shape[1] * row_factor)
-        per_head = self.per_head_scale.isChecked()
-        for head, image in self.head_images.items():
-            values = np.ascontiguousarray(matrix[head])
-            top = head_level(values) if per_head else 1.0
-            image.setImage(values, levels=(0.0, top), autoLevels=False)
-            image.setRect(rect)
+        slots = self._heads_to_show(rows.heads)
+        tiles = matrix if len(slots) == rows.heads else matrix[list(slots)]
+        if self.per_head_scale.isChecked():
+            scale = 1.0 / self._pooled.levels()[list(slots)]
+        else:
+            scale = np.ones(len(slots))
+        layout = MosaicLayout(
+            len(slots), tiles.shape[1], tiles.shape[2], self._tile_columns(len(slots))
+        )
+        image = layout.compose(tiles, scale, self._image_buffer)
+        self._image_buffer = image
+        self.mosaic.setImage(image, levels=(0.0, 1.0), autoLevels=False)
+        up_rows, up_columns = layout.upsample
+        pixel = (key_factor / up_columns, row_factor / up_rows)  # buffer units per pixel
+        if (layout, pixel, slots) != (self.layout, self._pixel, self.slots):
+            self._place(layout, pixel, slots)
+        self.tile_scale = scale
+
+    def _place(self, layout: MosaicLayout, pixel: tuple[float, float], slots: tuple) -> None:
+        """Size the image and the view to a new extent; put each head's label on its tile."""
+        self.layout, self._pixel, self.slots = layout, pixel, slots
+        key_size, row_size = pixel
+        height, width = layout.shape
+        rect = QRectF(0, 0, width * key_size, height * row_size)
+        self.mosaic.setRect(rect)
+        self.heads_view.setRange(rect, padding=0)
+        while len(self.head_labels) < len(slots):
+            label = pg.TextItem(color=(255, 255, 255), fill=(0, 0, 0, 150), anchor=(1, 0))
+            label.setZValue(1)
+            self.heads_view.addItem(label)
+            self.head_labels.append(label)
+        _tile_height, tile_width = layout.tile_shape
+        for slot, label in enumerate(self.head_labels):
+            label.setVisible(slot < len(slots))
+            if slot < len(slots):
+                y, x = layout.origin(slot)
+                label.setText(f"head {slots[slot]}")
+                label.setPos((x + tile_width) * key_size, y * row_size)
+
+    def _clear_mosaic(self) -> None:
+        if self.mosaic.image is not None:
+            self.mosaic.clear()
+        for label in self.head_labels:
+            label.setVisible(False)
+        self.layout, self.slots = None, ()
 
     def _on_hover(self, position: QPointF) -> None:
-        for head, plot in self.head_plots.items():
-            if not plot.vb.sceneBoundingRect().contains(position):
-                continue
-            point = plot.vb.mapSceneToView(position)
-            text = self.describe(head, math.floor(point.y()), math.floor(point.x()))
+        if not self.heads_view.sceneBoundingRect().contains(position):
+            return
+        cell = self.cell_at(self.heads_view.mapSceneToView(position))
+        if cell is not None:
+            text = self.describe(*cell)
             if text:
                 self.hover.setText(text)
-            return
 
     # -- overview --------------------------------------------------------------------------
 
@@ -343,6 +409,8 @@ class AttentionPanel(QWidget):
         self.overview_layers = layers
         if not layers:
             self.overview_image.clear()
+            self.overview_caption.setText("")
+            self._overview_key = ()
             return
         heads = max(s.heads for s in stats.values())
         grid = np.zeros((len(layers), heads), dtype=np.float32)
@@ -352,14 +420,18 @@ class AttentionPanel(QWidget):
         low, high = float(grid.min()), float(grid.max())
         high = max(high, low + 1e-6)  # spread the colours over the values present
         self.overview_image.setImage(grid, levels=(low, high), autoLevels=False)
-        title = f"{self.measure_choice.currentText()}: {low:.3g}–{high:.3g}"
-        if title != self._overview_title:  # a new title re-lays the plot out
-            self._overview_title = title
-            self.overview.getPlotItem().setTitle(title)
-        self.overview_image.setRect(QRectF(0, 0, heads, len(layers)))
-        plot = self.overview.getPlotItem()
-        plot.getAxis("left").setTicks([[(i + 0.5, str(layer)) for i, layer in enumerate(layers)]])
-        plot.getAxis("bottom").setTicks([[(h + 0.5, str(h)) for h in range(heads)]])
+        self.overview_caption.setText(
+            f"{self.measure_choice.currentText()} per head over this reply's rows: "
+            f"dark {low:.3g}, bright {high:.3g}. Click a cell to open that head."
+        )
+        if (layers, heads) != self._overview_key:  # ticks and range change with the shape only
+            self._overview_key = (layers, heads)
+            plot = self.overview.getPlotItem()
+            self.overview_image.setRect(QRectF(0, 0, heads, len(layers)))
+            plot.setRange(xRange=(0, heads), yRange=(0, len(layers)), padding=0)
+            ticks = [(i + 0.5, str(layer)) for i, layer in enumerate(layers)]
+            plot.getAxis("left").setTicks([ticks])
+            plot.getAxis("bottom").setTicks([[(h + 0.5, str(h)) for h in range(heads)]])
 
     def overview_cell(self, scene_position: QPointF) -> tuple[int, int] | None:
         """The (layer, head) under a scene position of the overview, if any."""

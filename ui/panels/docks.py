@@ -7,7 +7,7 @@ from typing import Protocol
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QRegion
-from PySide6.QtWidgets import QDockWidget, QMainWindow
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
 
 from engine.events import Event, ModelInfo
 from ui.panels.attention import AttentionPanel
@@ -36,6 +36,8 @@ class Panel(Protocol):
 
     def visibleRegion(self) -> QRegion: ...
 
+    def window(self) -> QWidget: ...
+
 
 class InternalsView(QObject):
     """Owns the state, the four panels, their docks and the redraw timer.
@@ -63,6 +65,9 @@ class InternalsView(QObject):
             dock = QDockWidget(title)
             dock.setObjectName(name)
             dock.setWidget(getattr(self, attribute))
+            # Shown again (un-tabbed, restored, reopened): draw the latest data at once rather
+            # than show the frame it had when it was hidden until the next tick.
+            dock.visibilityChanged.connect(self._on_dock_visibility)
             self.docks[attribute] = dock
         self.timer = QTimer(self)
         self.timer.setInterval(FRAME_MS)
@@ -112,6 +117,10 @@ class InternalsView(QObject):
 
     # -- drawing ---------------------------------------------------------------------------
 
+    def _on_dock_visibility(self, visible: bool) -> None:
+        if visible:
+            QTimer.singleShot(0, self, self.redraw)
+
     def redraw(self, force: bool = False) -> None:
         """The timer's slot: redraw the visible panels whose data changed (all with force)."""
         for panel in self.panels:
@@ -120,8 +129,21 @@ class InternalsView(QObject):
 
 
 def shown(panel: Panel) -> bool:
-    # A dock tabbed behind another still reports isVisible(); its visible region is empty.
-    return panel.isVisible() and not panel.visibleRegion().isEmpty()
+    """Whether any of the panel is on screen now.
+
+    A dock tabbed behind another still reports isVisible(): its visible region is empty. A
+    minimised window keeps both, so every window up the parent chain is asked too (a floating
+    dock is a window of its own whose parent is the main window).
+    """
+    if not panel.isVisible() or panel.visibleRegion().isEmpty():
+        return False
+    widget = panel.window()
+    while widget is not None:
+        if widget.isMinimized():
+            return False
+        parent = widget.parentWidget()
+        widget = parent.window() if parent is not None else None
+    return True
 
 
 def build_docks(

@@ -17,10 +17,19 @@ from PySide6.QtWidgets import (
 from engine.events import ModelInfo
 from engine.kv_cache import formula_bytes, mha_bytes, sliding_tokens
 from ui.panels.buffers import KV, InternalsState, RedrawTracker
+from ui.panels.ranges import AxisLimit
 
 TOTAL = "all layers (total)"
 STACKED = "stacked by layer"
 MATCH_TOLERANCE = 0.01  # the measured size may include a little bookkeeping
+CURVE_OPTIONS = {
+    "stepMode": "right",
+    "clipToView": True,
+    "autoDownsample": True,
+    "autoDownsampleFactor": 1.0,  # about one point per pixel
+    "downsampleMethod": "subsample",
+    "skipFiniteCheck": True,
+}
 
 
 def human_bytes(count: float) -> str:
@@ -104,14 +113,9 @@ class KvCachePanel(QWidget):
         plot = self.plot_widget.getPlotItem()
         plot.setLabel("bottom", "tokens in the cache")
         plot.setLabel("left", "cache", units="B")
-        self.curve = pg.PlotDataItem(
-            pen=pg.mkPen((66, 133, 244), width=2),
-            stepMode="right",
-            clipToView=True,
-            autoDownsample=True,
-            downsampleMethod="subsample",
-            skipFiniteCheck=True,
-        )
+        plot.disableAutoRange()  # set when the cache outgrows the range: see _set_range
+        self._x_limit, self._y_limit = AxisLimit(), AxisLimit()
+        self.curve = pg.PlotDataItem(pen=pg.mkPen((66, 133, 244), width=2), **CURVE_OPTIONS)
         plot.addItem(self.curve)
         self.stack_curves: list[pg.PlotDataItem] = []
         self.formula = QLabel("Load a model to see the KV-cache formula.")
@@ -186,14 +190,7 @@ class KvCachePanel(QWidget):
         for layer in range(layers):
             colour = tuple(int(c) for c in colours[layer][:3])
             curve = pg.PlotDataItem(
-                pen=pg.mkPen(colour),
-                brush=(*colour, 150),
-                fillLevel=0,
-                stepMode="right",
-                clipToView=True,
-                autoDownsample=True,
-                downsampleMethod="subsample",
-                skipFiniteCheck=True,
+                pen=pg.mkPen(colour), brush=(*colour, 150), fillLevel=0, **CURVE_OPTIONS
             )
             curve.setZValue(-layer)
             curve.setVisible(False)
@@ -213,14 +210,25 @@ class KvCachePanel(QWidget):
             cumulative = np.cumsum(per_layer, axis=1, dtype=np.float64)
             for layer, curve in enumerate(self.stack_curves[: cumulative.shape[1]]):
                 curve.setData(tokens, cumulative[:, layer])
-            return
-        if choice.startswith("layer "):
+            values = cumulative[:, -1] if cumulative.size else np.zeros(0)
+        elif choice.startswith("layer "):
             layer = int(choice.split()[1])
             fits = per_layer is not None and layer < per_layer.shape[1]
-            values = per_layer[:, layer] if fits else np.zeros(0)
-            self.curve.setData(tokens[: len(values)], values.astype(np.float64))
+            values = per_layer[:, layer].astype(np.float64) if fits else np.zeros(0)
+            self.curve.setData(tokens[: len(values)], values)
         else:
-            self.curve.setData(tokens, state.kv_bytes.view().astype(np.float64))
+            values = state.kv_bytes.view().astype(np.float64)
+            self.curve.setData(tokens, values)
+        self._set_range(float(tokens[-1]) if len(tokens) else 0.0, values)
+
+    def _set_range(self, last_token: float, values: np.ndarray) -> None:
+        """Leave room to grow: the range changes a few times per reply, not every token."""
+        plot = self.plot_widget.getPlotItem()
+        # A step curve ("right") draws its last value one token on.
+        if self._x_limit.update(last_token + 1):
+            plot.setXRange(0, self._x_limit.limit, padding=0)
+        if self._y_limit.update(float(values.max()) if values.size else 0.0):
+            plot.setYRange(0, self._y_limit.limit, padding=0)
 
     def _draw_text(self) -> None:
         state = self._state

@@ -47,6 +47,7 @@ class NextTokenPanel(QWidget):
         self._state = state
         self.tracker = RedrawTracker(state, NEXT_TOKEN)
         self._step = -1
+        self._bar_count = -1
         self.follow = QCheckBox("follow the latest token")
         self.follow.setChecked(True)
         self.follow.toggled.connect(lambda _on: self.tracker.mark())
@@ -71,6 +72,7 @@ class NextTokenPanel(QWidget):
         plot.invertY(True)
         plot.setLabel("bottom", "probability")
         plot.setXRange(0, 1, padding=0.02)
+        plot.disableAutoRange()  # the bars' range is set when their count changes
         plot.setMouseEnabled(x=False, y=False)
         legend = plot.addLegend(offset=(-5, 5))
         self.prob_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=BAR_HEIGHT, brush=PROB_BRUSH)
@@ -203,9 +205,11 @@ class NextTokenPanel(QWidget):
             (i, ("▶ " if hit else "") + token_label(c.text))
             for i, (c, hit) in enumerate(zip(candidates, is_chosen, strict=True))
         ]
-        axis = self.plot_widget.getPlotItem().getAxis("left")
-        axis.setTicks([labels])
-        self.plot_widget.getPlotItem().setYRange(-0.5, max(count, 1) - 0.5, padding=0.02)
+        plot = self.plot_widget.getPlotItem()
+        plot.getAxis("left").setTicks([labels])
+        if count != self._bar_count:  # the range follows the number of candidates only
+            self._bar_count = count
+            plot.setYRange(-0.5, max(count, 1) - 0.5, padding=0.02)
 
     def _summary(self, step: int, candidates: tuple[Candidate, ...], chosen: int) -> str:
         piece = self._state.token_text(self._state.prompt_tokens + step)

@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 from ui.panels.buffers import TIMING, InternalsState, RedrawTracker, Reply
+from ui.panels.ranges import AxisLimit
 
 WITH_CACHE = "with KV cache"
 WITHOUT_CACHE = "without KV cache"
@@ -29,6 +30,14 @@ PHASES = (
 TIMELINE_REPLIES = 12
 MAX_TURN_LABELS = 12
 REUSED_BRUSH = (160, 160, 160)
+# Growing curves: clipped to the view, and peak-downsampled to about one point pair per pixel.
+CURVE_OPTIONS = {
+    "clipToView": True,
+    "autoDownsample": True,
+    "autoDownsampleFactor": 1.0,
+    "downsampleMethod": "peak",
+    "skipFiniteCheck": True,
+}
 PROCESSED_BRUSH = (66, 133, 244)
 
 
@@ -84,6 +93,9 @@ class TimingPanel(QWidget):
         self.tracker = RedrawTracker(state, TIMING)
         self._legend_names: tuple[str, ...] = ()
         self._turns_drawn: tuple | None = None
+        self._timeline_turns: tuple[str, ...] | None = None
+        # Ranges set when the data outgrows them (auto-range would re-measure every frame).
+        self._timeline_x, self._steps_x, self._steps_y = AxisLimit(), AxisLimit(), AxisLimit()
         self.numbers = QLabel(summary_html(None))
         self.numbers.setTextFormat(Qt.TextFormat.RichText)
         self.numbers.setWordWrap(True)
@@ -112,6 +124,7 @@ class TimingPanel(QWidget):
         plot.setLabel("bottom", "time", units="s")
         plot.invertY(True)
         plot.setMouseEnabled(x=True, y=False)
+        plot.disableAutoRange()
         legend = plot.addLegend(offset=(-5, 5), colCount=4)
         self.phase_bars: dict[str, pg.BarGraphItem] = {}
         for name, colour in PHASES:
@@ -128,16 +141,11 @@ class TimingPanel(QWidget):
         plot.setLabel("bottom", "generated token")
         plot.setLabel("left", "latency", units="s")
         self.steps_legend = plot.addLegend(offset=(5, 5), brush=(0, 0, 0, 170))
-        curve_opts = {
-            "clipToView": True,
-            "autoDownsample": True,
-            "downsampleMethod": "peak",
-            "skipFiniteCheck": True,
-        }
+        plot.disableAutoRange()
         self.previous_curve = pg.PlotDataItem(
-            pen=pg.mkPen((160, 160, 160), width=1.5, style=Qt.PenStyle.DashLine), **curve_opts
+            pen=pg.mkPen((160, 160, 160), width=1.5, style=Qt.PenStyle.DashLine), **CURVE_OPTIONS
         )
-        self.step_curve = pg.PlotDataItem(pen=pg.mkPen((52, 168, 83), width=1.5), **curve_opts)
+        self.step_curve = pg.PlotDataItem(pen=pg.mkPen((52, 168, 83), width=1.5), **CURVE_OPTIONS)
         plot.addItem(self.previous_curve)
         plot.addItem(self.step_curve)
         self.previous_curve.setVisible(False)
@@ -149,6 +157,7 @@ class TimingPanel(QWidget):
         plot = self.turns_plot.getPlotItem()
         plot.setLabel("left", "prompt tokens")
         plot.setMouseEnabled(x=False, y=False)
+        plot.disableAutoRange()
         self.reused_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush=REUSED_BRUSH)
         self.processed_bars = pg.BarGraphItem(
             x=[], y0=[], height=[], width=0.6, brush=PROCESSED_BRUSH
@@ -208,8 +217,15 @@ class TimingPanel(QWidget):
         rows = np.arange(len(replies), dtype=np.float64)
         for column, (name, _colour) in enumerate(PHASES):
             self.phase_bars[name].setOpts(x0=starts[:, column], y=rows, width=phases[:, column])
-        axis = self.timeline.getPlotItem().getAxis("left")
-        axis.setTicks([[(i, r.turn) for i, r in enumerate(replies)]])
+        plot = self.timeline.getPlotItem()
+        total = float(phases.sum(axis=1).max()) if len(replies) else 0.0
+        if self._timeline_x.update(total):
+            plot.setXRange(0, self._timeline_x.limit, padding=0)
+        turns = tuple(r.turn for r in replies)
+        if turns != self._timeline_turns:  # a new reply: new labels, one more row
+            self._timeline_turns = turns
+            plot.getAxis("left").setTicks([list(enumerate(turns))])
+            plot.setYRange(-0.5, max(len(turns), 1) - 0.5, padding=0.05)
 
     def _draw_steps(self, reply: Reply | None) -> None:
         if reply is None:
@@ -222,6 +238,16 @@ class TimingPanel(QWidget):
             self.previous_curve.setData(previous.steps.view(), previous.step_seconds.view())
         self.previous_curve.setVisible(show_previous)
         self._update_legend(reply, previous if show_previous else None)
+        shown = [r for r in (reply, previous if show_previous else None) if r is not None]
+        last_step = max((float(r.steps.last()) for r in shown if len(r.steps)), default=0.0)
+        slowest = max(
+            (float(r.step_seconds.view().max()) for r in shown if len(r.steps)), default=0.0
+        )
+        plot = self.steps_plot.getPlotItem()
+        if self._steps_x.update(last_step):
+            plot.setXRange(0, self._steps_x.limit, padding=0)
+        if self._steps_y.update(slowest):
+            plot.setYRange(0, self._steps_y.limit, padding=0)
 
     def _update_legend(self, reply: Reply | None, previous: Reply | None) -> None:
         current = (reply.curve_label if reply else "") or "this reply"
@@ -254,8 +280,10 @@ class TimingPanel(QWidget):
         self.processed_bars.setOpts(x=turns, y0=reused, height=processed)
         finite = np.isfinite(ttft)  # a reply that failed before its first token has none
         self.ttft_curve.setData(turns[finite], ttft[finite])
-        axis = self.turns_plot.getPlotItem().getAxis("bottom")
-        axis.setTicks([turn_ticks(replies)])
+        plot = self.turns_plot.getPlotItem()
+        plot.getAxis("bottom").setTicks([turn_ticks(replies)])
+        tallest = float((reused + processed).max()) if len(replies) else 1.0
+        plot.setRange(xRange=(-0.5, max(len(replies), 1) - 0.5), yRange=(0, tallest * 1.1))
         if finite.any():
             self.ttft_view.setYRange(0, float(ttft[finite].max()) * 1.15, padding=0)
         self._sync_ttft_view()
