@@ -182,18 +182,18 @@ class EngineProcessWorker(WorkerBase):
 
     def _send(self, message: tuple, job_kind: str | None) -> None:
         if self._engine is None:
-            self._restart()
+            self._restart(reload=job_kind != "load")  # a new model needs no old one first
         if job_kind is not None:
             with self._jobs_lock:
                 self._jobs.append(job_kind)
         if not self._engine.send(message):
             log.warning("the engine's pipe is closed; its end will be reported")
 
-    def _restart(self) -> None:
+    def _restart(self, reload: bool) -> None:
         """A fresh child after the last one died, loading the model the old one had."""
         self.restarts += 1
         self._attach(EngineProcess(self._spec))
-        if self._info is not None and self._last_request is not None:
+        if reload and self._info is not None and self._last_request is not None:
             self.load_progress.emit(f"Starting a new engine with {self._info.name}", 0.0)
             self._begin_job()
             with self._jobs_lock:

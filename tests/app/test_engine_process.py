@@ -124,6 +124,19 @@ def test_a_killed_idle_engine_is_reported_and_replaced_on_the_next_request(qtbot
     assert announced == []  # nothing changed for the window
 
 
+def test_loading_another_model_after_a_crash_does_not_reload_the_old_one(qtbot, worker):
+    load(qtbot, worker, fake_request())
+    with qtbot.waitSignal(worker.engine_stopped, timeout=5000):
+        worker.engine.kill()
+    stages: list[str] = []
+    worker.load_progress.connect(lambda stage, _fraction: stages.append(stage))
+    with qtbot.waitSignal(worker.loaded, timeout=10_000) as loaded:
+        worker.load(fake_request(spec="other"))
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+    assert loaded.args[0].name == "other" and worker.restarts == 1
+    assert not any(stage.startswith("Starting a new engine") for stage in stages)
+
+
 def test_shutdown_mid_reply_is_quick_and_leaves_no_process_or_thread(qtbot, worker):
     load(qtbot, worker, fake_request(tokens=1000, delay=0.05))
     events = collect(worker)
