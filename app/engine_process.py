@@ -26,7 +26,6 @@ crosses once: an attention row is sent with its token, never again.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib
 import logging
 import os
@@ -81,6 +80,10 @@ def encode(message: tuple) -> bytes:
 
 def widen_pipe(connection: Connection) -> None:
     """Let one write carry a long token at once (Linux); elsewhere the default stays."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return
     set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
     if set_size is not None:
         with contextlib.suppress(OSError):
