@@ -357,7 +357,7 @@ class EngineProcess:
             return "The engine stopped responding"
         if code < 0:
             name = _signal_name(-code)
-            if -code == signal.SIGKILL:
+            if -code == getattr(signal, "SIGKILL", 9):
                 return f"The engine was killed ({name}; out of memory?)"
             return f"The engine crashed ({name})"
         return f"The engine exited unexpectedly (exit code {code})"
