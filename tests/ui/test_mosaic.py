@@ -1,0 +1,289 @@
+"""The heads of a layer as one mosaic image, and the statistics kept as rows arrive."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+import pytest
+from PySide6.QtCore import QPointF
+
+from tests.ui.test_panels import (
+    HEADS,
+    LAYERS,
+    PROMPT,
+    causal,
+    expected_matrix,
+    model_info,
+    prefill,
+    run_reply,
+    token,
+)
+from ui.panels import InternalsView, attention
+from ui.panels.buffers import AttentionRows
+from ui.panels.mosaic import LEVEL_EDGES, MosaicLayout, best_columns
+from ui.panels.ranges import headroom
+
+
+@pytest.fixture
+def view(qtbot):
+    internals = InternalsView()
+    for dock in internals.docks.values():
+        qtbot.addWidget(dock)
+    internals.set_model(model_info_for_mosaic())
+    internals.set_watched_layers((0, 1))
+    yield internals
+    internals.timer.stop()
+
+
+def model_info_for_mosaic():
+    return model_info()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(7)
+
+
+# -- layout ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tiles", "width", "height", "columns"),
+    [
+        (9, 600, 600, 3),  # a square area: 3 x 3 square tiles
+        (9, 1800, 200, 9),  # a wide strip: one line
+        (9, 200, 1800, 1),  # a tall strip: one column
+        (9, 700, 400, 5),  # 5 + 4: tiles 140 x 200 beat 3 x 3 tiles of 233 x 133
+        (1, 300, 100, 1),
+        (4, 0, 0, 1),  # not laid out yet
+    ],
+)
+def test_tile_columns_make_the_largest_readable_tiles(tiles, width, height, columns):
+    assert best_columns(tiles, width, height) == columns
+
+
+def test_layout_places_each_tile_apart_and_maps_pixels_back(rng):
+    data = rng.random((5, 40, 70)).astype(np.float32) + 0.1
+    scale = np.array([1.0, 2.0, 0.5, 1.0, 4.0])
+    layout = MosaicLayout(tiles=5, data_rows=40, data_columns=70, columns_of_tiles=3)
+    image = layout.compose(data, scale, None)
+    assert image.shape == layout.shape and image.dtype == np.float32
+    up_rows, up_columns = layout.upsample
+    assert (up_rows, up_columns) == (2, 1)  # 40 rows are repeated up to 64 pixels or more
+    # Every pixel of every tile is its cell times the tile's scale; nothing else is written.
+    covered = np.zeros(image.shape, dtype=bool)
+    for slot in range(5):
+        y, x = layout.origin(slot)
+        height, width = layout.tile_shape
+        expected = np.repeat(data[slot] * np.float32(scale[slot]), up_rows, axis=0)
+        np.testing.assert_allclose(image[y : y + height, x : x + width], expected, rtol=1e-6)
+        assert not covered[y : y + height, x : x + width].any()  # tiles never overlap
+        covered[y : y + height, x : x + width] = True
+        np.testing.assert_allclose(layout.tile(image, slot), data[slot] * scale[slot], rtol=1e-6)
+        # Pixel centres map back to their tile and cell; the gap right of a tile to none.
+        for row, column in ((0, 0), (39, 69), (17, 3)):
+            found = layout.locate(y + row * up_rows + 0.5, x + column + 0.5)
+            assert found is not None
+            assert (found[0], math.floor(found[1] / up_rows), math.floor(found[2])) == (
+                slot,
+                row,
+                column,
+            )
+        if slot % 3 < 2:
+            assert layout.locate(y + 1, x + width + 0.5) is None
+    assert np.all(image[~covered] == 0)  # gaps and the empty sixth place stay blank
+    assert layout.locate(*[v + 1 for v in layout.origin(5)]) is None  # no sixth head
+
+
+# -- the panel ---------------------------------------------------------------------------------
+
+
+def test_the_heads_are_one_image_with_each_weight_in_its_place(view, rng):
+    panel = view.attention
+    panel.per_head_scale.setChecked(False)  # pixels are the weights themselves
+    panel.heads_view.resize(640, 360)
+    first, tokens = run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    images = [i for i in panel.heads_view.addedItems if isinstance(i, pg.ImageItem)]
+    assert images == [panel.mosaic]  # one image for every head
+    assert not [i for i in panel.heads_view.addedItems if isinstance(i, pg.PlotItem)]
+    assert panel.slots == tuple(range(HEADS))
+    expected = expected_matrix(first, tokens, 0)
+    keys = PROMPT + len(tokens) - 1
+    layout = panel.layout
+    up_rows, up_columns = layout.upsample
+    for slot, head in enumerate(panel.slots):
+        top, left = layout.origin(slot)
+        for row in range(keys):
+            for key in range(keys):
+                y, x = top + row * up_rows, left + key * up_columns
+                assert panel.mosaic.image[y, x] == expected[head, row, key]
+                # The pointer over that pixel names the same head, query and key.
+                centre = panel.mosaic.mapToView(QPointF(x + 0.5, y + 0.5))
+                assert panel.cell_at(centre) == (head, row, key)
+    # Hover says which head, which two tokens and the weight.
+    top, left = layout.origin(2)
+    point = panel.mosaic.mapToView(QPointF(left + 5 * up_columns + 0.5, top + 6 * up_rows + 0.5))
+    text = panel.describe(*panel.cell_at(point))
+    assert text == f"head 2 · query #6 't1' → key #5 't0': {expected[2, 6, 5]:.4f}"
+    # Each head is labelled on its own tile.
+    labels = [label for label in panel.head_labels if label.isVisible()]
+    assert [label.toPlainText() for label in labels] == [f"head {h}" for h in range(HEADS)]
+    for slot, label in enumerate(labels):
+        position = label.pos()
+        found = panel.cell_at(QPointF(position.x() - 1e-3, position.y() + 1e-3))
+        assert found is not None and found[0] == slot  # its tile's top-right corner
+
+
+def test_pooled_cells_map_hover_to_the_rows_and_keys_they_cover(view, rng, monkeypatch):
+    monkeypatch.setattr(attention, "DISPLAY_ROWS", 4)
+    monkeypatch.setattr(attention, "DISPLAY_KEYS", 6)
+    panel = view.attention
+    run_reply(view, rng, count=12)  # 16 keys: 4 rows and 3 keys per cell
+    view.redraw(force=True)
+    rows = view.state.attention[0]
+    row_factor = math.ceil(rows.rows / 4)
+    key_factor = math.ceil(rows.keys / 6)
+    layout = panel.layout
+    assert (layout.data_rows, layout.data_columns) == (math.ceil(rows.rows / row_factor), 6)
+    up_rows, up_columns = layout.upsample
+    top, left = layout.origin(1)
+    for cell_row in range(layout.data_rows):
+        for cell_key in range(layout.data_columns):
+            y, x = top + cell_row * up_rows, left + cell_key * up_columns
+            centre = panel.mosaic.mapToView(QPointF(x + 0.5, y + 0.5))
+            head, row, key = panel.cell_at(centre)
+            assert head == 1
+            assert cell_row * row_factor <= row < (cell_row + 1) * row_factor
+            assert cell_key * key_factor <= key < (cell_key + 1) * key_factor
+            block = rows.matrix()[1, row_factor * cell_row : row_factor * (cell_row + 1)]
+            cell = block[:, key_factor * cell_key : key_factor * (cell_key + 1)]
+            assert panel.head_tile(1)[cell_row, cell_key] == pytest.approx(cell.max(), rel=1e-6)
+
+
+def test_one_head_fills_the_mosaic_and_labels_follow(view, rng):
+    first, tokens = run_reply(view, rng, count=3)
+    view.attention.select(1, head=3)
+    view.redraw(force=True)
+    panel = view.attention
+    assert panel.slots == (3,) and panel.layout.tiles == 1
+    view.redraw(force=True)
+    shown = [label.toPlainText() for label in panel.head_labels if label.isVisible()]
+    assert shown == ["head 3"]
+    panel.select(1)  # all heads again
+    view.redraw(force=True)
+    shown = [label.toPlainText() for label in panel.head_labels if label.isVisible()]
+    assert shown == [f"head {h}" for h in range(HEADS)] and panel.layout.tiles == HEADS
+    panel.select(1, head=3)
+    view.redraw(force=True)
+    np.testing.assert_allclose(panel.head_tile(3), expected_matrix(first, tokens, 1)[3], rtol=1e-6)
+
+
+# -- statistics kept as rows arrive --------------------------------------------------------------
+
+
+def test_colour_levels_are_a_histogram_equal_to_one_built_from_scratch(rng, monkeypatch):
+    """Rows stream in, pooling factors change and old rows drop: at every step the kept counts
+    equal np.histogram of the pooled image, and the level brackets np.quantile."""
+    monkeypatch.setattr(attention, "DISPLAY_ROWS", 8)
+    monkeypatch.setattr(attention, "DISPLAY_KEYS", 12)
+    rows = AttentionRows(HEADS, max_rows=20)
+    pooled = attention.PooledRows()
+    rows.append_block(causal(rng, 6, 6))
+    one_bin = LEVEL_EDGES[-1] / LEVEL_EDGES[-2]
+    factors = set()
+    for keys in range(7, 90):
+        rows.append_row(causal(rng, 1, keys)[:, 0, :])
+        image, row_factor, key_factor = pooled.update(rows)
+        factors.add((row_factor, key_factor))
+        levels = pooled.levels()
+        for head in range(HEADS):
+            weights = image[head][image[head] > 0]
+            counts, _edges = np.histogram(weights, bins=LEVEL_EDGES)
+            np.testing.assert_array_equal(pooled.histogram.total[head], counts)
+            ordered = np.sort(weights)
+            rank = 0.99 * (ordered.size - 1)
+            low, high = ordered[math.floor(rank)], ordered[math.ceil(rank)]
+            assert low / one_bin <= levels[head] <= high * one_bin
+    assert rows.dropped > 0 and len(factors) >= 3  # drops and re-pooling both happened
+
+
+def test_a_frame_never_sorts_or_takes_quantiles_of_the_history(view, rng, monkeypatch):
+    run_reply(view, rng, count=3)
+
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("a frame must not sort the weights")
+
+    monkeypatch.setattr(np, "quantile", forbidden)
+    monkeypatch.setattr(np, "percentile", forbidden)
+    monkeypatch.setattr(np, "sort", forbidden)
+    view.redraw(force=True)
+    assert view.attention.tile_scale.size == HEADS
+
+
+def test_overview_statistics_equal_a_computation_from_the_events(rng):
+    """Mean max weight and mean normalised entropy per head, over every row of the reply,
+    including rows the bounded buffer has dropped, against a plain loop over the events."""
+    internals = InternalsView(max_attention_rows=6)
+    internals.timer.stop()
+    internals.set_model(model_info_for_mosaic())
+    internals.set_watched_layers((0, 1))
+    first, tokens = run_reply(internals, rng, count=25)
+    assert internals.state.attention[1].dropped > 0
+    # The rows each query contributed: the prompt's, then one per later token (token 0
+    # re-reads the last prompt row, so it adds none).
+    rows = [(p, first.attention[1][:, p, : p + 1]) for p in range(PROMPT)]
+    rows += [(t.attention[1].shape[1] - 1, t.attention[1]) for t in tokens[1:]]
+    max_weight = np.zeros(HEADS)
+    entropy = np.zeros(HEADS)
+    for position, row in rows:
+        for head in range(HEADS):
+            weights = [float(w) for w in row[head] if w > 0]
+            max_weight[head] += max(weights)
+            h = -sum(w * math.log(w) for w in weights)
+            entropy[head] += h / math.log(max(position + 1, 2))
+    stats = internals.state.head_stats[1]
+    assert stats.rows == len(rows) == PROMPT + 24
+    np.testing.assert_allclose(stats.mean("max"), max_weight / len(rows), rtol=1e-5)
+    np.testing.assert_allclose(stats.mean("entropy"), entropy / len(rows), rtol=1e-4)
+    internals.redraw(force=True)
+    overview = internals.attention.overview_image.image
+    assert overview.shape == (LAYERS, HEADS)
+    np.testing.assert_allclose(overview[1], max_weight / len(rows), rtol=1e-5)
+
+
+# -- ranges ------------------------------------------------------------------------------------
+
+
+def test_headroom_keeps_a_range_while_the_data_fits_it():
+    assert headroom(0.0, 10.0) == 12.5
+    assert headroom(12.5, 12.0) == 12.5  # still fits
+    assert headroom(12.5, 13.0) == pytest.approx(16.25)  # outgrown: room to grow again
+    assert headroom(100.0, 10.0) == 12.5  # a new reply far smaller: a range of its own
+    assert headroom(5.0, 0.0) == 5.0
+
+
+def test_growing_curves_change_their_range_a_few_times_not_every_frame(view, rng):
+    changes = {"steps": 0, "kv": 0}
+    steps_view = view.timing.steps_plot.getPlotItem().vb
+    kv_view = view.kv_cache.plot_widget.getPlotItem().vb
+    steps_view.sigRangeChanged.connect(
+        lambda *_: changes.__setitem__("steps", changes["steps"] + 1)
+    )
+    kv_view.sigRangeChanged.connect(lambda *_: changes.__setitem__("kv", changes["kv"] + 1))
+    view.ingest(prefill(rng))
+    frames = 200
+    for index in range(frames):
+        view.ingest(token(rng, index, layers=()))
+        view.redraw(force=True)
+    assert not any(steps_view.autoRangeEnabled()) and not any(kv_view.autoRangeEnabled())
+    assert changes["steps"] < frames / 5 and changes["kv"] < frames / 5
+    # Yet every point is inside the range shown.
+    (x0, x1), (y0, y1) = steps_view.viewRange()
+    x, y = view.timing.step_curve.getData()
+    assert x0 <= x.min() and x.max() <= x1 and y0 <= y.min() and y.max() <= y1
+    (x0, x1), (y0, y1) = kv_view.viewRange()
+    x, y = view.kv_cache.curve.getData()
+    assert x0 <= x.min() and x.max() + 1 <= x1 and y0 <= y.min() and y.max() <= y1

@@ -1,0 +1,137 @@
+"""Panels redraw only when they are on screen and their data changed, and catch up once shown.
+
+The redraw timer is stopped: each `tick` below is what one timeout of it does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PySide6.QtWidgets import QMainWindow
+
+from engine.events import Token
+from tests.ui.test_panels import model_info, prefill, token
+from ui.panels import InternalsView, build_docks
+from ui.panels.docks import shown
+
+PANELS = ("timing", "kv_cache", "attention", "next_token")
+
+
+class Docked:
+    """A main window with the four docks as the app lays them out, counting redraws."""
+
+    def __init__(self, qtbot) -> None:
+        self.window = QMainWindow()
+        qtbot.addWidget(self.window)
+        self.view: InternalsView = build_docks(self.window)
+        self.view.timer.stop()
+        self.counts = dict.fromkeys(PANELS, 0)
+        for name in PANELS:
+            self._count(name)
+        self.window.resize(1200, 800)
+        self.window.show()
+        qtbot.waitExposed(self.window)
+        self.view.set_model(model_info())
+        self.view.set_watched_layers((0, 1))
+
+    def _count(self, name: str) -> None:
+        panel = getattr(self.view, name)
+        redraw = panel.redraw
+
+        def counted() -> None:
+            self.counts[name] += 1
+            redraw()
+
+        panel.redraw = counted
+
+    def tick(self, times: int = 1) -> dict[str, int]:
+        """Run the timer's slot `times` times; the redraws each panel made meanwhile."""
+        before = dict(self.counts)
+        for _ in range(times):
+            self.view.redraw()
+        return {name: self.counts[name] - before[name] for name in PANELS}
+
+
+@pytest.fixture
+def docked(qtbot):
+    return Docked(qtbot)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(3)
+
+
+def test_tabbed_behind_panels_wait_and_draw_once_when_raised(qtbot, docked, rng):
+    view = docked.view
+    assert not shown(view.kv_cache) and not shown(view.next_token)  # tabbed behind
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    assert docked.tick(3) == {"timing": 1, "kv_cache": 0, "attention": 1, "next_token": 0}
+    assert view.kv_cache.needs_redraw() and view.next_token.needs_redraw()
+
+    view.docks["kv_cache"].raise_()
+    qtbot.waitUntil(lambda: shown(view.kv_cache))
+    qtbot.waitUntil(lambda: docked.counts["kv_cache"] == 1)  # at once, not a tick later
+    assert docked.tick(3)["kv_cache"] == 0  # once only
+    _x, y = view.kv_cache.curve.getData()
+    assert y[-1] == view.state.kv_bytes.last()  # the latest data, not the frame it missed
+    assert not shown(view.timing)  # now the timing panel is behind: it waits in turn
+    view.ingest(token(rng, 1))
+    assert docked.tick(2) == {"timing": 0, "kv_cache": 1, "attention": 1, "next_token": 0}
+
+
+def test_a_closed_panel_does_not_redraw_until_shown_again(qtbot, docked, rng):
+    view = docked.view
+    view.ingest(prefill(rng))
+    docked.tick()
+    dock = view.docks["attention"]
+    dock.close()
+    qtbot.waitUntil(lambda: not shown(view.attention))
+    for index in range(4):
+        view.ingest(token(rng, index))
+    assert docked.tick(3)["attention"] == 0
+    before = docked.counts["attention"]
+    dock.show()
+    qtbot.waitUntil(lambda: shown(view.attention))
+    docked.tick(3)
+    assert docked.counts["attention"] == before + 1  # once on showing
+    rows = view.state.attention[view.attention.selected_layer]
+    assert view.attention.head_tile(0).shape == (rows.rows, rows.keys)  # the latest rows
+
+
+def test_a_minimised_window_redraws_nothing_until_restored(qtbot, docked, rng):
+    view = docked.view
+    view.docks["next_token"].setFloating(True)  # a window of its own, owned by the main one
+    view.ingest(prefill(rng))
+    qtbot.waitUntil(lambda: shown(view.next_token))
+    docked.tick()
+    docked.window.showMinimized()
+    qtbot.waitUntil(docked.window.isMinimized)
+    assert not any(shown(getattr(view, name)) for name in PANELS)
+    for index in range(3):
+        view.ingest(token(rng, index))
+    assert docked.tick(3) == dict.fromkeys(PANELS, 0)
+    docked.window.showNormal()
+    qtbot.waitUntil(lambda: not docked.window.isMinimized())
+    qtbot.waitUntil(lambda: shown(view.timing))
+    drawn = docked.tick(3)
+    assert drawn["timing"] == drawn["attention"] == drawn["next_token"] == 1
+
+
+def test_a_panel_whose_data_did_not_change_does_not_redraw(docked, rng):
+    view = docked.view
+    view.docks["kv_cache"].setFloating(True)  # all four on screen
+    view.docks["next_token"].setFloating(True)
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    assert docked.tick() == dict.fromkeys(PANELS, 1)
+    assert docked.tick(5) == dict.fromkeys(PANELS, 0)  # nothing new: nothing redrawn
+    # A token without attention rows changes timing, KV and next token, not the heatmaps.
+    plain = token(rng, 1)
+    view.ingest(
+        Token(**{**{f: getattr(plain, f) for f in plain.__dataclass_fields__}, "attention": {}})
+    )
+    assert docked.tick(2) == {"timing": 1, "kv_cache": 1, "attention": 0, "next_token": 1}
+    view.attention.per_head_scale.toggle()  # a change on the panel itself
+    assert docked.tick(2) == {"timing": 0, "kv_cache": 0, "attention": 1, "next_token": 0}
