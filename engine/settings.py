@@ -110,11 +110,25 @@ class Message:
         return {"role": self.role, "content": self.content}
 
 
+PRECISIONS = ("auto", "exact", "fast")
+
+
 @dataclass(frozen=True, slots=True)
 class LoadRequest:
-    """Which model to load and where. `spec` is "bundled", a hub id, a folder or a .gguf path."""
+    """Which model to load and where. `spec` is "bundled", a hub id, a folder or a .gguf path.
+
+    `precision`: "exact" runs dequantised weights in transformers (the reference), "fast" runs
+    a GGUF's own 4/8-bit weights in Glassbox's model, "auto" picks fast where it can.
+    """
 
     spec: str = "bundled"
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", "mps"
     dtype: str = "auto"  # "auto", "float32", "bfloat16", "float16"
     extra: dict[str, str] = field(default_factory=dict)
+    precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise SettingsError(
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )

@@ -71,11 +71,21 @@ os.environ.setdefault(
 
 @pytest.fixture(scope="session")
 def bundled():
-    """The real bundled SmolLM2-135M-Instruct, loaded once for the whole run."""
+    """The real bundled SmolLM2-135M-Instruct in exact precision (the transformers reference
+    that `generate` and eager attention check), loaded once for the whole run."""
     from engine.loader import load_model
     from engine.settings import LoadRequest
 
-    return load_model(LoadRequest(spec="bundled", device="cpu"))
+    return load_model(LoadRequest(spec="bundled", device="cpu", precision="exact"))
+
+
+@pytest.fixture(scope="session")
+def bundled_fast():
+    """The bundled model in fast precision: Glassbox's own model on its 4-bit weights."""
+    from engine.loader import load_model
+    from engine.settings import LoadRequest
+
+    return load_model(LoadRequest(spec="bundled", device="cpu", precision="fast"))
 
 
 @pytest.fixture(scope="session")

@@ -219,35 +219,61 @@ def test_load_folder_in_an_explicit_dtype(tiny_folder, tmp_path):
 
 
 @pytest.mark.bundled
-def test_gguf_is_dequantised_once_then_loaded_from_the_copy(tmp_path):
+def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
+    """Both precisions read the GGUF itself; the tokenizer is converted once and kept."""
     stages: list[tuple[str, float]] = []
-    request = LoadRequest(spec="bundled", device="cpu")
-
-    start = time.perf_counter()
-    first = load_model(request, lambda s, f: stages.append((s, f)), cache_dir=tmp_path)
-    first_s = time.perf_counter() - start
-    copies = list((tmp_path / "models").iterdir())
-    assert len(copies) == 1 and (copies[0] / "config.json").is_file()
-    assert not copies[0].name.startswith(".")  # the staging folder was renamed into place
-    assert any("Dequantising" in stage for stage, _ in stages)
+    exact = load_model(
+        LoadRequest(spec="bundled", device="cpu", precision="exact"),
+        lambda s, f: stages.append((s, f)),
+        cache_dir=tmp_path,
+    )
+    assert any("Converting the tokenizer" in stage for stage, _ in stages)
     fractions = [fraction for _, fraction in stages]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert any("tensors)" in stage for stage, _ in stages)  # progress per tensor
+    assert not (tmp_path / "models").exists()  # no dequantised copy on disk
+    kept = list((tmp_path / "tokenizers").iterdir())
+    assert len(kept) == 1 and (kept[0] / "tokenizer.json").is_file()
+    assert not kept[0].name.startswith(".")  # the staging folder was renamed into place
+    assert sum(f.stat().st_size for f in kept[0].iterdir()) < 10 * 2**20
 
     stages.clear()
-    start = time.perf_counter()
-    second = load_model(request, lambda s, f: stages.append((s, f)), cache_dir=tmp_path)
-    second_s = time.perf_counter() - start
-    assert not any("Dequantising" in stage for stage, _ in stages)
-    assert list((tmp_path / "models").iterdir()) == copies
-    assert second_s < first_s
-    assert first.info == second.info
-    assert first.info.source == "bundled" and first.info.architecture == "LlamaForCausalLM"
+    fast = load_model(
+        LoadRequest(spec="bundled", device="cpu"), lambda s, f: stages.append((s, f)), tmp_path
+    )
+    assert not any("Converting" in stage for stage, _ in stages)
+    assert list((tmp_path / "tokenizers").iterdir()) == kept
+    assert (exact.info.precision, fast.info.precision) == ("exact", "fast")  # auto -> fast
+    assert exact.info.architecture == "LlamaForCausalLM"
+    assert exact.info.source == fast.info.source == "bundled"
+    for field in ("layers", "heads", "kv_heads", "head_dim", "vocab_size", "max_context",
+                  "parameters"):  # fmt: skip
+        assert getattr(exact.info, field) == getattr(fast.info, field), field
+    text = "Glassbox shows how a model reads: ünïcödé, 数字 123, and <|im_end|> too."
+    assert exact.tokenizer(text)["input_ids"] == fast.tokenizer(text)["input_ids"]
 
-    ids = torch.tensor([first.tokenizer("The capital of France is")["input_ids"]])
+
+@pytest.mark.bundled
+def test_exact_gguf_model_equals_transformers_own_gguf_loader(bundled):
+    """The exact model built from the file matches transformers' GGUF loader (a reference
+    that dequantises and un-permutes the weights with its own code)."""
+    from transformers import AutoModelForCausalLM
+
+    path = bundled_gguf_path()
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    ids = torch.tensor([bundled.tokenizer("The capital of France is")["input_ids"]])
     with torch.inference_mode():
         torch.testing.assert_close(
-            first.model(input_ids=ids).logits, second.model(input_ids=ids).logits, rtol=0, atol=0
-        )
+            bundled.model(input_ids=ids).logits, reference(input_ids=ids).logits,
+            rtol=1e-5, atol=1e-4,
+        )  # fmt: skip
+
+
+def test_precision_fast_refuses_folders_and_hub_ids(tiny_folder, tmp_path):
+    message = load_error(str(tiny_folder), tmp_path, precision="fast")
+    assert "GGUF" in message and "exact" in message
 
 
 # -- device and dtype ------------------------------------------------------------------------

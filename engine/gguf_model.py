@@ -1,0 +1,276 @@
+"""Build models from a GGUF file: Glassbox's quantised GGUFLlama, or a transformers reference.
+
+Both read the same tensors through GGUFFile. llama.cpp's converter stores the q and k weights
+of `llama` models with the rows of each head interleaved for its RoPE layout; rows are
+independent in every GGUF type, so they are put back in transformers' order (rotate-half RoPE)
+by reordering raw rows, exactly, before anything is dequantised or repacked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+
+from engine import quant
+from engine.gguf_file import GGUFFile
+from engine.llama import Attention, Block, Embedding, FeedForward, GGUFLlama, LlamaShape
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = ("llama", "qwen2")
+# Called per tensor: (tensors done, tensors in all).
+TensorProgress = Callable[[int, int], None]
+ROW_CHUNK = 4096  # rows repacked at a time, so a large lm_head never exists in float32 whole
+
+
+class Unsupported(ValueError):
+    """The GGUF holds a model the own engine cannot run; the message says what."""
+
+
+def read_shape(file: GGUFFile) -> LlamaShape:
+    """The model's dimensions from the metadata, or Unsupported with the reason."""
+    arch = file.get("general.architecture", "?")
+    if arch not in ARCHITECTURES:
+        raise Unsupported(f"architecture '{arch}' (the own engine runs {', '.join(ARCHITECTURES)})")
+
+    def meta(key: str, default=None):
+        value = file.get(f"{arch}.{key}", default)
+        if value is None:
+            raise Unsupported(f"metadata {arch}.{key} is missing")
+        return value
+
+    scaling = file.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise Unsupported(f"RoPE scaling '{scaling}'")
+    dim, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
+    head_dim = int(meta("attention.key_length", dim // heads))
+    if int(meta("rope.dimension_count", head_dim)) != head_dim:
+        raise Unsupported("partial RoPE (rotary dimensions below the head size)")
+    if "token_embd.weight" not in file.tensors:
+        raise Unsupported("no token_embd.weight tensor")
+    return LlamaShape(
+        vocab=file.tensors["token_embd.weight"].shape[0],
+        dim=dim,
+        layers=int(meta("block_count")),
+        heads=heads,
+        kv_heads=int(meta("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        ffn=int(meta("feed_forward_length")),
+        eps=float(meta("attention.layer_norm_rms_epsilon")),
+        rope_base=float(meta("rope.freq_base", 10000.0)),
+        context=int(meta("context_length", 2048)),
+        architecture=arch,
+        parameters=sum(math.prod(info.shape) for info in file.tensors.values()),
+    )
+
+
+def raw_rows(file: GGUFFile, shape: LlamaShape, name: str) -> torch.Tensor:
+    """A tensor's raw rows (uint8 [rows, row_bytes]) in transformers' row order."""
+    rows = torch.from_numpy(file.read(name))
+    if shape.architecture != "llama":  # only llama's converter permutes
+        return rows
+    if name.endswith("attn_q.weight"):
+        return _unpermute(rows, shape.heads)
+    if name.endswith("attn_k.weight"):
+        return _unpermute(rows, shape.kv_heads)
+    return rows
+
+
+def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's per-head (d/2, 2) -> (2, d/2) row interleave (as transformers does)."""
+    half = rows.shape[0] // heads // 2
+    return rows.reshape(heads, half, 2, -1).transpose(1, 2).reshape(rows.shape)
+
+
+# -- the quantised model ---------------------------------------------------------------------
+
+
+def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLlama:
+    """GGUFLlama with int4/int8 weights repacked from the file (others dequantised to bf16)."""
+    shape = read_shape(file)
+    names = list(file.tensors)
+    done = [0]
+    dense_types: set[str] = set()
+
+    def take(*parts: str) -> torch.Tensor:
+        done[0] += len(parts)
+        if progress is not None:
+            progress(done[0], len(names))
+        return torch.cat([raw_rows(file, shape, p) for p in parts])
+
+    def linear(*parts: str) -> torch.nn.Module:
+        types = {file.tensors[p].type for p in parts}
+        raw = take(*parts)
+        qtype = types.pop() if len(types) == 1 else None
+        if qtype in (quant.Q4_0, quant.Q4_1) and raw.shape[0] % 16 == 0:  # the kernel's rule
+            return _chunked(raw, lambda r: quant.Int4Linear.from_blocks(r, qtype, torch.bfloat16))
+        if qtype == quant.Q8_0:
+            return _chunked(raw, lambda r: quant.Int8Linear.from_blocks(r, qtype, torch.bfloat16))
+        dense_types.update(file.tensors[p].type_name for p in parts)
+        return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
+
+    def vector(name: str) -> torch.Tensor:
+        info = file.tensors[name]
+        return quant.dense(take(name), info.type, info.shape[-1]).reshape(-1).clone()
+
+    blocks = []
+    for i in range(shape.layers):
+        p = f"blk.{i}."
+        qkv = linear(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
+        bias_names = [p + f"attn_{x}.bias" for x in "qkv"]
+        bias = None
+        if all(b in file.tensors for b in bias_names):
+            bias = torch.cat([vector(b) for b in bias_names]).to(torch.bfloat16)
+        attention = Attention(shape, qkv, linear(p + "attn_output.weight"), bias)
+        feed_forward = FeedForward(
+            linear(p + "ffn_gate.weight", p + "ffn_up.weight"),
+            linear(p + "ffn_down.weight"),
+            shape.ffn,
+        )
+        norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
+        blocks.append(Block(attention, feed_forward, norms, shape.eps))
+    tied = "output.weight" not in file.tensors
+    output = linear("token_embd.weight" if tied else "output.weight")
+    embedding = _embedding(file, shape)
+    norm = vector("output_norm.weight")
+    if dense_types:
+        log.info("GGUF tensor types without an int kernel, dequantised to bf16: %s",
+                 ", ".join(sorted(dense_types)))  # fmt: skip
+    return GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape)).eval()
+
+
+def _chunked(raw: torch.Tensor, build) -> torch.nn.Module:
+    """Repack `raw` in row chunks and join them: one linear, without a whole float32 copy."""
+    if raw.shape[0] <= ROW_CHUNK:
+        return build(raw)
+    parts = [build(raw[i : i + ROW_CHUNK]) for i in range(0, raw.shape[0], ROW_CHUNK)]
+    first = parts[0]
+    if isinstance(first, quant.Int4Linear):
+        packed = torch.cat([p.packed for p in parts])
+        scales = torch.cat([p.scales_zeros for p in parts], dim=1)
+        return quant.Int4Linear(packed, scales, packed.shape[0])
+    weight = torch.cat([p.weight for p in parts])
+    return quant.Int8Linear(weight, torch.cat([p.scales for p in parts]))
+
+
+def _embedding(file: GGUFFile, shape: LlamaShape) -> Embedding:
+    """Rows stay as stored (mapped from the file); a lookup expands only the rows it needs."""
+    info = file.tensors["token_embd.weight"]
+    rows = torch.from_numpy(file.raw(info.name))
+    qtype, dim = info.type, shape.dim
+    if qtype in quant.BLOCK_BYTES:
+
+        def lookup(raw: torch.Tensor) -> torch.Tensor:
+            return quant.dequantize(raw, qtype)
+
+    else:
+
+        def lookup(raw: torch.Tensor) -> torch.Tensor:
+            return quant.dense(raw, qtype, dim)
+
+    return Embedding(rows, lookup)
+
+
+def _inv_freq(file: GGUFFile, shape: LlamaShape) -> torch.Tensor:
+    half = torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim
+    inv_freq = 1.0 / (shape.rope_base**half)
+    if "rope_freqs.weight" in file.tensors:  # Llama 3.1+ long-context factors, per frequency
+        factors = file.tensors["rope_freqs.weight"]
+        inv_freq = inv_freq / quant.dense(torch.from_numpy(file.read(factors.name)),
+                                          factors.type, factors.shape[-1]).reshape(-1)  # fmt: skip
+    return inv_freq
+
+
+def _dense(file: GGUFFile, shape: LlamaShape, names) -> torch.Tensor:
+    parts = []
+    for name in names:
+        info = file.tensors[name]
+        parts.append(quant.dense(raw_rows(file, shape, name), info.type, info.shape[-1]))
+    return torch.cat(parts)
+
+
+# -- the transformers reference ------------------------------------------------------------
+
+HF_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def hf_name(name: str) -> str | None:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    if name.startswith("blk."):
+        _, index, rest = name.split(".", 2)
+        if rest in HF_NAMES:
+            return f"model.layers.{index}.{HF_NAMES[rest]}"
+    return None
+
+
+def hf_config(file: GGUFFile):
+    """A transformers config for the GGUF's model (Llama or Qwen2 classes)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    shape = read_shape(file)
+    if "rope_freqs.weight" in file.tensors:
+        raise Unsupported("Llama 3 RoPE frequency factors in the transformers reference")
+    config_class = LlamaConfig if shape.architecture == "llama" else Qwen2Config
+    return config_class(
+        vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.ffn,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=shape.eps,
+        rope_theta=shape.rope_base, max_position_embeddings=shape.context,
+        tie_word_embeddings="output.weight" not in file.tensors,
+        bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=file.get("tokenizer.ggml.padding_token_id"),
+        architectures=["LlamaForCausalLM" if shape.architecture == "llama" else "Qwen2ForCausalLM"],
+    )  # fmt: skip
+
+
+def build_exact(file: GGUFFile, dtype: torch.dtype, progress: TensorProgress | None = None):
+    """The transformers model with every weight dequantised to `dtype` (no copy on disk)."""
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(file)
+    shape = read_shape(file)
+    state = {}
+    names = list(file.tensors)
+    for done, name in enumerate(names, 1):
+        target = hf_name(name)
+        if target is not None:
+            info = file.tensors[name]
+            rows = raw_rows(file, shape, name)
+            state[target] = quant.dense(rows, info.type, info.shape[-1]).reshape(info.shape)
+            state[target] = state[target].to(dtype, copy=True)
+        if progress is not None:
+            progress(done, len(names))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise Unsupported(f"the GGUF lacks {', '.join(missing[:3])}")
+    # The rotary tables are buffers computed at construction, which happened on the meta device.
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    return model.eval()

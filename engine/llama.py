@@ -1,0 +1,181 @@
+"""Glassbox's own Llama-family model (Llama, SmolLM, Mistral, Qwen2) running on quantised weights.
+
+Plain torch in the style of gpt-fast: the weights stay in the GGUF's 4/8-bit blocks and go
+through int4/int8 CPU kernels (engine/quant.py); activations run in bf16, the residual stream
+in float32. Keys and values live in a KVBuffer that grows in place. The probes see this
+model's own numbers: attention from its q and k, logits from its lm_head, bytes from its cache.
+
+Shapes: B = 1 always; n = new positions; T = positions in the cache after this pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention_probe import AttentionProbe, attention_weights
+from engine.kv_buffer import KVBuffer
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    vocab: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    eps: float
+    rope_base: float
+    context: int
+    architecture: str = "llama"
+    parameters: int = 0  # weights in the file (as transformers counts them)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 in -> normalised in float32, scaled by weight, returned in weight's dtype."""
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (x * weight).to(torch.bfloat16)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the rotate-half layout, in float32. x: [1, n, h, d]; cos, sin: [n, 1, d]."""
+    x = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(torch.bfloat16)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal attention of queries at positions start.. over keys 0..T-1.
+
+    q: [1, h, n, d]; k, v: [1, kv_h, T, d] -> [1, h, n, d].
+    """
+    n, total = q.shape[2], k.shape[2]
+    if n == 1:
+        mask, causal = None, False
+    elif start == 0:
+        mask, causal = None, True
+    else:  # a prompt after reused positions: row i sees keys up to start + i
+        rows = torch.arange(start, total, device=q.device)[:, None]
+        mask, causal = torch.arange(total, device=q.device)[None, :] <= rows, False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+    )
+
+
+class Attention(nn.Module):
+    def __init__(
+        self, shape: LlamaShape, qkv: nn.Module, out: nn.Module, bias: torch.Tensor | None
+    ):
+        super().__init__()
+        self.qkv, self.out = qkv, out  # qkv: q, k, v projections fused into one matmul
+        self.register_buffer("bias", bias, persistent=False)  # Qwen2 has q/k/v biases
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+
+    def forward(self, x, cos, sin, layer: int, cache: KVBuffer | None, start: int, probe):
+        n = x.shape[1]
+        qkv = self.qkv(x)  # [1, n, (h + 2·kv_h)·d]
+        if self.bias is not None:
+            qkv = qkv + self.bias
+        qk_heads = self.heads + self.kv_heads
+        qk = rotate(qkv[..., : qk_heads * self.head_dim].view(1, n, qk_heads, self.head_dim),
+                    cos, sin).transpose(1, 2)  # fmt: skip
+        q, k = qk[:, : self.heads], qk[:, self.heads :]  # [1, h, n, d], [1, kv_h, n, d]
+        v = qkv[..., qk_heads * self.head_dim :].view(1, n, self.kv_heads, self.head_dim)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            k, v = cache.write(layer, start, k, v)  # [1, kv_h, T, d]
+        if probe is not None and probe.wants(layer):
+            probe.weights[layer] = attention_weights(q, k, None, self.head_dim**-0.5, probe.rows)
+        y = attend(q, k, v, start)  # [1, h, n, d]
+        return self.out(y.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, gate_up: nn.Module, down: nn.Module, ffn: int):
+        super().__init__()
+        self.gate_up, self.down, self.ffn = gate_up, down, ffn  # gate and up fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).split(self.ffn, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, attention: Attention, feed_forward: FeedForward, norms, eps: float):
+        super().__init__()
+        self.attention, self.feed_forward = attention, feed_forward
+        self.register_buffer("attention_norm", norms[0], persistent=False)
+        self.register_buffer("ffn_norm", norms[1], persistent=False)
+        self.eps = eps
+
+    def forward(self, x, cos, sin, layer, cache, start, probe) -> torch.Tensor:
+        h = rms_norm(x, self.attention_norm, self.eps)
+        x = x + self.attention(h, cos, sin, layer, cache, start, probe)
+        return x + self.feed_forward(rms_norm(x, self.ffn_norm, self.eps))
+
+
+class Embedding(nn.Module):
+    """Token embeddings kept in the file's compact rows; only the looked-up rows are expanded."""
+
+    def __init__(self, rows: torch.Tensor, lookup):
+        super().__init__()
+        self.register_buffer("rows", rows, persistent=False)
+        self.lookup = lookup  # raw rows [n, row_bytes] -> float32 [n, dim]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lookup(self.rows[ids.reshape(-1)])[None]  # [1, n, dim] float32
+
+
+class GGUFLlama(nn.Module):
+    """The model behind `fast` precision: forward(ids, cache, probe) -> last position's logits."""
+
+    def __init__(self, shape: LlamaShape, embedding: Embedding, blocks: list[Block],
+                 norm: torch.Tensor, output: nn.Module, inv_freq: torch.Tensor):  # fmt: skip
+        super().__init__()
+        self.shape = shape
+        self.embedding, self.blocks, self.output = embedding, nn.ModuleList(blocks), output
+        self.register_buffer("norm", norm, persistent=False)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [d / 2] float32
+        self.cache_dtype = torch.bfloat16
+
+    @property
+    def device(self) -> torch.device:
+        return self.inv_freq.device
+
+    def new_cache(self) -> KVBuffer:
+        s = self.shape
+        return KVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVBuffer | None, probe: AttentionProbe | None):
+        """ids [1, n] after the cache's positions (or the whole sequence without a cache)."""
+        start, n = (cache.length if cache is not None else 0), ids.shape[1]
+        if cache is not None:
+            cache.reserve(start + n)
+        cos, sin = self.rope(start, n)
+        x = self.embedding(ids)  # [1, n, dim] float32
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cos, sin, layer, cache, start, probe)
+        if cache is not None:
+            cache.length = start + n
+        logits = self.output(rms_norm(x[:, -1:], self.norm, self.shape.eps))
+        return logits[0, -1].float()
+
+    def rope(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, 1, d] (float32) for positions start..start+n-1."""
+        positions = torch.arange(start, start + n, device=self.device, dtype=torch.float32)
+        angles = torch.outer(positions, self.inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)[:, None]
+        return angles.cos(), angles.sin()
+
+    def weight_bytes(self) -> int:
+        """Bytes of every weight and buffer this model holds (what a decode step streams)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers()) - sum(
+            b.numel() * b.element_size() for b in (self.embedding.rows, self.inv_freq)
+        )

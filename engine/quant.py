@@ -1,0 +1,179 @@
+"""GGUF weight blocks as torch tensors, and the CPU kernels that multiply them without unpacking.
+
+GGML quantises a weight row in blocks of 32 values:
+    Q4_0  [d: f16][16 bytes: 32 nibbles]            w = d·(q - 8)
+    Q4_1  [d: f16][m: f16][16 bytes: 32 nibbles]    w = d·q + m
+    Q8_0  [d: f16][32 bytes: int8]                  w = d·q
+(nibble j of a block holds value j in its low half and value j + 16 in its high half).
+
+torch's CPU kernel `_weight_int4pack_mm_for_cpu` computes with w = (q - 8)·scale + zero per
+group of 32, so Q4_0 is scale = d, zero = 0 and Q4_1 is scale = d, zero = m + 8·d: the same
+numbers, repacked, not requantised. The int8 kernel `_weight_int8pack_mm` has one scale per
+row, not per block, so a Q8_0 weight is requantised to int8 with its row's largest scale
+(an extra rounding of at most half a step of that scale; an exact split of Q8_0 into two
+int4 halves measured 1.8x slower on the lm_head here). Scales are kept in the activation
+dtype (bf16), the only dtype these kernels are fast in on the CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+BLOCK = 32
+Q4_0, Q4_1, Q8_0 = 2, 3, 8  # ggml type ids
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+# Bit work is done in numpy: torch's uint8 shifts and byte transposes run 10x slower here.
+
+
+def unpack(raw: torch.Tensor, qtype: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The integers, scales and offsets of quantised rows: w = q·scale + offset per block.
+
+    raw uint8 [rows, row_bytes] -> q [rows, blocks, 32] (uint8 0..15 or int8), scale and
+    offset [rows, blocks] (float32).
+    """
+    rows = raw.shape[0]
+    blocks = np.ascontiguousarray(raw.numpy()).reshape(rows, -1, BLOCK_BYTES[qtype])
+    halves = blocks.view(np.float16)  # every block starts with f16 d (Q4_1: then f16 m)
+    d = torch.from_numpy(halves[..., 0].astype(np.float32))
+    if qtype == Q8_0:
+        q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
+        return torch.from_numpy(q), d, torch.zeros_like(d)
+    if qtype == Q4_1:
+        offset = torch.from_numpy(halves[..., 1].astype(np.float32))
+        words = blocks.view(np.uint32)[..., 1:]  # 20-byte blocks: 4 words of nibbles
+        mask = np.uint32(0x0F0F0F0F)
+    elif qtype == Q4_0:
+        offset = -8 * d
+        words = halves.view(np.uint16)[..., 1:]  # 18-byte blocks: 8 half-words of nibbles
+        mask = np.uint16(0x0F0F)
+    else:
+        raise ValueError(f"ggml type {qtype} is not a 32-value block type")
+    # nibble j of a block holds value j (low half) and value j + 16 (high half)
+    q = np.concatenate([words & mask, (words >> 4) & mask], axis=-1).view(np.uint8)
+    return torch.from_numpy(q), d, offset
+
+
+def dequantize(raw: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Quantised rows uint8 [rows, row_bytes] -> [rows, columns] in `dtype`."""
+    q, scale, offset = unpack(raw, qtype)
+    w = q.float() * scale[..., None] + offset[..., None]
+    return w.reshape(raw.shape[0], -1).to(dtype)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 values 0..15 [N, K] -> the CPU int4 kernel's packed layout [N, K/2].
+
+    The layout (read off `_convert_weight_to_int4pack_for_cpu`): per block of 64 rows, for
+    each k, 32 bytes holding row j in the low nibble and row j + 32 in the high one. Built
+    here with numpy, ~8x faster than widening to int32 for the op; the op handles other N.
+    """
+    rows, columns = q.shape
+    if rows % 64:
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1)
+    halves = q.numpy().reshape(rows // 64, 2, 32, columns)
+    packed = halves[:, 0] | (halves[:, 1] << 4)  # [N/64, 32, K]
+    packed = np.ascontiguousarray(packed.transpose(0, 2, 1)).reshape(rows, columns // 2)
+    return torch.from_numpy(packed)
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x·Wᵀ with W held as packed nibbles and a scale and zero per group of 32.
+
+    Built from Q4_0/Q4_1 rows exactly (see the module docstring).
+    """
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, out_features: int):
+        super().__init__()
+        self.register_buffer("packed", packed, persistent=False)  # [rows, K/2] uint8
+        self.register_buffer("scales_zeros", scales_zeros, persistent=False)  # [K/32, rows, 2]
+        self.out_features = out_features
+        self.in_features = scales_zeros.shape[0] * BLOCK
+
+    @classmethod
+    def from_blocks(cls, raw: torch.Tensor, qtype: int, dtype: torch.dtype) -> Int4Linear:
+        if qtype not in (Q4_0, Q4_1):
+            raise ValueError(f"ggml type {qtype} is not a 4-bit block type")
+        rows = raw.shape[0]
+        q, scale, offset = unpack(raw, qtype)
+        zero = offset + 8 * scale  # the kernel computes (q - 8)·scale + zero
+        scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        return cls(pack_int4(q.reshape(rows, -1)), scales_zeros, rows)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in (self.packed, self.scales_zeros))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).to(self.scales_zeros.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, BLOCK, self.scales_zeros)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class Int8Linear(torch.nn.Module):
+    """y = x·Wᵀ with W held as int8 and one scale per row (requantised from Q8_0 blocks)."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)  # [out, in] int8
+        self.register_buffer("scales", scales, persistent=False)  # [out]
+        self.out_features, self.in_features = weight.shape
+
+    @classmethod
+    def from_blocks(cls, raw: torch.Tensor, qtype: int, dtype: torch.dtype) -> Int8Linear:
+        w = dequantize(raw, qtype)
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        return cls(q, scales.to(dtype))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in (self.weight, self.scales))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).to(self.scales.dtype)
+        y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class DenseLinear(torch.nn.Module):
+    """A weight GGUF stores in a type without a CPU kernel here, dequantised to `dtype`."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)  # [out, in]
+        self.out_features, self.in_features = weight.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.to(self.weight.dtype), self.weight)
+
+
+def fuse(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate the rows of several raw weights of one type (q, k, v -> qkv)."""
+    return torch.cat(parts, dim=0)
+
+
+F32, F16, BF16 = 0, 1, 30
+
+
+def dense(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:
+    """Any GGUF tensor type as float32 rows [rows, columns] (K-quants through the gguf package)."""
+    rows = raw.shape[0]
+    if qtype == F32:
+        return raw.contiguous().view(torch.float32).reshape(rows, columns)
+    if qtype == F16:
+        return raw.contiguous().view(torch.float16).reshape(rows, columns).float()
+    if qtype == BF16:
+        return raw.contiguous().view(torch.bfloat16).reshape(rows, columns).float()
+    if qtype in BLOCK_BYTES:
+        return dequantize(raw, qtype)
+    from gguf import GGMLQuantizationType, quants  # numpy reference for the other block types
+
+    values = quants.dequantize(raw.numpy(), GGMLQuantizationType(qtype))
+    return torch.from_numpy(values.reshape(rows, columns).astype("float32", copy=False))
