@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.settings import GenerationSettings, LoadRequest, SettingsError
+from engine.settings import PRECISIONS, GenerationSettings, LoadRequest, SettingsError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,10 +29,19 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="bundled", help="bundled, a hub id, a folder or a .gguf")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISIONS,
+        help="exact: dequantised weights (the reference); fast: a GGUF's own 4/8-bit weights;"
+        " auto: fast where it can run (default)",
+    )
 
 
 def load_request(args: argparse.Namespace) -> LoadRequest:
-    return LoadRequest(spec=args.model, device=args.device, dtype=args.dtype)
+    return LoadRequest(
+        spec=args.model, device=args.device, dtype=args.dtype, precision=args.precision
+    )
 
 
 def chat_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from app.chat_log import ChatLog, open_store
 from app.cli import generation_settings, load_request, print_json
 from engine.events import Failed, Finished, PrefillDone, Token
 from engine.loader import ModelLoadError, load_model
-from engine.serialize import event_to_dict
+from engine.serialize import event_to_dict, plain
 from engine.session import ChatSession
 from engine.settings import Message, ProbeSettings, SettingsError, parse_layers
 from engine.trace import TraceRecorder
@@ -40,6 +40,8 @@ def run_chat(args: argparse.Namespace) -> int:
         print(f"glassbox chat: {error}", file=sys.stderr)
         return 1
     session = ChatSession(loaded)
+    if args.json:  # which model and precision the following events come from
+        print_json({"event": "model", **plain(loaded.info)})
     try:
         layers = parse_layers(args.watch_layers, loaded.info.layers) if args.trace else ()
     except SettingsError as error:

@@ -41,6 +41,7 @@ class TraceRecorder:
                 "dtype": info.dtype,
                 "device": info.device,
                 "bytes_per_value": info.bytes_per_value,
+                "precision": info.precision,
             },
             "prompt_token_ids": list(prefill.prompt_token_ids) if prefill else [],
             "generated_token_ids": [t.token_id for t in self.tokens],

@@ -80,7 +80,8 @@ def human_count(n: int) -> str:
 
 
 def model_line(info: ModelInfo) -> str:
-    return f"{info.name} · {info.device} · {info.dtype} · {human_count(info.parameters)} params"
+    params = human_count(info.parameters)
+    return f"{info.name} · {info.device} · {info.precision} {info.dtype} · {params} params"
 
 
 def speed_line(finished: Finished) -> str:

@@ -1,4 +1,5 @@
-"""Choose a model (bundled, hub id, folder, .gguf file), a device and a dtype; watch it load."""
+"""Choose a model (bundled, hub id, folder, .gguf file), a device, a precision and a dtype;
+watch it load."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import ModelInfo
-from engine.settings import LoadRequest
+from engine.settings import PRECISIONS, LoadRequest
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -56,6 +57,13 @@ class ModelPicker(QDialog):
         self._device.setEditable(True)  # "cuda:1" and the like
         self._dtype = QComboBox()
         self._dtype.addItems(DTYPES)
+        self._precision = QComboBox()
+        self._precision.addItems(PRECISIONS)
+        self._precision.setToolTip(
+            "exact: dequantised weights in transformers (the reference).\n"
+            "fast: a GGUF's own 4/8-bit weights in Glassbox's model (CPU).\n"
+            "auto: fast for a GGUF it can run, exact otherwise."
+        )
         self._progress = QProgressBar()
         self._progress.setRange(0, 100)
         self._progress.setVisible(False)
@@ -96,9 +104,12 @@ class ModelPicker(QDialog):
         where = QHBoxLayout()
         form_device = QFormLayout()
         form_device.addRow("Device", self._device)
+        form_precision = QFormLayout()
+        form_precision.addRow("Precision", self._precision)
         form_dtype = QFormLayout()
-        form_dtype.addRow("Precision", self._dtype)
+        form_dtype.addRow("Dtype", self._dtype)
         where.addLayout(form_device)
+        where.addLayout(form_precision)
         where.addLayout(form_dtype)
 
         layout = QVBoxLayout(self)
@@ -128,6 +139,9 @@ class ModelPicker(QDialog):
     def set_dtype(self, dtype: str) -> None:
         self._dtype.setCurrentText(dtype)
 
+    def set_precision(self, precision: str) -> None:
+        self._precision.setCurrentText(precision)
+
     def request(self) -> LoadRequest:
         source = self.source()
         spec = {
@@ -137,7 +151,12 @@ class ModelPicker(QDialog):
             "gguf": self._gguf.text().strip(),
         }[source]
         device = self._device.currentText().strip() or "auto"
-        return LoadRequest(spec=spec, device=device, dtype=self._dtype.currentText())
+        return LoadRequest(
+            spec=spec,
+            device=device,
+            dtype=self._dtype.currentText(),
+            precision=self._precision.currentText(),
+        )
 
     def set_request(self, request: LoadRequest) -> None:
         spec = request.spec.strip()
@@ -151,6 +170,7 @@ class ModelPicker(QDialog):
             self.set_location("hub", spec)
         self.set_device(request.device)
         self.set_dtype(request.dtype)
+        self.set_precision(request.precision)
 
     def problem(self) -> str | None:
         """Why the current choice cannot be loaded, or None."""

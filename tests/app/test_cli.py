@@ -77,6 +77,9 @@ def one_shot(tiny_folder, tmp_path_factory):
 
 def test_json_lines_are_events(one_shot):
     events, _ = one_shot
+    model, events = events[0], events[1:]
+    assert model["event"] == "model" and model["precision"] == "exact"  # a folder runs exact
+    assert model["layers"] == 3 and model["bytes_per_value"] == 4
     kinds = [e["event"] for e in events]
     assert kinds[0] == "prefill" and kinds[-1] == "finished"
     assert set(kinds[1:-1]) == {"token"}
@@ -102,11 +105,11 @@ def test_trace_has_the_documented_shape(one_shot):
     events, trace = one_shot
     model = trace["model"]
     assert (model["layers"], model["heads"], model["kv_heads"], model["head_dim"]) == (3, 4, 2, 16)
-    assert model["dtype"] == "float32"
+    assert (model["dtype"], model["precision"]) == ("float32", "exact")
     layers, heads = model["layers"], model["heads"]
 
     prompt = trace["prompt_token_ids"]
-    assert prompt == events[0]["prompt_token_ids"]
+    assert prompt == events[1]["prompt_token_ids"]  # after the "model" line
     tokens = [e for e in events if e["event"] == "token"]
     assert trace["generated_token_ids"] == [t["token_id"] for t in tokens]
 
@@ -146,6 +149,19 @@ def test_trace_has_the_documented_shape(one_shot):
                 assert sum(row) == pytest.approx(1.0, abs=1e-4)
     sizes = [s["kv_bytes"] for s in steps]
     assert sizes == sorted(sizes)
+
+
+def test_every_command_takes_a_precision():
+    from app.cli import bench_parser, chat_parser, load_request
+
+    for parser in (chat_parser(), bench_parser()):
+        assert load_request(parser.parse_args([])).precision == "auto"
+        assert load_request(parser.parse_args(["--precision", "fast"])).precision == "fast"
+
+
+def test_fast_precision_on_a_folder_is_one_clear_line(tiny_folder):
+    result = run_app("chat", "--model", str(tiny_folder), "--prompt", "hi", "--precision", "fast")
+    assert_clean_error(result, 1, "GGUF", "exact")
 
 
 def test_missing_model_is_one_clear_line(tmp_path):

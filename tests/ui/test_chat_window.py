@@ -72,7 +72,7 @@ def test_a_typed_message_streams_its_reply_in(qtbot, backend, make_window):
     # Markdown was rendered once the reply completed.
     assert "**" not in window.chat.toPlainText() and "fake" in window.chat.toPlainText()
     assert window.speed_label.text() == "TTFT 0.25 s · 100.0 tok/s"
-    assert window.model_label.text() == "fake-135M · cpu · float32 · 135M params"
+    assert window.model_label.text() == "fake-135M · cpu · exact float32 · 135M params"
     assert window.send_action.isEnabled() and not window.stop_action.isEnabled()
 
 
@@ -229,8 +229,16 @@ def test_the_picker_loads_a_hub_model_on_the_chosen_device(qtbot, backend, windo
     assert backend.requests[-1] == LoadRequest("org/other-model", "cpu", "bfloat16")
     assert progress[-1] == 1.0
     qtbot.waitUntil(lambda: not picker.isVisible(), timeout=2000)
-    assert window.model_label.text() == "org/other-model · cpu · bfloat16 · 135M params"
+    assert window.model_label.text() == "org/other-model · cpu · exact bfloat16 · 135M params"
     assert window.info.name == "org/other-model"
+
+
+def test_the_picker_asks_for_the_chosen_precision(qtbot):
+    picker = ModelPicker(LoadRequest(precision="exact"))
+    qtbot.addWidget(picker)
+    assert picker.request().precision == "exact"  # shown as it was asked for
+    picker.set_precision("fast")
+    assert picker.request() == LoadRequest("bundled", "auto", "auto", precision="fast")
 
 
 def test_the_picker_refuses_a_missing_folder_or_gguf(qtbot, tmp_path):

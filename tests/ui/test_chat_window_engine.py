@@ -70,7 +70,7 @@ def test_a_real_session_streams_a_reply_into_the_window(qtbot, qsettings, tiny_l
         with qtbot.waitSignal(worker.loaded, timeout=10_000):
             window.load_model(LoadRequest("tiny"))
         qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
-        assert window.model_label.text().startswith("tiny-llama · cpu · float32 · ")
+        assert window.model_label.text().startswith("tiny-llama · cpu · exact float32 · ")
 
         qtbot.keyClicks(window.input, "Hello, tiny model")
         qtbot.keyClick(window.input, Qt.Key.Key_Return)
