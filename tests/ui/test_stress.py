@@ -71,8 +71,9 @@ def test_ten_thousand_tokens_keep_the_window_responsive_and_reach_every_panel(ru
     assert rows.rows <= DISPLAY_ROWS and rows.dropped > 0
     assert rows.positions[-1] == rows.keys - 1
     image = np.stack([panel.head_tile(head) for head in panel.slots])  # the mosaic's tiles
-    row_factor = math.ceil(rows.rows / DISPLAY_ROWS)
-    key_factor = math.ceil(rows.keys / DISPLAY_KEYS)
+    row_factor, key_factor = panel.pool_factors  # about one cell per pixel of the tile
+    assert row_factor >= math.ceil(rows.rows / DISPLAY_ROWS)
+    assert key_factor >= math.ceil(rows.keys / DISPLAY_KEYS)
     _heads, blocks, columns = image.shape
     dense = rows.padded(0, columns * key_factor)
     full = np.zeros((rows.heads, blocks * row_factor, columns * key_factor), dtype=np.float32)

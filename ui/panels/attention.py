@@ -23,6 +23,9 @@ from ui.panels.mosaic import MosaicLayout, WeightHistogram, best_columns
 # Bounded work per frame: rows and keys past these are max-pooled into one image cell.
 DISPLAY_ROWS = 256
 DISPLAY_KEYS = 512
+# Within those, a tile has about one cell per screen pixel: finer cells cost pooling, upload
+# and painting, and the screen could not show them (hover still reads every row and key).
+MIN_CELLS = 32
 POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
 LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
 ALL_HEADS = "all heads"
@@ -42,7 +45,8 @@ def max_pool_keys(block: np.ndarray, factor: int) -> np.ndarray:
 
 
 class PooledRows:
-    """A display copy of one layer's rows, max-pooled to at most DISPLAY_ROWS x DISPLAY_KEYS.
+    """A display copy of one layer's rows, max-pooled to at most DISPLAY_ROWS x DISPLAY_KEYS
+    cells (or fewer, as `update` asks).
 
     Rows only ever change at the bottom (a new row, or the last one rewritten), so each frame
     pools just the rows since the last pooled block; rows dropped from the top shift the pooled
@@ -58,10 +62,17 @@ class PooledRows:
         self._dropped = 0
         self.histogram = WeightHistogram(0, 0)  # of the pooled cells, for the colour levels
 
-    def update(self, rows: AttentionRows) -> tuple[np.ndarray, int, int]:
-        """The pooled [heads, row blocks, key blocks] and how many rows and keys a cell covers."""
-        row_factor = max(math.ceil(rows.rows / DISPLAY_ROWS), 1)
-        key_factor = max(math.ceil(rows.keys / DISPLAY_KEYS), 1)
+    def update(
+        self, rows: AttentionRows, max_rows: int | None = None, max_keys: int | None = None
+    ) -> tuple[np.ndarray, int, int]:
+        """The pooled [heads, row blocks, key blocks] and how many rows and keys a cell covers.
+
+        `max_rows` and `max_keys` (at most DISPLAY_ROWS and DISPLAY_KEYS) bound the cells.
+        """
+        max_rows = min(max_rows or DISPLAY_ROWS, DISPLAY_ROWS)
+        max_keys = min(max_keys or DISPLAY_KEYS, DISPLAY_KEYS)
+        row_factor = max(math.ceil(rows.rows / max_rows), 1)
+        key_factor = max(math.ceil(rows.keys / max_keys), 1)
         key = (rows.serial, rows.heads, row_factor, key_factor)
         shift = rows.dropped - self._dropped
         if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
@@ -132,6 +143,7 @@ class AttentionPanel(QWidget):
         self.layout: MosaicLayout | None = None
         self.slots: tuple[int, ...] = ()
         self.tile_scale = np.ones(0)
+        self.pool_factors = (1, 1)  # buffer rows and keys per display cell
         self._pixel = (1.0, 1.0)
         self._image_buffer: np.ndarray | None = None
         self._build_controls()
@@ -323,15 +335,20 @@ class AttentionPanel(QWidget):
         head = self.selected_head
         return (head,) if head is not None and head < heads else tuple(range(heads))
 
-    def _tile_columns(self, tiles: int) -> int:
+    def _tile_grid(self, tiles: int) -> tuple[int, int, int]:
+        """Tile columns for the view's size, and the most cells a tile's height and width need
+        (about one per device pixel)."""
         size = self.heads_view.size()
-        return best_columns(tiles, size.width(), size.height())
+        columns = best_columns(tiles, size.width(), size.height())
+        lines = math.ceil(tiles / columns)
+        ratio = self.devicePixelRatioF()
+        rows = max(math.ceil(size.height() / lines * ratio), MIN_CELLS)
+        keys = max(math.ceil(size.width() / columns * ratio), MIN_CELLS)
+        return columns, rows, keys
 
     def _on_mosaic_resized(self) -> None:
-        # Another width may fit other tile columns better: lay the mosaic out again.
-        if self.layout is not None and self._tile_columns(self.layout.tiles) != (
-            self.layout.columns_of_tiles
-        ):
+        # Other tile columns may fit better, and the cells follow the screen pixels.
+        if self.layout is not None:
             self.tracker.mark()
 
     def _draw_heads(self) -> None:
@@ -344,16 +361,16 @@ class AttentionPanel(QWidget):
                     f"Layer {layer} is not watched yet: it is recorded from the next reply."
                 )
             return
-        matrix, row_factor, key_factor = self._pooled.update(rows)
         slots = self._heads_to_show(rows.heads)
+        columns, max_rows, max_keys = self._tile_grid(len(slots))
+        matrix, row_factor, key_factor = self._pooled.update(rows, max_rows, max_keys)
+        self.pool_factors = (row_factor, key_factor)
         tiles = matrix if len(slots) == rows.heads else matrix[list(slots)]
         if self.per_head_scale.isChecked():
             scale = 1.0 / self._pooled.levels()[list(slots)]
         else:
             scale = np.ones(len(slots))
-        layout = MosaicLayout(
-            len(slots), tiles.shape[1], tiles.shape[2], self._tile_columns(len(slots))
-        )
+        layout = MosaicLayout(len(slots), tiles.shape[1], tiles.shape[2], columns)
         image = layout.compose(tiles, scale, self._image_buffer)
         self._image_buffer = image
         self.mosaic.setImage(image, levels=(0.0, 1.0), autoLevels=False)
