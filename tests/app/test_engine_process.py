@@ -273,3 +273,17 @@ def test_the_window_process_never_imports_torch(tmp_path):
     assert result["sent"] and result["finished"] in ("length", "eos") and result["tokens"] >= 1
     assert result["model"] == "tiny-llama"
     assert not result["torch"] and not result["transformers"]
+
+
+def test_the_engine_process_modules_load_no_qt():
+    """What the child imports to serve (its contract is in pyproject.toml, run by lint-imports)."""
+    code = (
+        "import sys, app.engine_process, app.jobs\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in"
+        " ('PySide6', 'shiboken6', 'pyqtgraph', 'superqt', 'ui', 'torch')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"  # torch too: it is imported once the child has started
