@@ -23,7 +23,7 @@ from tests.ui.test_panels import (
 from ui.panels import InternalsView, attention
 from ui.panels.buffers import AttentionRows
 from ui.panels.mosaic import LEVEL_EDGES, MosaicLayout, best_columns
-from ui.panels.ranges import headroom
+from ui.panels.ranges import decimate, headroom
 
 
 @pytest.fixture
@@ -287,3 +287,19 @@ def test_growing_curves_change_their_range_a_few_times_not_every_frame(view, rng
     (x0, x1), (y0, y1) = kv_view.viewRange()
     x, y = view.kv_cache.curve.getData()
     assert x0 <= x.min() and x.max() + 1 <= x1 and y0 <= y.min() and y.max() <= y1
+
+
+def test_decimated_curves_keep_peaks_and_end_at_the_newest_point(rng):
+    x = np.arange(1, 10_001, dtype=np.float64)
+    y = rng.random(x.size)
+    y[5_000] = 9.0  # one slow step among thousands
+    shown_x, shown_y = decimate(x, y, pixels=400)
+    assert shown_x.size <= 2 * 400 + 25 and shown_x[-1] == x[-1] and shown_y[-1] == y[-1]
+    assert shown_y.max() == 9.0 and shown_y.min() == y.min()  # the envelope is kept
+    assert np.all(np.diff(shown_x) >= 0)
+    every, values = decimate(x, x * 2, pixels=400, peak=False)
+    assert every[-1] == x[-1] and values[-1] == 2 * x[-1] and every.size <= 400 + 25
+    np.testing.assert_array_equal(values, every * 2)  # points of the series itself
+    small_x, small_y = decimate(x[:300], y[:300], pixels=400)
+    np.testing.assert_array_equal(small_x, x[:300])  # short: unchanged
+    np.testing.assert_array_equal(small_y, y[:300])

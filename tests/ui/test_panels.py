@@ -528,7 +528,11 @@ def test_thousands_of_tokens_add_no_items_and_stay_bounded(qtbot, rng):
         )
     internals.redraw(force=True)
     assert scene_items(internals) == before
-    assert len(internals.timing.step_curve.getData()[0]) == 4999
+    # One step per token in the state; about two points per pixel on screen, ending at the last.
+    assert len(internals.state.reply.steps) == 4999
+    x, y = internals.timing.step_curve.getData()
+    assert x[-1] == 4999 and len(x) < 4999 / 3  # the plot is some hundred pixels wide
+    assert y.max() == internals.state.reply.step_seconds.view().max()
     assert internals.kv_cache.curve.getData()[1][-1] == (PROMPT + 4999) * PER_TOKEN
     image = internals.attention.head_tile(0)
     assert image.shape[0] <= DISPLAY_ROWS and image.shape[1] <= DISPLAY_KEYS

@@ -60,10 +60,13 @@ def test_ten_thousand_tokens_keep_the_window_responsive_and_reach_every_panel(ru
     assert "".join(streamed) == text
     assert run.window.conversation()[-1].content == text
 
-    # The KV curve ends at the last event's bytes, one point per cache length.
+    # The KV curve ends at the last event's bytes, one point per cache length in the state
+    # (the curve draws about two per pixel of them).
     tokens, kv_bytes = run.internals.kv_cache.curve.getData()
     assert kv_bytes[-1] == run.session.last_kv_bytes
-    assert len(tokens) == TOKENS + 1  # empty, the prompt (token 0 reads it), one per later token
+    state = run.internals.state
+    assert tokens[-1] == state.kv_tokens.last()
+    assert len(state.kv_tokens) == TOKENS + 1  # empty, the prompt (token 0 reads it), one per later
 
     # The heatmap is still exactly the max-pool of the rows kept, which stay bounded.
     panel = run.internals.attention

@@ -17,19 +17,11 @@ from PySide6.QtWidgets import (
 from engine.events import ModelInfo
 from engine.kv_cache import formula_bytes, mha_bytes, sliding_tokens
 from ui.panels.buffers import KV, InternalsState, RedrawTracker
-from ui.panels.ranges import AxisLimit
+from ui.panels.ranges import AxisLimit, decimate, growing_curve
 
 TOTAL = "all layers (total)"
 STACKED = "stacked by layer"
 MATCH_TOLERANCE = 0.01  # the measured size may include a little bookkeeping
-CURVE_OPTIONS = {
-    "stepMode": "right",
-    "clipToView": True,
-    "autoDownsample": True,
-    "autoDownsampleFactor": 1.0,  # about one point per pixel
-    "downsampleMethod": "subsample",
-    "skipFiniteCheck": True,
-}
 
 
 def human_bytes(count: float) -> str:
@@ -115,7 +107,7 @@ class KvCachePanel(QWidget):
         plot.setLabel("left", "cache", units="B")
         plot.disableAutoRange()  # set when the cache outgrows the range: see _set_range
         self._x_limit, self._y_limit = AxisLimit(), AxisLimit()
-        self.curve = pg.PlotDataItem(pen=pg.mkPen((66, 133, 244), width=2), **CURVE_OPTIONS)
+        self.curve = growing_curve(pen=pg.mkPen((66, 133, 244), width=2), stepMode="right")
         plot.addItem(self.curve)
         self.stack_curves: list[pg.PlotDataItem] = []
         self.formula = QLabel("Load a model to see the KV-cache formula.")
@@ -189,8 +181,8 @@ class KvCachePanel(QWidget):
         self.stack_curves = []
         for layer in range(layers):
             colour = tuple(int(c) for c in colours[layer][:3])
-            curve = pg.PlotDataItem(
-                pen=pg.mkPen(colour), brush=(*colour, 150), fillLevel=0, **CURVE_OPTIONS
+            curve = growing_curve(
+                pen=pg.mkPen(colour), brush=(*colour, 150), fillLevel=0, stepMode="right"
             )
             curve.setZValue(-layer)
             curve.setVisible(False)
@@ -209,17 +201,22 @@ class KvCachePanel(QWidget):
         if stacked:
             cumulative = np.cumsum(per_layer, axis=1, dtype=np.float64)
             for layer, curve in enumerate(self.stack_curves[: cumulative.shape[1]]):
-                curve.setData(tokens, cumulative[:, layer])
+                curve.setData(*self._fit(tokens, cumulative[:, layer]))
             values = cumulative[:, -1] if cumulative.size else np.zeros(0)
         elif choice.startswith("layer "):
             layer = int(choice.split()[1])
             fits = per_layer is not None and layer < per_layer.shape[1]
             values = per_layer[:, layer].astype(np.float64) if fits else np.zeros(0)
-            self.curve.setData(tokens[: len(values)], values)
+            self.curve.setData(*self._fit(tokens[: len(values)], values))
         else:
             values = state.kv_bytes.view().astype(np.float64)
-            self.curve.setData(tokens, values)
+            self.curve.setData(*self._fit(tokens, values))
         self._set_range(float(tokens[-1]) if len(tokens) else 0.0, values)
+
+    def _fit(self, tokens: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # The cache only grows or holds: every k-th point of its steps loses nothing visible.
+        pixels = self.plot_widget.getPlotItem().vb.width()
+        return decimate(tokens, values, pixels, peak=False)
 
     def _set_range(self, last_token: float, values: np.ndarray) -> None:
         """Leave room to grow: the range changes a few times per reply, not every token."""

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 from ui.panels.buffers import TIMING, InternalsState, RedrawTracker, Reply
-from ui.panels.ranges import AxisLimit
+from ui.panels.ranges import AxisLimit, decimate, growing_curve
 
 WITH_CACHE = "with KV cache"
 WITHOUT_CACHE = "without KV cache"
@@ -30,14 +30,7 @@ PHASES = (
 TIMELINE_REPLIES = 12
 MAX_TURN_LABELS = 12
 REUSED_BRUSH = (160, 160, 160)
-# Growing curves: clipped to the view, and peak-downsampled to about one point pair per pixel.
-CURVE_OPTIONS = {
-    "clipToView": True,
-    "autoDownsample": True,
-    "autoDownsampleFactor": 1.0,
-    "downsampleMethod": "peak",
-    "skipFiniteCheck": True,
-}
+
 PROCESSED_BRUSH = (66, 133, 244)
 
 
@@ -142,10 +135,10 @@ class TimingPanel(QWidget):
         plot.setLabel("left", "latency", units="s")
         self.steps_legend = plot.addLegend(offset=(5, 5), brush=(0, 0, 0, 170))
         plot.disableAutoRange()
-        self.previous_curve = pg.PlotDataItem(
-            pen=pg.mkPen((160, 160, 160), width=1.5, style=Qt.PenStyle.DashLine), **CURVE_OPTIONS
+        self.previous_curve = growing_curve(
+            pen=pg.mkPen((160, 160, 160), width=1.5, style=Qt.PenStyle.DashLine)
         )
-        self.step_curve = pg.PlotDataItem(pen=pg.mkPen((52, 168, 83), width=1.5), **CURVE_OPTIONS)
+        self.step_curve = growing_curve(pen=pg.mkPen((52, 168, 83), width=1.5))
         plot.addItem(self.previous_curve)
         plot.addItem(self.step_curve)
         self.previous_curve.setVisible(False)
@@ -228,14 +221,19 @@ class TimingPanel(QWidget):
             plot.setYRange(-0.5, max(len(turns), 1) - 0.5, padding=0.05)
 
     def _draw_steps(self, reply: Reply | None) -> None:
+        pixels = self.steps_plot.getPlotItem().vb.width()
         if reply is None:
             self.step_curve.setData([], [])
         else:
-            self.step_curve.setData(reply.steps.view(), reply.step_seconds.view())
+            self.step_curve.setData(
+                *decimate(reply.steps.view(), reply.step_seconds.view(), pixels)
+            )
         previous = self._state.previous
         show_previous = self.compare.isChecked() and previous is not None
         if show_previous:
-            self.previous_curve.setData(previous.steps.view(), previous.step_seconds.view())
+            self.previous_curve.setData(
+                *decimate(previous.steps.view(), previous.step_seconds.view(), pixels)
+            )
         self.previous_curve.setVisible(show_previous)
         self._update_legend(reply, previous if show_previous else None)
         shown = [r for r in (reply, previous if show_previous else None) if r is not None]
