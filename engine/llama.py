@@ -153,8 +153,17 @@ class GGUFLlama(nn.Module):
         return KVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVBuffer | None, probe: AttentionProbe | None):
-        """ids [1, n] after the cache's positions (or the whole sequence without a cache)."""
+    def forward(
+        self,
+        ids: torch.Tensor,
+        cache: KVBuffer | None,
+        probe: AttentionProbe | None,
+        every_position: bool = False,
+    ) -> torch.Tensor:
+        """ids [1, n] after the cache's positions (or the whole sequence without a cache).
+
+        Returns the last position's logits [vocab] (float32), or [n, vocab] for every position.
+        """
         start, n = (cache.length if cache is not None else 0), ids.shape[1]
         if cache is not None:
             cache.reserve(start + n)
@@ -164,8 +173,10 @@ class GGUFLlama(nn.Module):
             x = block(x, cos, sin, layer, cache, start, probe)
         if cache is not None:
             cache.length = start + n
-        logits = self.output(rms_norm(x[:, -1:], self.norm, self.shape.eps))
-        return logits[0, -1].float()
+        if not every_position:
+            x = x[:, -1:]
+        logits = self.output(rms_norm(x, self.norm, self.shape.eps))[0].float()
+        return logits if every_position else logits[-1]
 
     def rope(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [n, 1, d] (float32) for positions start..start+n-1."""

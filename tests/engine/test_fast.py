@@ -1,0 +1,312 @@
+"""The fast path: GGUF blocks repacked for the int4/int8 kernels, Glassbox's own Llama-family
+model, its in-place KV cache, and its probes, against independent references: gguf's own
+dequantisation, the transformers model the file was written from, and an eager forward of the
+fast model itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import engine.llama
+from engine import gguf_model, kv_cache, quant
+from engine.events import Token
+from engine.gguf_file import GGUFError, GGUFFile
+from engine.kv_buffer import KVBuffer
+from engine.loader import LoadedModel, describe_fast
+from engine.session import ChatSession
+from engine.settings import GenerationSettings, Message, ProbeSettings
+from tests.gguf_files import F16, F32, Q4_0, Q4_1, Q8_0, write_gguf
+from tests.models import tiny_config
+
+QUESTION = [Message("user", "Why is the sky blue? Answer briefly.")]
+STEPS = 8
+GREEDY = GenerationSettings(greedy=True, max_new_tokens=STEPS, ignore_eos=True)
+# The reference runs the same bf16 model with float32 eager attention instead of SDPA: later
+# layers see activations rounded differently, by about one bf16 step (measured: <= 6e-5).
+ATTENTION_ATOL = 1e-4
+
+
+def hf_model(architecture: str, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(architecture)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def written(request, tmp_path_factory):
+    """(transformers model, GGUF path with Q4_1 weights and a Q8_0 embedding)."""
+    model = hf_model(request.param)
+    path = tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf"
+    return model, write_gguf(path, model, Q4_1, Q8_0)
+
+
+def fast_loaded(path, tokenizer) -> LoadedModel:
+    model = gguf_model.build_fast(GGUFFile(path))
+    return LoadedModel(model, tokenizer, describe_fast(model, path.name, "gguf"))
+
+
+# -- blocks and kernels ----------------------------------------------------------------------
+
+
+def quantized(rows: int, columns: int, kind: str, seed: int = 0):
+    import gguf
+
+    weights = np.random.default_rng(seed).standard_normal((rows, columns), dtype=np.float32)
+    qtype = gguf.GGMLQuantizationType[kind]
+    raw = gguf.quants.quantize(weights, qtype)
+    return torch.from_numpy(raw), torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+
+
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0])
+def test_dequantize_equals_gguf_reference(kind):
+    raw, reference = quantized(96, 128, kind)
+    qtype = {Q4_0: quant.Q4_0, Q4_1: quant.Q4_1, Q8_0: quant.Q8_0}[kind]
+    torch.testing.assert_close(quant.dequantize(raw, qtype), reference, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1])
+@pytest.mark.parametrize("rows", [192, 80])  # 80: not a multiple of 64, packed by torch's op
+def test_int4_repack_equals_the_dequantised_matmul(kind, rows):
+    raw, reference = quantized(rows, 256, kind)
+    qtype = quant.Q4_0 if kind == Q4_0 else quant.Q4_1
+    x = torch.randn(3, 256)
+    expected = x @ reference.T
+    # With float32 scales the kernel reproduces the file's numbers: a repack, not a requant.
+    exact = quant.Int4Linear.from_blocks(raw, qtype, torch.float32)
+    torch.testing.assert_close(exact(x), expected, rtol=1e-5, atol=1e-4)
+    # The fast model's form: bf16 activations and scales, within bf16 rounding.
+    fast = quant.Int4Linear.from_blocks(raw, qtype, torch.bfloat16)
+    error = (fast(x).float() - expected).norm() / expected.norm()
+    assert error < 1e-2
+
+
+def test_int8_requantised_q8_0_stays_within_half_a_step():
+    raw, reference = quantized(64, 256, Q8_0)
+    linear = quant.Int8Linear.from_blocks(raw, quant.Q8_0, torch.float32)
+    weights = linear.weight.float() * linear.scales[:, None]
+    step = linear.scales[:, None]
+    assert bool(((weights - reference).abs() <= step / 2 + 1e-6).all())
+    x = torch.randn(2, 256)
+    error = (linear(x) - x @ reference.T).norm() / (x @ reference.T).norm()
+    assert error < 1e-2
+
+
+# -- the file reader ---------------------------------------------------------------------------
+
+
+def test_gguf_file_reads_what_gguf_reader_reads(written):
+    import gguf
+
+    _, path = written
+    reference = gguf.GGUFReader(path)
+    ours = GGUFFile(path)
+    assert ours.get("general.architecture") == reference.fields["general.architecture"].contents()
+    assert (
+        ours.get(f"{ours.get('general.architecture')}.block_count") == 3
+        or ours.get("qwen2.block_count") == 2
+    )
+    assert set(ours.tensors) == {t.name for t in reference.tensors}
+    for tensor in reference.tensors:
+        info = ours.tensors[tensor.name]
+        assert info.type == int(tensor.tensor_type)
+        assert info.shape == tuple(reversed([int(n) for n in tensor.shape]))
+        stored = np.asarray(tensor.data).view(np.uint8).reshape(-1)
+        assert np.array_equal(ours.read(tensor.name).reshape(-1), stored)
+        assert np.array_equal(ours.raw(tensor.name).reshape(-1), stored)
+
+
+def test_truncated_gguf_is_a_clear_error(written, tmp_path):
+    _, path = written
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(GGUFError, match="past the end"):
+        GGUFFile(cut)
+
+
+# -- the models against the transformers model the file was written from ------------------------
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_exact_model_from_a_lossless_gguf_equals_the_original(architecture, tmp_path):
+    """F32 tensors: the exact model must be the original, q/k un-permuted back exactly."""
+    original = hf_model(architecture)
+    path = write_gguf(tmp_path / "f32.gguf", original, F32, F32)
+    rebuilt = gguf_model.build_exact(GGUFFile(path), torch.float32)
+    ids = torch.randint(0, 49152, (1, 16))
+    with torch.inference_mode():
+        torch.testing.assert_close(rebuilt(ids).logits, original(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("weights", "embedding"), [(Q4_0, Q8_0), (Q4_1, F16), (Q8_0, Q4_1),
+                                                    (F16, F32)])  # fmt: skip
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_fast_model_follows_the_exact_model_of_the_same_file(
+    architecture, weights, embedding, tmp_path
+):
+    """Same file, two models: only bf16 activations and the int8 requant separate them."""
+    path = write_gguf(tmp_path / "q.gguf", hf_model(architecture), weights, embedding)
+    file = GGUFFile(path)
+    exact = gguf_model.build_exact(file, torch.float32)
+    fast = gguf_model.build_fast(file)
+    ids = torch.randint(0, 49152, (1, 24))
+    with torch.inference_mode():
+        expected = exact(ids).logits[0]
+    logits = fast.forward(ids, None, None, every_position=True)
+    scale = expected.abs().max()
+    assert (logits - expected).abs().max() < 0.02 * scale
+    cache = fast.new_cache()  # prefill then decode through the cache: the same numbers
+    fast.forward(ids[:, :20], cache, None)
+    for position in range(20, 24):
+        step = fast.forward(ids[:, position : position + 1], cache, None)
+        assert (step - expected[position]).abs().max() < 0.02 * scale
+
+
+# -- the probes against an eager forward of the same fast model ----------------------------------
+
+
+def eager_forward(model, ids: list[int], monkeypatch):
+    """Logits at every position and every layer's full attention matrix, from a plain eager
+    attention (softmax(q·kᵀ/√d + causal mask)·v in float32) swapped in for SDPA."""
+    captured: list[torch.Tensor] = []
+
+    def eager(q, k, v, start):
+        groups = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(groups, dim=1).float()
+        v = v.repeat_interleave(groups, dim=1).float()
+        scores = q.float() @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        n, total = q.shape[2], k.shape[2]
+        causal = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+        weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        captured.append(weights[0])
+        return (weights @ v).to(q.dtype)
+
+    monkeypatch.setattr(engine.llama, "attend", eager)
+    logits = model.forward(torch.tensor([ids]), None, None, every_position=True)
+    monkeypatch.undo()
+    return logits, [w.numpy() for w in captured]
+
+
+def test_fast_attention_and_top_k_equal_an_eager_forward(written, tokenizer, monkeypatch):
+    _, path = written
+    loaded = fast_loaded(path, tokenizer)
+    layers = tuple(range(loaded.info.layers))
+    probes = ProbeSettings(attention_layers=layers, top_k=5)
+    events = list(ChatSession(loaded).generate(QUESTION, GREEDY, probes))
+    prefill, tokens = events[0], [e for e in events if isinstance(e, Token)]
+    sequence = [*prefill.prompt_token_ids, *(t.token_id for t in tokens)]
+    logits, reference = eager_forward(loaded.model, sequence, monkeypatch)
+    n = prefill.prompt_tokens
+    for layer in layers:
+        matrix = prefill.attention[layer]
+        assert matrix.shape == (loaded.info.heads, n, n)
+        np.testing.assert_allclose(matrix, reference[layer][:, :n, :n], atol=ATTENTION_ATOL)
+        for token in tokens[1:]:
+            query = n + token.index - 1
+            np.testing.assert_allclose(
+                token.attention[layer], reference[layer][:, query, : query + 1], atol=ATTENTION_ATOL
+            )
+    for token in tokens:
+        probs = logits[n + token.index - 1].softmax(-1)
+        top = probs.topk(5)
+        assert [c.token_id for c in token.top_k][:1] == top.indices.tolist()[:1]
+        np.testing.assert_allclose([c.prob for c in token.top_k], top.values.numpy(), atol=1e-4)
+
+
+# -- the cache that grows in place ----------------------------------------------------------------
+
+
+def test_kv_buffer_grows_in_place_by_chunks_and_truncates():
+    cache = KVBuffer(layers=2, kv_heads=2, head_dim=4, dtype=torch.bfloat16,
+                     device=torch.device("cpu"), chunk=8)  # fmt: skip
+    keys = torch.randn(1, 2, 5, 4).bfloat16()
+    cache.reserve(5)
+    for layer in range(2):
+        cache.write(layer, 0, keys, keys + 1)
+    cache.length = 5
+    pointer = cache.keys[0].data_ptr()
+    assert cache.capacity == 8
+    for position in range(5, 8):  # decode steps inside the chunk write in place
+        cache.reserve(position + 1)
+        step = torch.full((1, 2, 1, 4), float(position)).bfloat16()
+        seen_keys, _ = cache.write(0, position, step, step)
+        cache.length = position + 1
+        assert cache.keys[0].data_ptr() == pointer
+        assert seen_keys.shape == (1, 2, position + 1, 4)
+        assert seen_keys.data_ptr() == pointer  # a view, not a copy
+    cache.reserve(9)  # the next chunk: one copy, the filled part kept
+    assert cache.capacity == 16 and cache.keys[0].data_ptr() != pointer
+    torch.testing.assert_close(cache.keys[0][:, :, :5], keys)
+    torch.testing.assert_close(cache.values[1][:, :, :5], keys + 1)
+    per_token = 2 * 2 * 4 * 2  # keys and values, kv heads, head dim, bf16 bytes
+    assert cache.layer_bytes() == (8 * per_token, 8 * per_token)
+    assert cache.reserved_bytes() == 2 * 16 * per_token
+    assert cache.truncate(3) and cache.length == 3
+    assert cache.layer_bytes() == (3 * per_token, 3 * per_token)
+
+
+def test_fast_kv_bytes_are_the_filled_tensors_and_the_formula(written, tokenizer):
+    _, path = written
+    loaded = fast_loaded(path, tokenizer)
+    info = loaded.info
+    assert (info.dtype, info.bytes_per_value, info.precision) == ("bfloat16", 2, "fast")
+    session = ChatSession(loaded)
+    events = list(session.generate(QUESTION, GREEDY, ProbeSettings(top_k=0)))
+    prefill, tokens = events[0], [e for e in events if isinstance(e, Token)]
+    assert prefill.kv_bytes == kv_cache.formula_bytes(info, prefill.prompt_tokens)
+    for token in tokens:
+        cached = prefill.prompt_tokens + token.index
+        assert token.kv_bytes == kv_cache.formula_bytes(info, cached)
+        assert sum(token.kv_bytes_per_layer) == token.kv_bytes
+    cache = session._cache
+    filled = sum(
+        k[:, :, : cache.length].numel() * k.element_size() * 2 for k in cache.keys
+    )  # measured from the tensors the model attends over
+    assert tokens[-1].kv_bytes == filled
+    assert cache.reserved_bytes() >= filled
+
+
+def test_fast_decode_writes_the_cache_in_place(written, tokenizer):
+    _, path = written
+    model = fast_loaded(path, tokenizer).model
+    cache = model.new_cache()
+    model.forward(torch.randint(0, 49152, (1, 10)), cache, None)
+    pointers = [k.data_ptr() for k in cache.keys]
+    for _ in range(20):  # well inside the first chunk
+        model.forward(torch.randint(0, 49152, (1, 1)), cache, None)
+    assert [k.data_ptr() for k in cache.keys] == pointers and cache.length == 30
+
+
+# -- the session on the bundled model in fast precision --------------------------------------------
+
+TURN = GenerationSettings(greedy=True, max_new_tokens=12)
+
+
+@pytest.mark.bundled
+def test_fast_second_turn_reuses_the_cache_and_answers_as_a_fresh_session(bundled_fast):
+    session = ChatSession(bundled_fast)
+    first = list(session.generate(QUESTION, TURN))[-1]
+    follow_up = [*QUESTION, Message("assistant", first.text), Message("user", "And at sunset?")]
+    reused = list(session.generate(follow_up, TURN))
+    fresh = list(ChatSession(bundled_fast).generate(follow_up, TURN))
+    assert reused[0].reused_tokens > 0 and fresh[0].reused_tokens == 0
+    assert [e.token_id for e in reused if isinstance(e, Token)] == [
+        e.token_id for e in fresh if isinstance(e, Token)
+    ]
+    edited = [*QUESTION[:-1], Message("user", "Why is the sea blue? Answer briefly.")]
+    cut = list(session.generate(edited, TURN))  # an edited history: cache truncated
+    again = list(ChatSession(bundled_fast).generate(edited, TURN))
+    assert 0 < cut[0].reused_tokens < cut[0].prompt_tokens
+    assert cut[-1].text == again[-1].text
+
+
+@pytest.mark.bundled
+def test_fast_teaching_mode_recomputes_and_holds_no_cache(bundled_fast):
+    cached = list(ChatSession(bundled_fast).generate(QUESTION, TURN))
+    settings = GenerationSettings(greedy=True, max_new_tokens=12, use_cache=False)
+    uncached = list(ChatSession(bundled_fast).generate(QUESTION, settings))
+    assert all(e.kv_bytes == 0 for e in uncached if isinstance(e, Token))
+    assert cached[-1].text == uncached[-1].text

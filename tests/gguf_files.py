@@ -1,0 +1,86 @@
+"""Tiny GGUF files written in the test from a random transformers model, the way llama.cpp's
+converter writes them (q/k rows permuted for llama), with the tensor types asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+Q4_0, Q4_1, Q8_0, F16, F32 = "Q4_0", "Q4_1", "Q8_0", "F16", "F32"
+GGUF_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(name: str) -> str:
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    _, _, index, rest = name.split(".", 3)
+    return f"blk.{index}.{GGUF_NAMES[rest]}"
+
+
+def permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows for its RoPE layout."""
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def write_gguf(path: Path, model, weights: str = Q4_1, embedding: str = Q8_0) -> Path:
+    """Write `model` (a transformers Llama or Qwen2) as a GGUF: 2-D weights in `weights`,
+    the token embedding in `embedding`, norms and biases in F32."""
+    import gguf
+
+    config = model.config
+    arch = {"llama": "llama", "qwen2": "qwen2"}[config.model_type]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_bos_token_id(config.bos_token_id)
+    writer.add_eos_token_id(config.eos_token_id)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        data = tensor.float().numpy()
+        target = gguf_name(name)
+        if arch == "llama" and target.endswith("attn_q.weight"):
+            data = permute(data, config.num_attention_heads)
+        elif arch == "llama" and target.endswith("attn_k.weight"):
+            data = permute(data, config.num_key_value_heads)
+        kind = F32 if data.ndim == 1 else embedding if target == "token_embd.weight" else weights
+        qtype = gguf.GGMLQuantizationType[kind]
+        if kind == F32:
+            writer.add_tensor(target, data)
+        elif kind == F16:
+            writer.add_tensor(target, data.astype(np.float16))
+        else:
+            writer.add_tensor(target, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
