@@ -134,8 +134,9 @@ class _Outbox:
             self._condition.notify_all()
 
     def wait_for_room(self, stop: Callable[[], bool]) -> None:
-        """Block while more than MAX_UNSENT_WEIGHT is unsent (the GUI is behind), unless
-        `stop()` says the reply was cancelled."""
+        """Block while more than MAX_UNSENT_WEIGHT waits to be sent (the GUI is behind), unless
+        `stop()` says the reply was cancelled. The message being written does not count, so
+        one large event (a long prompt's attention) does not hold decoding up as it crosses."""
         with self._condition:
             while self._weight > MAX_UNSENT_WEIGHT and not self._closed and not stop():
                 self._condition.wait(0.05)
@@ -151,7 +152,7 @@ class _Outbox:
             self._condition.notify_all()
         self._thread.join()
 
-    def _next(self) -> tuple[tuple, int] | None:
+    def _next(self) -> tuple | None:
         with self._condition:
             while not self._items and not self._closed:
                 self._condition.wait()
@@ -165,11 +166,12 @@ class _Outbox:
                     events.extend(more[2])
                     weight += more_weight
                 message = ("events", queued_at, events)  # the oldest event's wait counts
-            return message, weight
+            self._weight -= weight
+            self._condition.notify_all()
+            return message
 
     def _run(self) -> None:
-        while (item := self._next()) is not None:
-            message, weight = item
+        while (message := self._next()) is not None:
             try:
                 self._connection.send_bytes(encode(message))
             except (OSError, ValueError):  # the GUI is gone: nobody to tell
@@ -178,9 +180,6 @@ class _Outbox:
                     self._items.clear()
                     self._condition.notify_all()
                 return
-            with self._condition:
-                self._weight -= weight
-                self._condition.notify_all()
 
 
 class _Engine:
