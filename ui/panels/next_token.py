@@ -7,7 +7,7 @@ import html
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QUrl, Signal
-from PySide6.QtGui import QTextCursor
+from PySide6.QtGui import QFontMetrics, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -31,11 +31,19 @@ CHOSEN_SAMPLED_BRUSH = (244, 143, 177)
 # so an unbounded strip costs more every frame (35 ms at 9,000 tokens; 2.4 ms at 256 tokens,
 # 1.8 ms at 128). Its few lines show the last hundred tokens or so; the slider reaches all.
 STRIP_TOKENS = 128
+# The candidates' axis keeps one width: sized to its labels, it re-laid the whole plot out (and
+# regenerated both axes) on every token. Longer labels are cut with an ellipsis.
+LABEL_CHARACTERS = 16
 
 
 def token_label(text: str) -> str:
     shown = repr(text)[1:-1]
     return shown if shown.strip() else repr(text)
+
+
+def axis_label(text: str) -> str:
+    """A candidate's label on the fixed-width axis: at most LABEL_CHARACTERS characters."""
+    return text if len(text) <= LABEL_CHARACTERS else text[: LABEL_CHARACTERS - 1] + "…"
 
 
 class NextTokenPanel(QWidget):
@@ -73,6 +81,8 @@ class NextTokenPanel(QWidget):
         plot.invertY(True)
         plot.setLabel("bottom", "probability")
         plot.setXRange(0, 1, padding=0.02)
+        typical = "▶ " + "n" * (LABEL_CHARACTERS - 2)
+        plot.getAxis("left").setWidth(QFontMetrics(self.font()).horizontalAdvance(typical) + 16)
         plot.disableAutoRange()  # the bars' range is set when their count changes
         plot.setMouseEnabled(x=False, y=False)
         legend = plot.addLegend(offset=(-5, 5))
@@ -203,7 +213,7 @@ class NextTokenPanel(QWidget):
             brushes=[CHOSEN_SAMPLED_BRUSH if hit else SAMPLED_BRUSH for hit in is_chosen],
         )
         labels = [
-            (i, ("▶ " if hit else "") + token_label(c.text))
+            (i, axis_label(("▶ " if hit else "") + token_label(c.text)))
             for i, (c, hit) in enumerate(zip(candidates, is_chosen, strict=True))
         ]
         plot = self.plot_widget.getPlotItem()
