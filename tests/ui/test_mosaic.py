@@ -141,13 +141,13 @@ def test_pooled_cells_map_hover_to_the_rows_and_keys_they_cover(view, rng, monke
     monkeypatch.setattr(attention, "DISPLAY_ROWS", 4)
     monkeypatch.setattr(attention, "DISPLAY_KEYS", 6)
     panel = view.attention
-    run_reply(view, rng, count=12)  # 16 keys: 4 rows and 3 keys per cell
+    run_reply(view, rng, count=12)  # 16 rows and keys
     view.redraw(force=True)
     rows = view.state.attention[0]
-    row_factor = math.ceil(rows.rows / 4)
-    key_factor = math.ceil(rows.keys / 6)
+    row_factor, key_factor = panel.pool_factors
+    assert (row_factor, key_factor) == (4, 4)  # powers of two: 16 rows / 4, 16 keys / 6
     layout = panel.layout
-    assert (layout.data_rows, layout.data_columns) == (math.ceil(rows.rows / row_factor), 6)
+    assert (layout.data_rows, layout.data_columns) == (4, 4)
     up_rows, up_columns = layout.upsample
     top, left = layout.origin(1)
     for cell_row in range(layout.data_rows):

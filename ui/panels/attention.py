@@ -44,6 +44,15 @@ def max_pool_keys(block: np.ndarray, factor: int) -> np.ndarray:
     return out
 
 
+def pool_factor(count: int, cells: int) -> int:
+    """How many rows (or keys) one of at most `cells` cells covers: a power of two.
+
+    A new factor pools every row again (tens of milliseconds at 10,000 keys); powers of two
+    change it once per doubling of the context instead of every `cells` tokens.
+    """
+    return 1 << max(math.ceil(count / cells) - 1, 0).bit_length()
+
+
 class PooledRows:
     """A display copy of one layer's rows, max-pooled to at most DISPLAY_ROWS x DISPLAY_KEYS
     cells (or fewer, as `update` asks).
@@ -71,8 +80,8 @@ class PooledRows:
         """
         max_rows = min(max_rows or DISPLAY_ROWS, DISPLAY_ROWS)
         max_keys = min(max_keys or DISPLAY_KEYS, DISPLAY_KEYS)
-        row_factor = max(math.ceil(rows.rows / max_rows), 1)
-        key_factor = max(math.ceil(rows.keys / max_keys), 1)
+        row_factor = pool_factor(rows.rows, max_rows)
+        key_factor = pool_factor(rows.keys, max_keys)
         key = (rows.serial, rows.heads, row_factor, key_factor)
         shift = rows.dropped - self._dropped
         if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:

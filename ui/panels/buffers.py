@@ -202,11 +202,10 @@ class HeadStats:
         weights = np.asarray(rows, dtype=np.float32)
         self.max_weight += weights.max(axis=2).sum(axis=1, dtype=np.float64)
         # -sum w log w, with 0 log 0 = 0: a zero weight times log(tiny) is exactly zero, so no
-        # masked log (twice the cost) is needed.
-        terms = np.maximum(weights, np.finfo(np.float32).tiny)
-        np.log(terms, out=terms)
-        terms *= weights
-        entropy = -terms.sum(axis=2, dtype=np.float64)  # [heads, n]
+        # masked log (twice the cost) is needed; einsum multiplies and sums in one pass.
+        logs = np.maximum(weights, np.finfo(np.float32).tiny)
+        np.log(logs, out=logs)
+        entropy = -np.einsum("hnk,hnk->hn", weights, logs).astype(np.float64)  # [heads, n]
         # Normalize by the most a row could have (uniform over its visible keys).
         visible = np.log(np.maximum(positions + 1, 2).astype(np.float64))
         self.entropy += (entropy / visible).sum(axis=1)
