@@ -66,7 +66,9 @@ class EngineSpec:
 
 
 def engine_threads(spec: EngineSpec) -> int:
-    return spec.threads or max(1, (os.cpu_count() or 2) - 1)
+    """The spec's threads, else $GLASSBOX_ENGINE_THREADS, else all cores but one."""
+    chosen = spec.threads or int(os.environ.get("GLASSBOX_ENGINE_THREADS", "0") or 0)
+    return chosen if chosen > 0 else max(1, (os.cpu_count() or 2) - 1)
 
 
 def resolve(name: str) -> Callable[..., Any]:
