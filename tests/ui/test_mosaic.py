@@ -303,3 +303,19 @@ def test_decimated_curves_keep_peaks_and_end_at_the_newest_point(rng):
     small_x, small_y = decimate(x[:300], y[:300], pixels=400)
     np.testing.assert_array_equal(small_x, x[:300])  # short: unchanged
     np.testing.assert_array_equal(small_y, y[:300])
+
+
+def test_pooling_starts_over_only_when_the_context_doubles(rng):
+    """Filling and halving the row buffer, and a growing context, keep the pooled cells: a
+    full re-pool (tens of milliseconds at 10,000 keys) happens once per doubling."""
+    rows = AttentionRows(HEADS, max_rows=64)
+    pooled = attention.PooledRows()
+    rows.append_block(causal(rng, 4, 4))
+    restarts, key = 0, None
+    for keys in range(5, 700):
+        rows.append_row(causal(rng, 1, keys)[:, 0, :])
+        pooled.update(rows, max_rows=20, max_keys=40)
+        restarts += pooled._key != key
+        key = pooled._key
+    assert rows.dropped > 5 * 32  # the buffer filled and halved many times
+    assert restarts <= 2 * math.log2(700 / 4)  # row and key factors: once per doubling each

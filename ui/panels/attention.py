@@ -80,9 +80,13 @@ class PooledRows:
         """
         max_rows = min(max_rows or DISPLAY_ROWS, DISPLAY_ROWS)
         max_keys = min(max_keys or DISPLAY_KEYS, DISPLAY_KEYS)
+        # The buffer fills, then drops its older half, every max_rows / 2 tokens: a row factor
+        # that followed it down would pool every row again each time. It only grows per reply.
         row_factor = pool_factor(rows.rows, max_rows)
+        if self._key[:3] == (rows.serial, rows.heads, max_rows):
+            row_factor = max(row_factor, self._key[3])
         key_factor = pool_factor(rows.keys, max_keys)
-        key = (rows.serial, rows.heads, row_factor, key_factor)
+        key = (rows.serial, rows.heads, max_rows, row_factor, key_factor)
         shift = rows.dropped - self._dropped
         if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
             self._key, self._rows = key, 0
