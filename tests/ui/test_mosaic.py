@@ -22,7 +22,7 @@ from tests.ui.test_panels import (
 )
 from ui.panels import InternalsView, attention
 from ui.panels.buffers import AttentionRows
-from ui.panels.mosaic import LEVEL_EDGES, MosaicLayout, best_columns
+from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MosaicLayout, best_columns
 from ui.panels.ranges import decimate, headroom
 
 
@@ -93,7 +93,7 @@ def test_layout_places_each_tile_apart_and_maps_pixels_back(rng):
             )
         if slot % 3 < 2:
             assert layout.locate(y + 1, x + width + 0.5) is None
-    assert np.all(image[~covered] == 0)  # gaps and the empty sixth place stay blank
+    assert np.all(image[~covered] == GAP_VALUE)  # gaps and the empty sixth place: background
     assert layout.locate(*[v + 1 for v in layout.origin(5)]) is None  # no sixth head
 
 

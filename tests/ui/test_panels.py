@@ -16,7 +16,7 @@ from ui.panels import WITH_CACHE, WITHOUT_CACHE, InternalsView, attention, build
 from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
 from ui.panels.buffers import AttentionRows, GrowableArray, InternalsState
 from ui.panels.kv_cache import STACKED, formula_text
-from ui.panels.mosaic import LEVEL_EDGES
+from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MOSAIC_LEVELS
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BYTES = 2, 4, 2, 8, 4
 PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * BYTES  # 256 bytes for all layers
@@ -280,8 +280,12 @@ def test_heatmap_builds_row_by_row_from_the_events(view, rng):
     np.testing.assert_array_equal(stack, expected_matrix(first, tokens, 0))
     image = view.attention.mosaic
     assert image.axisOrder == "row-major" and image.image.dtype == np.float32
-    assert tuple(image.getLevels()) == (0.0, 1.0)
-    assert image.lut.shape[0] == 256
+    # Weights 0..1 span colours 1..255 of the table; its colour 0 is the gaps' background.
+    low, high = image.getLevels()
+    assert (low, high) == MOSAIC_LEVELS and image.lut.shape[0] == 256
+    index = lambda value: min(max(int((value - low) * 256 / (high - low)), 0), 255)  # noqa: E731
+    assert (index(GAP_VALUE), index(0.0), index(1.0)) == (0, 1, 255)
+    assert tuple(image.lut[0][:3]) == (0, 0, 0)
 
 
 def test_layer_choice_hover_text_and_head_focus(view, rng):
@@ -308,7 +312,7 @@ def test_per_head_scale_uses_a_high_quantile_of_each_head(view, rng):
     assert panel.per_head_scale.isChecked()  # the default
     view.redraw(force=True)
     expected = expected_matrix(first, tokens, 0)
-    assert tuple(panel.mosaic.getLevels()) == (0.0, 1.0)
+    assert tuple(panel.mosaic.getLevels()) == MOSAIC_LEVELS  # 1.0: the top colour
     one_bin = LEVEL_EDGES[-1] / LEVEL_EDGES[-2]  # the levels are read from log-spaced bins
     for slot, head in enumerate(panel.slots):
         weights = np.sort(expected[head][expected[head] > 0])

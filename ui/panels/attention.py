@@ -18,7 +18,13 @@ from PySide6.QtWidgets import (
 )
 
 from ui.panels.buffers import ATTENTION, AttentionRows, InternalsState, RedrawTracker
-from ui.panels.mosaic import MosaicLayout, WeightHistogram, best_columns
+from ui.panels.mosaic import (
+    MOSAIC_LEVELS,
+    MosaicLayout,
+    WeightHistogram,
+    best_columns,
+    mosaic_colours,
+)
 
 # Bounded work per frame: rows and keys past these are max-pooled into one image cell.
 DISPLAY_ROWS = 256
@@ -29,6 +35,7 @@ MIN_CELLS = 32
 POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
 LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
 ALL_HEADS = "all heads"
+MOSAIC_BACKGROUND = (0, 0, 0, 255)  # the gaps between tiles: the view's own black
 MEASURES = {"mean max weight": "max", "mean entropy (normalized)": "entropy"}
 
 
@@ -215,7 +222,7 @@ class AttentionPanel(QWidget):
         self.heads_view.setMouseEnabled(x=False, y=False)
         self.heads_view.disableAutoRange()  # the range is set when the mosaic's extent changes
         self.mosaic = pg.ImageItem(axisOrder="row-major")
-        self.mosaic.setLookupTable(self._lut)
+        self.mosaic.setLookupTable(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
         self.heads_view.addItem(self.mosaic)
         self.head_labels: list[pg.TextItem] = []
         self.heads_view.sigResized.connect(self._on_mosaic_resized)
@@ -386,7 +393,7 @@ class AttentionPanel(QWidget):
         layout = MosaicLayout(len(slots), tiles.shape[1], tiles.shape[2], columns)
         image = layout.compose(tiles, scale, self._image_buffer)
         self._image_buffer = image
-        self.mosaic.setImage(image, levels=(0.0, 1.0), autoLevels=False)
+        self.mosaic.setImage(image, levels=MOSAIC_LEVELS, autoLevels=False)
         up_rows, up_columns = layout.upsample
         pixel = (key_factor / up_columns, row_factor / up_rows)  # buffer units per pixel
         if (layout, pixel, slots) != (self.layout, self._pixel, self.slots):

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 GAP = 0.03  # the gap between tiles, as a share of a tile's side
+# Gaps (and places without a head) hold this value, below every weight. MOSAIC_LEVELS maps it
+# to the first entry of the mosaic's colour table, kept for the background, and weights 0..1
+# to the other 255 entries (0 lands in entry 1 with room to spare for rounding).
+GAP_VALUE = -1.0
+MOSAIC_LEVELS = (-1.5 / 255, 1.0)
 MIN_TILE_PIXELS = 64  # a tile narrower than this is upsampled, so a one-pixel gap stays thin
 
 # Colour levels: log-spaced bins over (0, 1]; weights below the first edge share its bin.
@@ -105,10 +110,10 @@ class MosaicLayout:
     def compose(self, data: np.ndarray, scale: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """The mosaic of `data` [tiles, rows, columns], tile i multiplied by `scale[i]`.
 
-        Reuses `out` when it has the right shape (gaps stay zero: they are never written).
+        Reuses `out` when it has the right shape (gaps keep GAP_VALUE: they are never written).
         """
         if out is None or out.shape != self.shape:
-            out = np.zeros(self.shape, dtype=np.float32)
+            out = np.full(self.shape, GAP_VALUE, dtype=np.float32)
         height, width = self.tile_shape
         up_rows, up_columns = self.upsample
         for slot in range(self.tiles):
@@ -130,6 +135,15 @@ class MosaicLayout:
 
 
 _LOW_EXPONENT = -5.0  # log10 of LEVEL_EDGES[1]
+
+
+def mosaic_colours(table: np.ndarray, background: tuple[int, ...]) -> np.ndarray:
+    """A 256-entry table: `background` for gaps, then `table` squeezed into the other 255."""
+    picks = np.linspace(0, len(table) - 1, 255).round().astype(int)
+    colours = np.empty((256, table.shape[1]), dtype=table.dtype)
+    colours[0] = background[: table.shape[1]]
+    colours[1:] = table[picks]
+    return colours
 
 
 def level_bins(values: np.ndarray) -> np.ndarray:
