@@ -196,6 +196,11 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def _paired(window: list[float], headless: list[float]) -> float | None:
+    ratios = [w / h for w, h in zip(window, headless, strict=False) if h]
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
@@ -261,6 +266,11 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
         "watched_layers": list(bench.window.probe_settings().attention_layers),
         "decode_tokens_per_s": {k: round(v, 2) for k, v in decode.items()},
         "decode_ratio_window_vs_headless": _ratio(decode["window"], decode["headless"]),
+        # Each window reply over the headless one next to it: drift in the machine's load
+        # (other jobs on a shared machine) cancels within a pair.
+        "decode_ratio_paired_median": _paired(
+            [f.decode_tokens_per_s for f in finished], [f.decode_tokens_per_s for f in headless]
+        ),
         "ttft_s": {k: round(v, 3) for k, v in ttft.items()},
         "ttft_ratio_window_vs_headless": _ratio(ttft["window"], ttft["headless"]),
         "ttft_shown_s": round(shown_ttft, 3),  # send pressed -> first token in the chat
