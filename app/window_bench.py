@@ -92,12 +92,12 @@ def peak_rss_of(pid: int | None) -> int | None:
 class WindowBench:
     """The assembled window on the real engine process; see the module docstring."""
 
-    def __init__(self, request: LoadRequest, folder: Path) -> None:
+    def __init__(self, request: LoadRequest, folder: Path, spec: Any = None) -> None:
         from app.engine_process import EngineProcess
 
         self.launch_s = process_age_s() or 0.0  # how long this process ran before the spawn
         self.started = time.perf_counter()
-        self.engine = EngineProcess()  # first: torch imports while the window is built
+        self.engine = EngineProcess(spec)  # first: torch imports while the window is built
         from PySide6.QtCore import QSettings
         from PySide6.QtWidgets import QApplication
 
@@ -206,9 +206,14 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def measure_window(
-    request: LoadRequest, new_tokens: int = 128, repeats: int = 3, context: int = CONTEXT_TOKENS
+    request: LoadRequest,
+    new_tokens: int = 128,
+    repeats: int = 3,
+    context: int = CONTEXT_TOKENS,
+    spec: Any = None,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns the JSON-ready results (see the module docstring)."""
+    """Run the benchmark; returns the JSON-ready results (see the module docstring).
+    `spec` (app.engine_process.EngineSpec) runs another session in the engine (tests)."""
     from PySide6.QtCore import qInstallMessageHandler
 
     from app.stall import _quiet_offscreen
@@ -216,7 +221,7 @@ def measure_window(
     previous = qInstallMessageHandler(_quiet_offscreen)
     try:
         with tempfile.TemporaryDirectory(prefix="glassbox-window-bench-") as folder:
-            bench = WindowBench(request, Path(folder))
+            bench = WindowBench(request, Path(folder), spec)
             try:
                 return _run(bench, new_tokens, repeats, context)
             finally:

@@ -287,3 +287,24 @@ def test_the_engine_process_modules_load_no_qt():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"  # torch too: it is imported once the child has started
+
+
+def test_bench_window_and_transport_report_their_numbers(qapp):
+    """The --window benchmark's whole path, on the fake session instead of the real model."""
+    from app.window_bench import measure_transport, measure_window
+
+    result = measure_window(fake_request(tokens=40), new_tokens=40, repeats=2, spec=FAKE)
+    assert result["model"] == "fake" and result["repeats"] == 2
+    assert len(result["runs"]["window_decode"]) == len(result["runs"]["headless_decode"]) == 2
+    assert result["decode_tokens_per_s"]["window"] > 0 and result["ttft_s"]["headless"] > 0
+    assert result["decode_ratio_window_vs_headless"] > 0
+    assert 0 < result["gui_cpu_per_s"] < 2  # the GUI thread's own CPU, not the process's
+    assert 0 <= result["stall_ms"]["p50"] <= result["stall_ms"]["p99"] <= result["stall_ms"]["max"]
+    assert result["start_s"]["window_shown"] <= result["start_s"]["model_ready"]
+    assert result["peak_rss_mb"]["gui"] > 0 and result["peak_rss_mb"]["engine"] > 0
+
+    transport = measure_transport(keys=2000, tokens=30, paced_tokens=5, rate=100)
+    per_token = 4 * 9 * 2000 * 4 / 2**20  # 4 layers x 9 heads x 2,000 float32 keys, in MB
+    for mode in ("flood", "paced"):
+        assert transport[mode]["mb_per_token"] == pytest.approx(per_token, rel=0.05)
+        assert transport[mode]["latency_ms_p50"] <= transport[mode]["latency_ms_max"]
