@@ -53,6 +53,7 @@ class WindowReply:
     end: float | None = None
     end_cpu: float = 0.0
     beats: list[float] = field(default_factory=list)
+    engine_cpu_s: float | None = None  # the engine process's CPU over the whole reply
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, Token) and self.first_token is None:
@@ -76,6 +77,15 @@ def process_age_s() -> float | None:
     except OSError:
         return None
     return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds_of(pid: int | None) -> float | None:
+    """User + system CPU seconds a process has used, all its threads (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_of(pid: int | None) -> int | None:
@@ -123,6 +133,7 @@ class WindowBench:
             self.engine_ready_s = self.launch_s + receiver.ready_at - self.started
         self._reply: WindowReply | None = None
         self._headless: list[Finished | None] = []
+        self.headless_cpu_s: list[float | None] = []
         self.window.event_received.connect(self._on_event)
         self.worker.headless_finished.connect(self._headless.append)
 
@@ -162,12 +173,14 @@ class WindowBench:
         heartbeat.timeout.connect(lambda: reply.beats.append(time.perf_counter()))
         self._reply = reply
         heartbeat.start()
+        cpu = cpu_seconds_of(self.engine.pid)
         if not self.window.send(text):
             raise RuntimeError("the window refused to send")
         _run_until(lambda: reply.finished is not None, 900)
         heartbeat.stop()
         self._reply = None
         _run_until(lambda: not self.worker.busy, 60)
+        reply.engine_cpu_s = _less(cpu_seconds_of(self.engine.pid), cpu)
         return reply
 
     def headless_reply(self, text: str, settings: GenerationSettings) -> Finished:
@@ -176,10 +189,12 @@ class WindowBench:
         self.worker.reset()
         self._headless.clear()
         probes: ProbeSettings = self.window.probe_settings()
+        cpu = cpu_seconds_of(self.engine.pid)
         if not self.worker.generate_headless(messages, settings, probes):
             raise RuntimeError("the engine refused the headless reply")
         _run_until(lambda: bool(self._headless), 900)
         _run_until(lambda: not self.worker.busy, 60)
+        self.headless_cpu_s.append(_less(cpu_seconds_of(self.engine.pid), cpu))
         finished = self._headless[0]
         if finished is None:
             raise RuntimeError("the engine died during the headless reply")
@@ -190,6 +205,10 @@ class WindowBench:
         for dock in self.parts.internals.docks.values():
             dock.close()
         self.parts.shutdown()
+
+
+def _less(after: float | None, before: float | None) -> float | None:
+    return after - before if after is not None and before is not None else None
 
 
 def _median(values: list[float]) -> float:
@@ -262,6 +281,12 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
     }
     shown_ttft = _median([(r.first_token or r.sent) - r.sent for r in windows])
     gui_cpu = [r.gui_cpu_per_s for r in windows]
+    # The engine's own CPU per reply, both ways: equal means the window adds no work to the
+    # engine and any loss of speed is the engine waiting for a core.
+    engine_cpu = {
+        "window": _median([c for c in (r.engine_cpu_s for r in windows) if c is not None]),
+        "headless": _median([c for c in bench.headless_cpu_s[1:] if c is not None]),
+    }
     return {
         "model": bench.worker.info.name if bench.worker.info else None,
         "device": bench.worker.info.device if bench.worker.info else None,
@@ -287,6 +312,7 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
             "gui_cpu_per_s": [round(c, 3) for c in gui_cpu],
         },
         "gui_cpu_per_s": round(_median(gui_cpu), 3),
+        "engine_cpu_s_per_reply": {k: round(v, 2) for k, v in engine_cpu.items()},
         "stall_ms": {
             "p50": round(float(np.percentile(stalls, 50)), 1) if stalls.size else 0.0,
             "p99": round(float(np.percentile(stalls, 99)), 1) if stalls.size else 0.0,
