@@ -16,7 +16,7 @@ import torch
 
 from engine import quant
 from engine.gguf_file import GGUFFile
-from engine.llama import Attention, Block, Embedding, FeedForward, GGUFLlama, LlamaShape
+from engine.llama import Attention, Block, Embedding, FeedForward, GGUFLlama, Head, LlamaShape
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +105,8 @@ def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLl
         types = {file.tensors[p].type for p in parts}
         raw = take(*parts)
         qtype = types.pop() if len(types) == 1 else None
-        if qtype in (quant.Q4_0, quant.Q4_1) and raw.shape[0] % 16 == 0:  # the kernel's rule
+        if qtype in quant.BLOCK_BYTES and raw.shape[0] % 16 == 0:  # the kernel's rule
             return _chunked(raw, lambda r: quant.Int4Linear.from_blocks(r, qtype, torch.bfloat16))
-        if qtype == quant.Q8_0:
-            return _chunked(raw, lambda r: quant.Int8Linear.from_blocks(r, qtype, torch.bfloat16))
         dense_types.update(file.tensors[p].type_name for p in parts)
         return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
 
@@ -132,8 +130,8 @@ def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLl
         )
         norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
         blocks.append(Block(attention, feed_forward, norms, shape.eps))
-    tied = "output.weight" not in file.tensors
-    output = linear("token_embd.weight" if tied else "output.weight")
+    output = _head(file, shape)
+    done[0] += 1
     embedding = _embedding(file, shape)
     norm = vector("output_norm.weight")
     if dense_types:
@@ -142,36 +140,52 @@ def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLl
     return GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape)).eval()
 
 
-def _chunked(raw: torch.Tensor, build) -> torch.nn.Module:
-    """Repack `raw` in row chunks and join them: one linear, without a whole float32 copy."""
+def _chunked(raw: torch.Tensor, build) -> quant.Int4Linear:
+    """Repack `raw` in row chunks and join them: one linear, without a whole int32 copy."""
     if raw.shape[0] <= ROW_CHUNK:
         return build(raw)
     parts = [build(raw[i : i + ROW_CHUNK]) for i in range(0, raw.shape[0], ROW_CHUNK)]
-    first = parts[0]
-    if isinstance(first, quant.Int4Linear):
-        packed = torch.cat([p.packed for p in parts])
-        scales = torch.cat([p.scales_zeros for p in parts], dim=1)
-        return quant.Int4Linear(packed, scales, packed.shape[0])
-    weight = torch.cat([p.weight for p in parts])
-    return quant.Int8Linear(weight, torch.cat([p.scales for p in parts]))
+    split = parts[0].packed.shape[0] != parts[0].out_features  # Q8_0: [hi rows; lo rows]
+    halves = (0, 1) if split else (0,)
+    packed, scales = [], []
+    for half in halves:
+        for part in parts:
+            rows = part.out_features
+            packed.append(part.packed[half * rows : (half + 1) * rows])
+            scales.append(part.scales_zeros[:, half * rows : (half + 1) * rows])
+    out = sum(part.out_features for part in parts)
+    return quant.Int4Linear(torch.cat(packed), torch.cat(scales, dim=1), out)
+
+
+def _row_lookup(qtype: int, columns: int):
+    """raw rows [n, row_bytes] -> float32 [n, columns], for any tensor type."""
+    if qtype in quant.BLOCK_BYTES:
+        return lambda raw: quant.dequantize(raw, qtype)
+    return lambda raw: quant.dense(raw, qtype, columns)
 
 
 def _embedding(file: GGUFFile, shape: LlamaShape) -> Embedding:
     """Rows stay as stored (mapped from the file); a lookup expands only the rows it needs."""
     info = file.tensors["token_embd.weight"]
-    rows = torch.from_numpy(file.raw(info.name))
-    qtype, dim = info.type, shape.dim
-    if qtype in quant.BLOCK_BYTES:
+    return Embedding(torch.from_numpy(file.raw(info.name)), _row_lookup(info.type, shape.dim))
 
-        def lookup(raw: torch.Tensor) -> torch.Tensor:
-            return quant.dequantize(raw, qtype)
 
+def _head(file: GGUFFile, shape: LlamaShape) -> Head:
+    """The lm_head (the embedding when tied): 4-bit for the matmul, the file's rows (mapped)
+    for the exact recomputation of the top logits. Q4 rows are repacked as they are; other
+    types (Q8_0, the embedding of the bundled model) are requantised to 4 bits for the bulk
+    matmul: half the bytes of the exact Q8_0 split, and the top logits are exact anyway."""
+    name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
+    info = file.tensors[name]
+    rows = torch.from_numpy(file.raw(name))
+    lookup = _row_lookup(info.type, shape.dim)
+    if info.type in (quant.Q4_0, quant.Q4_1) and rows.shape[0] % 16 == 0:
+        bulk = _chunked(rows, lambda r: quant.Int4Linear.from_blocks(r, info.type, torch.bfloat16))
+    elif rows.shape[0] % 16 == 0:
+        bulk = _chunked(rows, lambda r: quant.Int4Linear.requantized(lookup(r), torch.bfloat16))
     else:
-
-        def lookup(raw: torch.Tensor) -> torch.Tensor:
-            return quant.dense(raw, qtype, dim)
-
-    return Embedding(rows, lookup)
+        bulk = quant.DenseLinear(lookup(rows).to(torch.bfloat16))
+    return Head(bulk, rows, lookup)
 
 
 def _inv_freq(file: GGUFFile, shape: LlamaShape) -> torch.Tensor:

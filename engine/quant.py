@@ -8,11 +8,12 @@ GGML quantises a weight row in blocks of 32 values:
 
 torch's CPU kernel `_weight_int4pack_mm_for_cpu` computes with w = (q - 8)·scale + zero per
 group of 32, so Q4_0 is scale = d, zero = 0 and Q4_1 is scale = d, zero = m + 8·d: the same
-numbers, repacked, not requantised. The int8 kernel `_weight_int8pack_mm` has one scale per
-row, not per block, so a Q8_0 weight is requantised to int8 with its row's largest scale
-(an extra rounding of at most half a step of that scale; an exact split of Q8_0 into two
-int4 halves measured 1.8x slower on the lm_head here). Scales are kept in the activation
-dtype (bf16), the only dtype these kernels are fast in on the CPU.
+numbers, repacked, not requantised. Q8_0 has a scale per block too, which the int8 kernel
+(one scale per row) cannot hold, so it also goes through the int4 kernel, split exactly into
+two nibbles per value: q + 128 = 16·hi + lo gives w = d·q = (hi - 8)·16d + (lo - 8)·d + 8·d,
+two int4 weights over the same blocks, run as one matmul over twice the rows.
+Scales are kept in the activation dtype (bf16), the only dtype these kernels are fast in;
+the kernels also round their output to bf16 (see llama.Head for what that means for logits).
 """
 
 from __future__ import annotations
@@ -80,25 +81,40 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 class Int4Linear(torch.nn.Module):
     """y = x·Wᵀ with W held as packed nibbles and a scale and zero per group of 32.
 
-    Built from Q4_0/Q4_1 rows exactly (see the module docstring).
+    Built exactly from Q4_0/Q4_1 rows, or from Q8_0 rows as two halves (module docstring).
     """
 
     def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, out_features: int):
         super().__init__()
         self.register_buffer("packed", packed, persistent=False)  # [rows, K/2] uint8
         self.register_buffer("scales_zeros", scales_zeros, persistent=False)  # [K/32, rows, 2]
-        self.out_features = out_features
+        self.out_features = out_features  # half the packed rows for a split Q8_0 weight
         self.in_features = scales_zeros.shape[0] * BLOCK
 
     @classmethod
     def from_blocks(cls, raw: torch.Tensor, qtype: int, dtype: torch.dtype) -> Int4Linear:
-        if qtype not in (Q4_0, Q4_1):
-            raise ValueError(f"ggml type {qtype} is not a 4-bit block type")
         rows = raw.shape[0]
         q, scale, offset = unpack(raw, qtype)
+        if qtype == Q8_0:  # two nibble halves: hi with scale 16·d, lo with scale d
+            biased = (q.int() + 128).to(torch.uint8)
+            q = torch.cat([biased >> 4, biased & 15])
+            scale = torch.cat([16 * scale, scale])
+            offset = torch.cat([-128 * scale[rows:], torch.zeros_like(offset)])
         zero = offset + 8 * scale  # the kernel computes (q - 8)·scale + zero
         scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
-        return cls(pack_int4(q.reshape(rows, -1)), scales_zeros, rows)
+        return cls(pack_int4(q.reshape(q.shape[0], -1).contiguous()), scales_zeros, rows)
+
+    @classmethod
+    def requantized(cls, weight: torch.Tensor, dtype: torch.dtype) -> Int4Linear:
+        """float weights [N, K] quantised to 4 bits, min to max per group of 32 (lossy)."""
+        rows = weight.shape[0]
+        groups = weight.float().reshape(rows, -1, BLOCK)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp(min=1e-12)
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+        zero = low + 8 * scale
+        scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        return cls(pack_int4(q.to(torch.uint8).reshape(rows, -1)), scales_zeros, rows)
 
     @property
     def nbytes(self) -> int:
@@ -108,33 +124,8 @@ class Int4Linear(torch.nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(self.scales_zeros.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, BLOCK, self.scales_zeros)
-        return y.reshape(*shape[:-1], self.out_features)
-
-
-class Int8Linear(torch.nn.Module):
-    """y = x·Wᵀ with W held as int8 and one scale per row (requantised from Q8_0 blocks)."""
-
-    def __init__(self, weight: torch.Tensor, scales: torch.Tensor):
-        super().__init__()
-        self.register_buffer("weight", weight, persistent=False)  # [out, in] int8
-        self.register_buffer("scales", scales, persistent=False)  # [out]
-        self.out_features, self.in_features = weight.shape
-
-    @classmethod
-    def from_blocks(cls, raw: torch.Tensor, qtype: int, dtype: torch.dtype) -> Int8Linear:
-        w = dequantize(raw, qtype)
-        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-        return cls(q, scales.to(dtype))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in (self.weight, self.scales))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1]).to(self.scales.dtype)
-        y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        if y.shape[-1] != self.out_features:  # the two halves of a split Q8_0 weight
+            y = y[:, : self.out_features] + y[:, self.out_features :]
         return y.reshape(*shape[:-1], self.out_features)
 
 

@@ -5,6 +5,8 @@ fast model itself."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -84,15 +86,16 @@ def test_int4_repack_equals_the_dequantised_matmul(kind, rows):
     assert error < 1e-2
 
 
-def test_int8_requantised_q8_0_stays_within_half_a_step():
-    raw, reference = quantized(64, 256, Q8_0)
-    linear = quant.Int8Linear.from_blocks(raw, quant.Q8_0, torch.float32)
-    weights = linear.weight.float() * linear.scales[:, None]
-    step = linear.scales[:, None]
-    assert bool(((weights - reference).abs() <= step / 2 + 1e-6).all())
+@pytest.mark.parametrize("rows", [64, 4096 + 64])  # the second is repacked in two chunks
+def test_q8_0_splits_exactly_into_two_int4_halves(rows):
+    from engine.gguf_model import _chunked
+
+    raw, reference = quantized(rows, 256, Q8_0)
     x = torch.randn(2, 256)
-    error = (linear(x) - x @ reference.T).norm() / (x @ reference.T).norm()
-    assert error < 1e-2
+    expected = x @ reference.T
+    linear = _chunked(raw, lambda r: quant.Int4Linear.from_blocks(r, quant.Q8_0, torch.float32))
+    assert linear.packed.shape[0] == 2 * rows and linear.out_features == rows
+    torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-4)
 
 
 # -- the file reader ---------------------------------------------------------------------------
@@ -147,7 +150,9 @@ def test_exact_model_from_a_lossless_gguf_equals_the_original(architecture, tmp_
 def test_fast_model_follows_the_exact_model_of_the_same_file(
     architecture, weights, embedding, tmp_path
 ):
-    """Same file, two models: only bf16 activations and the int8 requant separate them."""
+    """Same file, two models: bf16 activations separate them, and where the lm_head is not
+    Q4, its 4-bit requantised bulk (only the top logits are recomputed exactly; a random model
+    has no clear top, so its whole row of logits is compared, with a wider tolerance)."""
     path = write_gguf(tmp_path / "q.gguf", hf_model(architecture), weights, embedding)
     file = GGUFFile(path)
     exact = gguf_model.build_exact(file, torch.float32)
@@ -156,13 +161,13 @@ def test_fast_model_follows_the_exact_model_of_the_same_file(
     with torch.inference_mode():
         expected = exact(ids).logits[0]
     logits = fast.forward(ids, None, None, every_position=True)
-    scale = expected.abs().max()
-    assert (logits - expected).abs().max() < 0.02 * scale
+    scale = expected.abs().max() * (0.02 if weights in (Q4_0, Q4_1) else 0.1)
+    assert (logits - expected).abs().max() < scale
     cache = fast.new_cache()  # prefill then decode through the cache: the same numbers
     fast.forward(ids[:, :20], cache, None)
     for position in range(20, 24):
         step = fast.forward(ids[:, position : position + 1], cache, None)
-        assert (step - expected[position]).abs().max() < 0.02 * scale
+        assert (step - expected[position]).abs().max() < scale
 
 
 # -- the probes against an eager forward of the same fast model ----------------------------------
@@ -310,3 +315,26 @@ def test_fast_teaching_mode_recomputes_and_holds_no_cache(bundled_fast):
     uncached = list(ChatSession(bundled_fast).generate(QUESTION, settings))
     assert all(e.kv_bytes == 0 for e in uncached if isinstance(e, Token))
     assert cached[-1].text == uncached[-1].text
+
+
+# -- fast against exact on the bundled model -------------------------------------------------------
+
+TEXT = Path(__file__).with_name("teacher_text.txt")
+
+
+@pytest.mark.bundled
+def test_fast_follows_exact_teacher_forced_over_a_long_text(bundled, bundled_fast):
+    """Both models read the same 690-token text; at every position the fast model's next-token
+    distribution must agree with the exact one (llama.cpp on such a text: 96.7% top-1 and
+    mean |Δp| 0.0046 over the top 10)."""
+    ids = bundled.tokenizer(TEXT.read_text())["input_ids"]
+    assert len(ids) >= 500
+    with torch.inference_mode():
+        exact = bundled.model(input_ids=torch.tensor([ids])).logits[0].float().softmax(-1)
+    fast = bundled_fast.model.forward(torch.tensor([ids]), None, None, every_position=True)
+    fast = fast.softmax(-1)
+    agreement = (exact.argmax(-1) == fast.argmax(-1)).float().mean().item()
+    top = exact.topk(10, dim=-1).indices
+    delta = (exact.gather(1, top) - fast.gather(1, top)).abs().mean().item()
+    assert agreement >= 0.97, agreement
+    assert delta <= 0.005, delta
