@@ -14,6 +14,7 @@ next request starts a fresh child that reloads the same model first.
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 import time
 from collections import deque
@@ -71,7 +72,7 @@ class _Receiver(QThread):
                 data = self.engine.replies.recv_bytes()
             except (EOFError, OSError):
                 break
-            message = _loads(data)
+            message = pickle.loads(data)
             kind = message[0]
             if kind == "events":
                 worker._transport.add(len(data), len(message[2]), message[1])
@@ -97,12 +98,6 @@ class _Receiver(QThread):
         self.worker._push(events)
 
 
-def _loads(data: bytes) -> tuple:
-    import pickle
-
-    return pickle.loads(data)
-
-
 class EngineProcessWorker(WorkerBase):
     """The engine in a child process: the window's backend.
 
@@ -124,7 +119,8 @@ class EngineProcessWorker(WorkerBase):
         self._jobs_lock = threading.Lock()
         self._jobs: deque[str] = deque()  # kinds of the jobs sent and not yet done, in order
         self._transport = TransportStats()
-        self._last_request: LoadRequest | None = None
+        self._loads: deque[LoadRequest] = deque()  # requested, neither loaded nor failed yet
+        self._loaded_request: LoadRequest | None = None  # what a new engine reloads
         self._counts = 0
         self.restarts = 0
         self._engine: EngineProcess | None = None
@@ -166,7 +162,7 @@ class EngineProcessWorker(WorkerBase):
         return self._counts
 
     def _send_load(self, request: LoadRequest) -> None:
-        self._last_request = request
+        self._loads.append(request)
         self._send(("load", request), "load")
 
     def _send_generate(self, job, messages, settings, probes) -> None:
@@ -193,12 +189,12 @@ class EngineProcessWorker(WorkerBase):
         """A fresh child after the last one died, loading the model the old one had."""
         self.restarts += 1
         self._attach(EngineProcess(self._spec))
-        if reload and self._info is not None and self._last_request is not None:
+        if reload and self._info is not None and self._loaded_request is not None:
             self.load_progress.emit(f"Starting a new engine with {self._info.name}", 0.0)
             self._begin_job()
             with self._jobs_lock:
                 self._jobs.append("reload")
-            self._engine.send(("load", self._last_request))
+            self._engine.send(("load", self._loaded_request))
 
     def _attach(self, engine: EngineProcess) -> None:
         self._engine = engine
@@ -227,8 +223,12 @@ class EngineProcessWorker(WorkerBase):
         if kind == "progress":
             self.load_progress.emit(*fields)
         elif kind == "loaded":
+            if job == "load" and self._loads:
+                self._loaded_request = self._loads.popleft()
             self._on_model(fields[0], announce=job != "reload")
         elif kind == "load_failed":
+            if job == "load" and self._loads:
+                self._loads.popleft()
             self.load_failed.emit(fields[0])
         elif kind == "done":
             self._on_job_done(fields[0])
@@ -255,6 +255,7 @@ class EngineProcessWorker(WorkerBase):
         log.error("%s", reason)
         with self._jobs_lock:
             cut, self._jobs = list(self._jobs), deque()
+        self._loads.clear()
         self.engine_stopped.emit(f"{reason}: {RESTART_NOTE}.")  # before the reply it cut ends
         for kind in cut:
             self._end_cut_job(kind, reason, receiver.tally)

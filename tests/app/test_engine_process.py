@@ -110,6 +110,9 @@ def test_a_failed_load_in_the_engine_keeps_the_model_and_counts_tokens(qtbot, wo
 
 def test_a_killed_idle_engine_is_reported_and_replaced_on_the_next_request(qtbot, worker):
     load(qtbot, worker, fake_request())
+    with qtbot.waitSignal(worker.load_failed, timeout=5000):
+        worker.load(fake_request(spec="broken"))  # the model in use stays "fake"
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
     with qtbot.waitSignal(worker.engine_stopped, timeout=5000) as stopped:
         worker.engine.kill()
     assert "killed (SIGKILL" in stopped.args[0] and RESTART_NOTE in stopped.args[0]
@@ -121,7 +124,7 @@ def test_a_killed_idle_engine_is_reported_and_replaced_on_the_next_request(qtbot
     assert worker.generate(HELLO, SETTINGS)  # the same model, reloaded first
     qtbot.waitUntil(lambda: not worker.busy, timeout=10_000)
     assert events[-1].reason == "eos" and worker.restarts == 1
-    assert announced == []  # nothing changed for the window
+    assert announced == [] and worker.info.name == "fake"  # nothing changed for the window
 
 
 def test_loading_another_model_after_a_crash_does_not_reload_the_old_one(qtbot, worker):
