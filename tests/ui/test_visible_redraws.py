@@ -5,14 +5,16 @@ The redraw timer is stopped: each `tick` below is what one timeout of it does.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from PySide6.QtWidgets import QMainWindow
 
 from engine.events import Token
 from tests.ui.test_panels import model_info, prefill, token
-from ui.panels import InternalsView, build_docks
-from ui.panels.docks import shown
+from ui.panels import InternalsView, build_docks, docks
+from ui.panels.docks import FRAME_MS, GUI_CPU_SHARE, SLOWEST_FRAME_MS, frame_interval, shown
 
 PANELS = ("timing", "kv_cache", "attention", "next_token")
 
@@ -135,3 +137,29 @@ def test_a_panel_whose_data_did_not_change_does_not_redraw(docked, rng):
     assert docked.tick(2) == {"timing": 1, "kv_cache": 1, "attention": 0, "next_token": 1}
     view.attention.per_head_scale.toggle()  # a change on the panel itself
     assert docked.tick(2) == {"timing": 0, "kv_cache": 0, "attention": 1, "next_token": 0}
+
+
+def test_frame_interval_backs_off_when_the_gui_thread_is_busy_and_recovers():
+    assert frame_interval(FRAME_MS, GUI_CPU_SHARE * 2) == math.ceil(FRAME_MS * 1.5)
+    assert frame_interval(SLOWEST_FRAME_MS, 1.0) == SLOWEST_FRAME_MS  # never slower
+    assert frame_interval(100, GUI_CPU_SHARE * 0.8) == 100  # near the budget: settled
+    assert frame_interval(100, 0.0) == math.floor(100 / 1.5)
+    assert frame_interval(FRAME_MS, 0.0) == FRAME_MS  # never faster than about 30 Hz
+
+
+def test_the_redraw_timer_slows_while_the_gui_thread_is_busy(qtbot, monkeypatch):
+    view = InternalsView()
+    view.timer.stop()
+    clock = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(docks.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(docks.time, "thread_time", lambda: clock["cpu"])
+    view._window = (clock["wall"], clock["cpu"])
+    intervals = []
+    for second in range(12):
+        busy = second < 6  # six seconds at 0.6 of a core, then six idle ones
+        clock["wall"] += 1.0
+        clock["cpu"] += 0.6 if busy else 0.01
+        view._tick()
+        intervals.append(view.timer.interval())
+    assert intervals[:6] == sorted(intervals[:6]) and intervals[5] == SLOWEST_FRAME_MS
+    assert intervals[-1] == FRAME_MS  # back to about 30 Hz once the GUI is idle again

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -17,6 +19,12 @@ from ui.panels.next_token import NextTokenPanel
 from ui.panels.timing import TimingPanel
 
 FRAME_MS = 33  # about 30 redraws a second at most
+# The window must not slow the model it shows. When the GUI thread as a whole (panels, chat,
+# event delivery) uses more than GUI_CPU_SHARE of a core, the panels redraw less often, down
+# to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again.
+SLOWEST_FRAME_MS = 250
+GUI_CPU_SHARE = 0.12
+GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
 
 # (objectName for QMainWindow.saveState, title, attribute holding the panel)
 DOCKS = (
@@ -43,7 +51,8 @@ class InternalsView(QObject):
     """Owns the state, the four panels, their docks and the redraw timer.
 
     Feed it from the GUI thread: `set_model` on load, `ingest` for every engine event.
-    Ingesting never draws; the timer redraws each visible panel whose data changed.
+    Ingesting never draws; the timer redraws each visible panel whose data changed, about 30
+    times a second, less often while the GUI thread is busier than GUI_CPU_SHARE of a core.
     """
 
     # The user picked a layer that is not watched: capture these layers from the next reply on.
@@ -71,7 +80,8 @@ class InternalsView(QObject):
             self.docks[attribute] = dock
         self.timer = QTimer(self)
         self.timer.setInterval(FRAME_MS)
-        self.timer.timeout.connect(self.redraw)
+        self.timer.timeout.connect(self._tick)
+        self._window = (time.perf_counter(), time.thread_time())
         self.timer.start()
 
     @property
@@ -117,6 +127,22 @@ class InternalsView(QObject):
 
     # -- drawing ---------------------------------------------------------------------------
 
+    def _tick(self) -> None:
+        self._govern()
+        self.redraw()
+
+    def _govern(self) -> None:
+        """Every GOVERN_WINDOW_S, set the frame interval from the GUI thread's CPU share."""
+        started, cpu = self._window
+        now, cpu_now = time.perf_counter(), time.thread_time()
+        if now - started < GOVERN_WINDOW_S:
+            return
+        self._window = (now, cpu_now)
+        share = (cpu_now - cpu) / (now - started)
+        interval = frame_interval(self.timer.interval(), share)
+        if interval != self.timer.interval():
+            self.timer.setInterval(interval)
+
     def _on_dock_visibility(self, visible: bool) -> None:
         if visible:
             QTimer.singleShot(0, self, self.redraw)
@@ -126,6 +152,20 @@ class InternalsView(QObject):
         for panel in self.panels:
             if panel.needs_redraw() and (force or shown(panel)):
                 panel.redraw()
+
+
+def frame_interval(interval_ms: int, cpu_share: float) -> int:
+    """The next frame interval, given the GUI thread's CPU share over the last window.
+
+    Over GUI_CPU_SHARE: 1.5x longer (at most SLOWEST_FRAME_MS). Under half of it: 1.5x
+    shorter (at least FRAME_MS). In between: unchanged, so the rate settles instead of
+    oscillating.
+    """
+    if cpu_share > GUI_CPU_SHARE:
+        return min(math.ceil(interval_ms * 1.5), SLOWEST_FRAME_MS)
+    if cpu_share < GUI_CPU_SHARE / 2:
+        return max(math.floor(interval_ms / 1.5), FRAME_MS)
+    return interval_ms
 
 
 def shown(panel: Panel) -> bool:
