@@ -319,3 +319,10 @@ def test_pooling_starts_over_only_when_the_context_doubles(rng):
         key = pooled._key
     assert rows.dropped > 5 * 32  # the buffer filled and halved many times
     assert restarts <= 2 * math.log2(700 / 4)  # row and key factors: once per doubling each
+
+
+@pytest.mark.parametrize("factor", [1, 2, 7, 24, 64])
+def test_max_pooling_keys_takes_the_largest_of_each_run(rng, factor):
+    block = rng.random((3, 5, 4 * factor)).astype(np.float32)
+    expected = block.reshape(3, 5, 4, factor).max(axis=3)
+    np.testing.assert_array_equal(attention.max_pool_keys(block, factor), expected)

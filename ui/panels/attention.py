@@ -45,6 +45,8 @@ def colour_table() -> np.ndarray:
 
 def max_pool_keys(block: np.ndarray, factor: int) -> np.ndarray:
     """Max over each run of `factor` keys of [heads, rows, columns * factor]."""
+    if factor >= 24:  # one reduction call beats `factor` strided ones (5x at 64)
+        return np.maximum.reduceat(block, np.arange(0, block.shape[2], factor), axis=2)
     out = block[:, :, 0::factor].copy()
     for offset in range(1, factor):
         np.maximum(out, block[:, :, offset::factor], out=out)
