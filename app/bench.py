@@ -1,4 +1,5 @@
-"""`glassbox bench`: decode speed against model.generate and with the live view on vs off, and
+"""`glassbox bench`: decode speed in exact and fast precision against model.generate (and
+llama.cpp when installed), with the live view on vs off, prefill and a long context; and
 with --gui (or --gui-only) how long the window's event loop stalls while a long reply streams;
 with --window only, what the real window costs the model it shows (app.window_bench)."""
 
@@ -8,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from app.cli import load_request, print_json
@@ -19,17 +21,35 @@ def run_bench(args: argparse.Namespace) -> int:
         return _finish(args, {"window": window_cost(args), "transport": transport_cost()})
     if not args.gui_only:
         from engine import benchmark
-        from engine.loader import ModelLoadError, load_model
+        from engine.loader import ModelLoadError, resolve
 
         try:
-            loaded = load_model(load_request(args))
+            exact, fast = load_both(load_request(args))
         except ModelLoadError as error:
             print(f"glassbox bench: {error}", file=sys.stderr)
             return 1
-        results = benchmark.run(loaded, new_tokens=args.new_tokens, repeats=args.repeats)
+        gguf = resolve(args.model)[1] if fast is not None else None
+        results = benchmark.run(
+            exact, new_tokens=args.new_tokens, repeats=args.repeats, fast=fast, gguf_path=gguf
+        )
     if args.gui or args.gui_only:
         results["gui"] = gui_stall(args.gui_tokens)
     return _finish(args, results)
+
+
+def load_both(request):
+    """The exact model (what generate runs) and, for a GGUF it can run, the fast one."""
+    from engine.loader import ModelLoadError, load_model
+
+    exact = load_model(replace(request, precision="exact"))
+    if request.precision == "exact":
+        return exact, None
+    try:
+        return exact, load_model(replace(request, precision="fast"))
+    except ModelLoadError:
+        if request.precision == "fast":
+            raise
+        return exact, None  # auto: a model without a fast path is measured exact only
 
 
 def _finish(args: argparse.Namespace, results: dict[str, Any]) -> int:
@@ -73,6 +93,15 @@ def print_text(results: dict[str, Any]) -> None:
             print(f"  {name:16} {rate:8.1f} tokens/s")
         print(f"  engine / generate  {results['ratio_engine_vs_generate']:.3f}")
         print(f"  live view cost     {results['view_cost']:+.1%}")
+        if "ratio_fast_vs_exact" in results:
+            print(f"  fast / exact       {results['ratio_fast_vs_exact']:.2f}")
+            prefill, long = results["prefill"], results["long_context"]
+            ratio, tokens = prefill["ratio_fast_vs_exact"], prefill["tokens"]
+            print(f"  prefill fast/exact {ratio:.2f} ({tokens} tokens)")
+            time_ratio, bytes_ratio = long["time_ratio"], long["bytes_ratio"]
+            context = long["long"]["context"]
+            print(f"  long context       {time_ratio:.2f}x time, {bytes_ratio:.2f}x bytes", context)
+        print(f"  peak RSS           {results['peak_rss_mb']:.0f} MB")
     window = results.get("window")
     if window:
         print(f"{window['model']}: window vs headless, {window['prompt_tokens']}-token prompt")

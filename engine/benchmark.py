@@ -1,18 +1,25 @@
-"""Decode speed of the engine against `model.generate`, and of the live view on against off.
+"""Decode speed of the engine in exact and fast precision against `model.generate`, the live
+view on against off, prefill, a long-context step against what its bytes predict, and
+llama.cpp on the same GGUF when `llama_cpp` is importable.
 
-All variants run interleaved in one process on the same model, prompt, dtype and device,
-greedy, with the same number of new tokens; medians over repeats, reported with their ratios,
+All variants run interleaved in one process on the same model, prompt and device, greedy,
+with the same number of new tokens; medians over repeats, reported with their ratios,
 because these machines are noisy and only ratios measured together compare.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import resource
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from engine.decoder import decoder_for
 from engine.device import synchronize
 from engine.events import Finished
 from engine.loader import LoadedModel
@@ -22,6 +29,9 @@ from engine.settings import GenerationSettings, Message, ProbeSettings
 
 PROMPT = "Explain in a few paragraphs how a transformer language model generates text."
 VIEW_ON = ProbeSettings(attention_layers=(0,), top_k=10)  # what the window asks for by default
+PREFILL_TOKENS = 500
+LONG_CONTEXT = 5000  # tokens of context for the long-context step
+STEPS = 16  # decode steps timed at each context length
 
 
 def generate_decode_rate(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
@@ -48,24 +58,47 @@ def engine_run(session: ChatSession, messages, new_tokens: int, probes: ProbeSet
     return finished
 
 
-def run(loaded: LoadedModel, new_tokens: int = 64, repeats: int = 5) -> dict[str, Any]:
-    session = ChatSession(loaded)
+def run(
+    loaded: LoadedModel,
+    new_tokens: int = 64,
+    repeats: int = 5,
+    fast: LoadedModel | None = None,
+    gguf_path: str | None = None,
+    long_context: int = LONG_CONTEXT,
+) -> dict[str, Any]:
+    """`loaded` is the exact model (the one `generate` runs); `fast` the same GGUF in fast
+    precision, if it can run; `gguf_path` the file llama.cpp reads, if installed."""
     messages = [Message("user", PROMPT)]
-    ids = torch.tensor([encode_chat(loaded.tokenizer, messages)], device=session.device)
-    engine_run(session, messages, 4, VIEW_ON)  # warm-up
+    ids = torch.tensor([encode_chat(loaded.tokenizer, messages)], device=loaded.model.device)
+    sessions = {"engine": ChatSession(loaded)}
+    if fast is not None:
+        sessions["fast"] = ChatSession(fast)
+    llama = _llama_cpp(gguf_path, ids[0].tolist()) if gguf_path else None
+
+    variants: dict[str, Callable[[], Finished | float]] = {
+        "generate": lambda: generate_decode_rate(loaded, ids, new_tokens)
+    }
+    for name, session in sessions.items():
+        variants[name] = lambda s=session: engine_run(s, messages, new_tokens, ProbeSettings.off())
+        variants[f"{name}_view_on"] = lambda s=session: engine_run(s, messages, new_tokens, VIEW_ON)
+    if llama is not None:
+        variants["llama_cpp"] = lambda: llama(new_tokens)
+
+    for session in sessions.values():  # warm-up
+        engine_run(session, messages, 4, VIEW_ON)
     generate_decode_rate(loaded, ids, 4)
-    rates: dict[str, list[float]] = {"generate": [], "engine": [], "engine_view_on": []}
-    ttft: list[float] = []
+    if llama is not None:
+        llama(4)
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    ttft: dict[str, list[float]] = {name: [] for name in variants if name != "generate"}
     for _ in range(repeats):
-        rates["generate"].append(generate_decode_rate(loaded, ids, new_tokens))
-        rates["engine"].append(
-            engine_run(session, messages, new_tokens, ProbeSettings.off()).decode_tokens_per_s
-        )
-        on = engine_run(session, messages, new_tokens, VIEW_ON)
-        rates["engine_view_on"].append(on.decode_tokens_per_s)
-        ttft.append(on.ttft_s)
+        for name, variant in variants.items():
+            result = variant()
+            rates[name].append(_rate(result))
+            if isinstance(result, Finished):
+                ttft[name].append(result.ttft_s)
     median = {name: statistics.median(values) for name, values in rates.items()}
-    return {
+    report: dict[str, Any] = {
         "model": loaded.info.name,
         "device": loaded.info.device,
         "dtype": loaded.info.dtype,
@@ -75,7 +108,114 @@ def run(loaded: LoadedModel, new_tokens: int = 64, repeats: int = 5) -> dict[str
         "repeats": repeats,
         "decode_tokens_per_s": median,
         "runs": rates,
+        "ttft_s": {name: statistics.median(values) for name, values in ttft.items() if values},
         "ratio_engine_vs_generate": median["engine"] / median["generate"],
         "view_cost": 1 - median["engine_view_on"] / median["engine"],
-        "ttft_s": statistics.median(ttft),
     }
+    if fast is not None:
+        report["ratio_fast_vs_exact"] = median["fast"] / median["engine"]
+        report["fast_view_cost"] = 1 - median["fast_view_on"] / median["fast"]
+        report["prefill"] = prefill_rates(loaded, fast, repeats)
+        report["long_context"] = long_context_cost(fast, long_context)
+    if llama is not None:
+        report["ratio_fast_vs_llama_cpp"] = median.get("fast", 0.0) / median["llama_cpp"]
+    elif gguf_path:
+        report["llama_cpp"] = "not installed (pip install llama-cpp-python to compare)"
+    report["peak_rss_mb"] = peak_rss_mb()
+    return report
+
+
+def _rate(result: Finished | float) -> float:
+    return result.decode_tokens_per_s if isinstance(result, Finished) else result
+
+
+def prefill_rates(exact: LoadedModel, fast: LoadedModel, repeats: int) -> dict[str, Any]:
+    """Tokens/s of one prefill of PREFILL_TOKENS tokens, exact and fast, interleaved."""
+    ids = _filler(exact, PREFILL_TOKENS)
+    decoders = {"exact": decoder_for(exact.model), "fast": decoder_for(fast.model)}
+    seconds: dict[str, list[float]] = {name: [] for name in decoders}
+    for _ in range(max(repeats, 2)):
+        for name, decoder in decoders.items():
+            synchronize(decoder.device)
+            start = time.perf_counter()
+            decoder.forward(ids.to(decoder.device), decoder.new_cache(), None)
+            synchronize(decoder.device)
+            seconds[name].append(time.perf_counter() - start)
+    rates = {name: PREFILL_TOKENS / statistics.median(s) for name, s in seconds.items()}
+    return {
+        "tokens": PREFILL_TOKENS,
+        "tokens_per_s": rates,
+        "ratio_fast_vs_exact": rates["fast"] / rates["exact"],
+    }
+
+
+def long_context_cost(fast: LoadedModel, context: int) -> dict[str, Any]:
+    """A decode step at `context` tokens against one at ~40, and what their bytes predict.
+
+    A step reads every weight once plus the keys and values it attends over; if nothing else
+    grows with the context, t_long / t_short ≈ (weights + KV long) / (weights + KV short).
+    """
+    decoder = decoder_for(fast.model)
+    weights = fast.model.weight_bytes()
+    ids = _filler(fast, context)
+    out: dict[str, Any] = {"weight_bytes": weights}
+    for name, length in (("short", 40), ("long", context)):
+        cache = decoder.new_cache()
+        decoder.forward(ids[:, :length], cache, None)
+        token = ids[:, length : length + 1]
+        decoder.forward(token, cache, None)  # warm
+        times = []
+        for _ in range(STEPS):
+            cache.truncate(length)
+            synchronize(decoder.device)
+            start = time.perf_counter()
+            decoder.forward(token, cache, None)
+            synchronize(decoder.device)
+            times.append(time.perf_counter() - start)
+        out[name] = {
+            "context": length,
+            "step_ms": 1000 * statistics.median(times),
+            "kv_bytes": sum(cache.layer_bytes()),
+        }
+    time_ratio = out["long"]["step_ms"] / out["short"]["step_ms"]
+    bytes_ratio = (weights + out["long"]["kv_bytes"]) / (weights + out["short"]["kv_bytes"])
+    out["time_ratio"] = time_ratio
+    out["bytes_ratio"] = bytes_ratio
+    out["cost_vs_bytes"] = time_ratio / bytes_ratio  # target: at most 1.3
+    return out
+
+
+def _filler(loaded: LoadedModel, tokens: int) -> torch.Tensor:
+    """`tokens` ids of ordinary text (the prompt repeated), [1, tokens + 1]."""
+    piece = loaded.tokenizer(PROMPT + " A step reads the weights and the cache. ")["input_ids"]
+    repeated = (piece * (tokens // len(piece) + 2))[: tokens + 1]
+    return torch.tensor([repeated])
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory so far (both models are loaded in a bench run)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def _llama_cpp(path: str, prompt: list[int]):
+    """A decode-rate function for llama.cpp on the same file, or None if not installed."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=path, n_ctx=2048, n_threads=torch.get_num_threads(), verbose=False)
+
+    def timed(n: int) -> float:
+        llm.reset()
+        start = time.perf_counter()
+        # greedy, and never ending early (as min_new_tokens does for generate)
+        llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1,
+                              logit_bias={llm.token_eos(): -1e9})  # fmt: skip
+        return time.perf_counter() - start
+
+    def rate(new_tokens: int) -> float:
+        first, full = timed(1), timed(new_tokens)
+        return (new_tokens - 1) / max(full - first, 1e-9)
+
+    return rate

@@ -78,6 +78,20 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(packed)
 
 
+# From this many rows of activations (a prefill), unpacking the weights to bf16 for one dense
+# matmul (AMX/AVX-512 bf16 here) beats the int4 kernel, whose cost grows with the rows:
+# 3072x576 weights, 500 rows: 21 ms against 57 ms; crossover near 128 rows.
+DENSE_ROWS = 128
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_int4 (rows a multiple of 64): [N, K/2] -> uint8 values [N, K]."""
+    rows, columns = packed.shape[0], packed.shape[1] * 2
+    blocks = packed.numpy().reshape(rows // 64, columns, 32)
+    q = np.concatenate([blocks & 15, blocks >> 4], axis=2).transpose(0, 2, 1)
+    return torch.from_numpy(np.ascontiguousarray(q).reshape(rows, columns))
+
+
 class Int4Linear(torch.nn.Module):
     """y = x·Wᵀ with W held as packed nibbles and a scale and zero per group of 32.
 
@@ -116,6 +130,19 @@ class Int4Linear(torch.nn.Module):
         scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
         return cls(pack_int4(q.to(torch.uint8).reshape(rows, -1)), scales_zeros, rows)
 
+    def dense(self) -> torch.Tensor:
+        """The weights [out, in] in the activation dtype, unpacked for a large matmul."""
+        rows = self.packed.shape[0]
+        q = unpack_int4(self.packed).reshape(rows, -1, BLOCK).to(self.scales_zeros.dtype)
+        scale, zero = self.scales_zeros.transpose(0, 1).unbind(-1)  # [rows, K/32] each
+        # (q - 8)·scale + zero as q·scale + (zero - 8·scale): two passes (addcmul's broadcast
+        # path measured 2x slower than mul and add here)
+        weight = q * scale[..., None] + (zero - 8 * scale)[..., None]
+        weight = weight.reshape(rows, -1)
+        if rows != self.out_features:  # the two halves of a split Q8_0 weight
+            weight = weight[: self.out_features] + weight[self.out_features :]
+        return weight
+
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in (self.packed, self.scales_zeros))
@@ -123,7 +150,12 @@ class Int4Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(self.scales_zeros.dtype)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, BLOCK, self.scales_zeros)
+        if flat.shape[0] >= DENSE_ROWS and self.packed.shape[0] % 64 == 0:
+            y = torch.nn.functional.linear(flat, self.dense())
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat, self.packed, BLOCK, self.scales_zeros
+            )
         if y.shape[-1] != self.out_features:  # the two halves of a split Q8_0 weight
             y = y[:, : self.out_features] + y[:, self.out_features :]
         return y.reshape(*shape[:-1], self.out_features)

@@ -84,6 +84,13 @@ def test_int4_repack_equals_the_dequantised_matmul(kind, rows):
     fast = quant.Int4Linear.from_blocks(raw, qtype, torch.bfloat16)
     error = (fast(x).float() - expected).norm() / expected.norm()
     assert error < 1e-2
+    # A prefill-sized batch takes the unpacked dense matmul: the same weights.
+    batch = torch.randn(quant.DENSE_ROWS + 5, 256)
+    expected = batch @ reference.T
+    error = (fast(batch).float() - expected).norm() / expected.norm()
+    assert error < 1e-2
+    if rows % 64 == 0:
+        torch.testing.assert_close(fast.dense().float(), reference, rtol=0, atol=0.02)
 
 
 @pytest.mark.parametrize("rows", [64, 4096 + 64])  # the second is repacked in two chunks
@@ -96,6 +103,7 @@ def test_q8_0_splits_exactly_into_two_int4_halves(rows):
     linear = _chunked(raw, lambda r: quant.Int4Linear.from_blocks(r, quant.Q8_0, torch.float32))
     assert linear.packed.shape[0] == 2 * rows and linear.out_features == rows
     torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(linear.dense(), reference, rtol=1e-5, atol=1e-5)
 
 
 # -- the file reader ---------------------------------------------------------------------------
