@@ -163,3 +163,21 @@ def test_the_redraw_timer_slows_while_the_gui_thread_is_busy(qtbot, monkeypatch)
         intervals.append(view.timer.interval())
     assert intervals[:6] == sorted(intervals[:6]) and intervals[5] == SLOWEST_FRAME_MS
     assert intervals[-1] == FRAME_MS  # back to about 30 Hz once the GUI is idle again
+
+
+def test_a_frame_yields_to_the_event_loop_between_expensive_panels(qtbot, docked, rng, monkeypatch):
+    view = docked.view
+    for name in PANELS:
+        view.docks[name].setFloating(True)  # all four on screen
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    qtbot.waitUntil(lambda: all(shown(getattr(view, name)) for name in PANELS))
+    docked.tick()  # draw everything once: the frame below starts from a clean slate
+    view.ingest(token(rng, 1))
+    monkeypatch.setattr(docks, "FRAME_SLICE_S", 0.0)  # every panel is over the slice
+    before = dict(docked.counts)
+    view._tick()
+    assert sum(docked.counts[n] - before[n] for n in PANELS) == 1  # one panel, then yield
+    qtbot.waitUntil(lambda: all(docked.counts[n] - before[n] == 1 for n in PANELS))
+    view._tick()  # nothing changed since: nothing drawn
+    assert all(docked.counts[n] - before[n] == 1 for n in PANELS)

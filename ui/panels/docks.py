@@ -25,6 +25,9 @@ FRAME_MS = 33  # about 30 redraws a second at most
 SLOWEST_FRAME_MS = 250
 GUI_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
+# A frame draws panels one after another until this much GUI-thread CPU is spent, then lets
+# the event loop run (paint, input) before the next ones: no frame holds the loop for all four.
+FRAME_SLICE_S = 0.008
 
 # (objectName for QMainWindow.saveState, title, attribute holding the panel)
 DOCKS = (
@@ -82,6 +85,7 @@ class InternalsView(QObject):
         self.timer.setInterval(FRAME_MS)
         self.timer.timeout.connect(self._tick)
         self._window = (time.perf_counter(), time.thread_time())
+        self._queued: list[Panel] = []  # this frame's panels still to draw
         self.timer.start()
 
     @property
@@ -129,7 +133,20 @@ class InternalsView(QObject):
 
     def _tick(self) -> None:
         self._govern()
-        self.redraw()
+        if not self._queued:  # else the last frame is still being drawn
+            self._queued = list(self.panels)
+            self._draw_queued()
+
+    def _draw_queued(self) -> None:
+        """Draw this frame's panels that are stale and on screen, a slice at a time."""
+        started = time.thread_time()
+        while self._queued:
+            panel = self._queued.pop(0)
+            if panel.needs_redraw() and shown(panel):
+                panel.redraw()
+                if self._queued and time.thread_time() - started > FRAME_SLICE_S:
+                    QTimer.singleShot(0, self, self._draw_queued)
+                    return
 
     def _govern(self) -> None:
         """Every GOVERN_WINDOW_S, set the frame interval from the GUI thread's CPU share."""
