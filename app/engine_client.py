@@ -14,7 +14,6 @@ next request starts a fresh child that reloads the same model first.
 from __future__ import annotations
 
 import logging
-import pickle
 import threading
 import time
 from collections import deque
@@ -69,13 +68,12 @@ class _Receiver(QThread):
         worker = self.worker
         while True:
             try:
-                data = self.engine.replies.recv_bytes()
-            except (EOFError, OSError):
+                message, size = self.engine.receive()
+            except EOFError:
                 break
-            message = pickle.loads(data)
             kind = message[0]
             if kind == "events":
-                worker._transport.add(len(data), len(message[2]), message[1])
+                worker._transport.add(size, len(message[2]), message[1])
                 self._on_events(message[2])
             elif kind == "done":
                 self.reply.emit(("done", worker._pushed_count(), worker._end_job()))

@@ -4,7 +4,8 @@ Python's interpreter lock is shared by the threads of a process: a model thread 
 hundreds of small torch ops per step waits for it whenever the GUI thread paints (measured
 here: 35-45% of decode speed lost). In a child process the model has an interpreter to itself.
 
-One channel each way, each a pipe of pickled tuples (`start_engine` makes them):
+One channel each way, each a pipe of pickled tuples (`EngineProcess` makes them; replies carry
+their numpy arrays out of band, see `send_message`):
 
   requests, GUI -> engine            replies, engine -> GUI
   ("load", LoadRequest)              ("ready",)                   torch & co. imported
@@ -32,6 +33,7 @@ import os
 import pickle
 import queue
 import signal
+import struct
 import sys
 import threading
 import time
@@ -48,7 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet written
 PIPE_BYTES = 2**20  # a token's attention rows at 10,000 keys (1.4 MB) in one or two writes
-PICKLE_PROTOCOL = 5  # numpy arrays in band without an extra copy; unpickled read-only
+PICKLE_PROTOCOL = 5  # numpy arrays can travel out of band, as their own frames
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,53 @@ def resolve(name: str) -> Callable[..., Any]:
 
 def encode(message: tuple) -> bytes:
     return pickle.dumps(message, protocol=PICKLE_PROTOCOL)
+
+
+def send_message(connection: Connection, message: tuple) -> int:
+    """Write `message` as a pickle frame whose arrays follow as frames of their own, written
+    straight from the arrays' memory; returns the bytes written."""
+    buffers: list[pickle.PickleBuffer] = []
+    header = pickle.dumps(message, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
+    connection.send_bytes(struct.pack("!I", len(buffers)) + header)
+    size = 4 + len(header)
+    for buffer in buffers:
+        raw = buffer.raw()
+        connection.send_bytes(raw)
+        size += raw.nbytes
+    return size
+
+
+def receive_message(connection: Connection) -> tuple[tuple, int]:
+    """Read what `send_message` wrote: (message, bytes). Arrays come back read-only, over
+    buffers read from the pipe with the interpreter lock released (no copy under it on POSIX:
+    a long prompt's attention is tens of MB, and the window's thread must not wait for it)."""
+    header = _read_frame(connection)
+    (count,) = struct.unpack_from("!I", header)
+    buffers = [memoryview(_read_frame(connection)).toreadonly() for _ in range(count)]
+    size = len(header) + sum(b.nbytes for b in buffers)
+    return pickle.loads(memoryview(header)[4:], buffers=buffers), size
+
+
+def _read_frame(connection: Connection) -> bytes | bytearray:
+    """One frame of Connection.send_bytes; EOFError once the writer is gone."""
+    if not hasattr(os, "readv"):  # Windows: a pipe handle, not a file descriptor
+        return connection.recv_bytes()
+    fd = connection.fileno()
+    (size,) = struct.unpack("!i", _read_exact(fd, 4))
+    if size == -1:  # over 2 GiB
+        (size,) = struct.unpack("!Q", _read_exact(fd, 8))
+    return _read_exact(fd, size)
+
+
+def _read_exact(fd: int, size: int) -> bytearray:
+    data = bytearray(size)
+    view, done = memoryview(data), 0
+    while done < size:
+        read = os.readv(fd, [view[done:]])  # releases the interpreter lock while it reads
+        if read == 0:
+            raise EOFError("the engine's pipe was closed")
+        done += read
+    return data
 
 
 def widen_pipe(connection: Connection) -> None:
@@ -175,7 +224,7 @@ class _Outbox:
     def _run(self) -> None:
         while (message := self._next()) is not None:
             try:
-                self._connection.send_bytes(encode(message))
+                send_message(self._connection, message)
             except (OSError, ValueError):  # the GUI is gone: nobody to tell
                 with self._condition:
                     self._closed = True
@@ -343,10 +392,10 @@ class EngineProcess:
                 return False
         return True
 
-    def receive(self) -> tuple:
-        """The next reply (blocking); EOFError once the child is gone."""
+    def receive(self) -> tuple[tuple, int]:
+        """The next reply and its size in bytes (blocking); EOFError once the child is gone."""
         try:
-            return pickle.loads(self.replies.recv_bytes())
+            return receive_message(self.replies)
         except OSError as error:
             raise EOFError(str(error)) from error
 

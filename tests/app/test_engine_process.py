@@ -13,6 +13,7 @@ import multiprocessing
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -22,9 +23,9 @@ from PySide6.QtCore import QCoreApplication, QSettings
 
 from app import assembly
 from app.engine_client import RESTART_NOTE, EngineProcessWorker
-from app.engine_process import EngineSpec, encode
+from app.engine_process import EngineSpec, receive_message, send_message
 from app.jobs import ENGINE_STOPPED
-from engine.events import Failed, Finished, PrefillDone, Token
+from engine.events import Failed, Finished, PrefillDone, Token, frozen_array
 from engine.settings import GenerationSettings, LoadRequest, Message
 
 FAKE = EngineSpec(
@@ -155,12 +156,28 @@ def test_shutdown_mid_reply_is_quick_and_leaves_no_process_or_thread(qtbot, work
     assert not worker.generate(HELLO, SETTINGS)
 
 
-def test_attention_rows_at_ten_thousand_keys_cross_once_per_token():
-    """A token's rows at 10,000 keys, 4 layers x 9 heads, pickled as the pipe carries them."""
-    rows = {layer: np.full((9, 10_000), 0.5, dtype=np.float32) for layer in range(4)}
+def test_attention_rows_at_ten_thousand_keys_cross_once_per_token_read_only():
+    """A token's rows at 10,000 keys, 4 layers x 9 heads: the arrays' bytes and a small header,
+    no history; they come back equal and read-only, as events are."""
+    rng = np.random.default_rng(0)
+    rows = {layer: frozen_array(rng.random((9, 10_000))) for layer in range(4)}
     token = Token(0, 1, "a", "a", 0.01, 0, (), attention=rows)
-    size = len(encode(("events", 0.0, [token])))
-    assert 4 * 9 * 10_000 * 4 <= size < 4 * 9 * 10_000 * 4 * 1.01  # the rows, no history
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sent: list[int] = []
+    sender = threading.Thread(target=lambda: sent.append(send_message(writer, message)))
+    message = ("events", 0.0, [token])
+    try:
+        sender.start()  # a pipe holds less than a token: the writer waits for the reader
+        (kind, _queued, (back,)), received = receive_message(reader)
+        sender.join(10)
+    finally:
+        reader.close()
+        writer.close()
+    assert 4 * 9 * 10_000 * 4 < sent[0] == received < 4 * 9 * 10_000 * 4 + 2048
+    assert kind == "events" and back.text == "a"
+    for layer, array in rows.items():
+        np.testing.assert_array_equal(back.attention[layer], array)
+        assert not back.attention[layer].flags.writeable
 
 
 # -- the window on the engine process ----------------------------------------------------------
