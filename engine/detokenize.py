@@ -7,7 +7,11 @@ tail that could still become a stop string. Joined, the released pieces equal th
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for hints: the fast path never imports transformers
+    from transformers import PreTrainedTokenizerBase
+
 
 CONTEXT_TOKENS = 4  # earlier ids decoded along, so a word's leading space survives
 LONGEST_WORD = 32  # past this many characters without a boundary, show the text anyway

@@ -98,16 +98,19 @@ class GGUFFile:
             _rows(info), -1
         )
 
-    def read(self, name: str) -> np.ndarray:
-        """A copy of a tensor's bytes as uint8 [rows, row_bytes], read with one system call
-        (20x faster here than faulting the same pages in through the map)."""
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """A copy of a tensor's bytes (rows start..stop) as uint8 [rows, row_bytes], read with
+        one system call (20x faster here than faulting the same pages in through the map)."""
         info = self.tensors[name]
-        data = np.empty(info.nbytes, np.uint8)
+        rows = _rows(info)
+        row_bytes = info.nbytes // rows
+        stop = rows if stop is None else min(stop, rows)
+        data = np.empty((stop - start) * row_bytes, np.uint8)
         with self.path.open("rb") as handle:
-            handle.seek(info.offset)
-            if handle.readinto(data) != info.nbytes:
+            handle.seek(info.offset + start * row_bytes)
+            if handle.readinto(data) != data.nbytes:
                 raise GGUFError(f"tensor {name} runs past the end of the file (truncated?)")
-        return data.reshape(_rows(info), -1)
+        return data.reshape(stop - start, row_bytes)
 
     def close(self) -> None:
         if self.mapping is not None and not self.mapping.closed:

@@ -8,6 +8,8 @@ by reordering raw rows, exactly, before anything is dequantised or repacked.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import math
 from collections.abc import Callable
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 ARCHITECTURES = ("llama", "qwen2")
 # Called per tensor: (tensors done, tensors in all).
 TensorProgress = Callable[[int, int], None]
-ROW_CHUNK = 4096  # rows repacked at a time, so a large lm_head never exists in float32 whole
+ROW_CHUNK = 2048  # rows repacked at a time, so a large lm_head never exists in float32 whole
 
 
 class Unsupported(ValueError):
@@ -130,6 +132,7 @@ def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLl
         )
         norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
         blocks.append(Block(attention, feed_forward, norms, shape.eps))
+        release_freed_memory()
     output = _head(file, shape)
     done[0] += 1
     embedding = _embedding(file, shape)
@@ -137,24 +140,44 @@ def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLl
     if dense_types:
         log.info("GGUF tensor types without an int kernel, dequantised to bf16: %s",
                  ", ".join(sorted(dense_types)))  # fmt: skip
-    return GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape)).eval()
+    model = GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape)).eval()
+    release_freed_memory()
+    return model
+
+
+def release_freed_memory() -> None:
+    """Hand the repacking's freed temporaries back to the OS (glibc keeps them otherwise:
+    100 MB of resident memory on the bundled model, more than its weights)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _chunked(raw: torch.Tensor, build) -> quant.Int4Linear:
     """Repack `raw` in row chunks and join them: one linear, without a whole int32 copy."""
     if raw.shape[0] <= ROW_CHUNK:
         return build(raw)
-    parts = [build(raw[i : i + ROW_CHUNK]) for i in range(0, raw.shape[0], ROW_CHUNK)]
-    split = parts[0].packed.shape[0] != parts[0].out_features  # Q8_0: [hi rows; lo rows]
+    return _join(lambda start: build(raw[start : start + ROW_CHUNK]), raw.shape[0])
+
+
+def _join(build, rows: int) -> quant.Int4Linear:
+    """One linear from `build(start)` of each chunk of ROW_CHUNK rows (a split Q8_0 weight
+    keeps its [hi rows; lo rows] order)."""
+    parts = []
+    for start in range(0, rows, ROW_CHUNK):
+        parts.append(build(start))
+        release_freed_memory()
+    split = parts[0].packed.shape[0] != parts[0].out_features
     halves = (0, 1) if split else (0,)
     packed, scales = [], []
     for half in halves:
         for part in parts:
-            rows = part.out_features
-            packed.append(part.packed[half * rows : (half + 1) * rows])
-            scales.append(part.scales_zeros[:, half * rows : (half + 1) * rows])
-    out = sum(part.out_features for part in parts)
-    return quant.Int4Linear(torch.cat(packed), torch.cat(scales, dim=1), out)
+            n = part.out_features
+            packed.append(part.packed[half * n : (half + 1) * n])
+            scales.append(part.scales_zeros[:, half * n : (half + 1) * n])
+    return quant.Int4Linear(torch.cat(packed), torch.cat(scales, dim=1), rows)
 
 
 def _row_lookup(qtype: int, columns: int):
@@ -179,13 +202,21 @@ def _head(file: GGUFFile, shape: LlamaShape) -> Head:
     info = file.tensors[name]
     rows = torch.from_numpy(file.raw(name))
     lookup = _row_lookup(info.type, shape.dim)
-    if info.type in (quant.Q4_0, quant.Q4_1) and rows.shape[0] % 16 == 0:
-        bulk = _chunked(rows, lambda r: quant.Int4Linear.from_blocks(r, info.type, torch.bfloat16))
-    elif rows.shape[0] % 16 == 0:
-        bulk = _chunked(rows, lambda r: quant.Int4Linear.requantized(lookup(r), torch.bfloat16))
+    if rows.shape[0] % 16:  # the int4 kernel's rule
+        return Head(quant.DenseLinear(lookup(rows).to(torch.bfloat16)), rows, lookup)
+    if info.type in (quant.Q4_0, quant.Q4_1):
+
+        def build(start: int) -> quant.Int4Linear:
+            chunk = torch.from_numpy(file.read(name, start, start + ROW_CHUNK))
+            return quant.Int4Linear.from_blocks(chunk, info.type, torch.bfloat16)
+
     else:
-        bulk = quant.DenseLinear(lookup(rows).to(torch.bfloat16))
-    return Head(bulk, rows, lookup)
+
+        def build(start: int) -> quant.Int4Linear:
+            chunk = lookup(torch.from_numpy(file.read(name, start, start + ROW_CHUNK)))
+            return quant.Int4Linear.requantized(chunk, torch.bfloat16)
+
+    return Head(_join(build, rows.shape[0]), rows, lookup)
 
 
 def _inv_freq(file: GGUFFile, shape: LlamaShape) -> torch.Tensor:

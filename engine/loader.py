@@ -34,6 +34,7 @@ from engine.device import pick_device, pick_dtype
 from engine.events import ModelInfo
 from engine.gguf_file import GGUFError, GGUFFile
 from engine.gguf_model import Unsupported, build_exact, build_fast, read_shape
+from engine.lean_tokenizer import LeanTokenizer
 from engine.settings import LoadRequest
 
 if TYPE_CHECKING:  # transformers is imported only on the paths that need it
@@ -138,7 +139,7 @@ def _load_gguf(path, name, source, request, device, dtype, cache, report) -> Loa
         folder = _dequantised_copy(path, cache, report)
         model, tokenizer = _load_folder(folder, dtype, report)
         return _finish(model, tokenizer, name, source, device, report)
-    tokenizer = gguf_tokenizer(path, cache, report)
+    tokenizer = gguf_tokenizer(path, cache, report, lean=precision == "fast")
     try:
         if precision == "fast":
             model = build_fast(file, _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97))
@@ -177,10 +178,9 @@ def _finish(model, tokenizer, name: str, source: str, device, report: Progress) 
     return prepare(model, tokenizer, name=name, source=source)
 
 
-def gguf_tokenizer(path: Path, cache_dir: Path, report: Progress) -> PreTrainedTokenizerBase:
-    """The GGUF's tokenizer in its fast form, converted once and kept in the cache folder."""
-    from transformers import PreTrainedTokenizerFast
-
+def gguf_tokenizer(path: Path, cache_dir: Path, report: Progress, lean: bool = False):
+    """The GGUF's tokenizer in its fast form, converted once and kept in the cache folder:
+    transformers' tokenizer, or with `lean` the same tokenizer.json without transformers."""
     folder = cache_dir / "tokenizers" / f"{path.stem}-{_file_key(path)}"
     if not (folder / "tokenizer.json").is_file():
         report("Converting the tokenizer (first start only)", 0.05)
@@ -192,10 +192,14 @@ def gguf_tokenizer(path: Path, cache_dir: Path, report: Progress) -> PreTrainedT
             raise ModelLoadError(f"{path} is not a readable GGUF model: {_short(error)}") from None
         _save_atomically(folder, tokenizer.save_pretrained)
     report("Loading the tokenizer", 0.2)
+    if lean:
+        return _with_pad(LeanTokenizer.from_folder(folder))
+    from transformers import PreTrainedTokenizerFast
+
     return _with_pad(PreTrainedTokenizerFast.from_pretrained(str(folder)))
 
 
-def _with_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+def _with_pad(tokenizer):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from engine.settings import Message
+
+if TYPE_CHECKING:  # only for hints: the fast path never imports transformers
+    from transformers import PreTrainedTokenizerBase
 
 
 def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:

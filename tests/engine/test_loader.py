@@ -249,8 +249,26 @@ def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
     for field in ("layers", "heads", "kv_heads", "head_dim", "vocab_size", "max_context",
                   "parameters"):  # fmt: skip
         assert getattr(exact.info, field) == getattr(fast.info, field), field
+    # The fast path's lean tokenizer against transformers' on the same tokenizer.json
     text = "Glassbox shows how a model reads: ünïcödé, 数字 123, and <|im_end|> too."
-    assert exact.tokenizer(text)["input_ids"] == fast.tokenizer(text)["input_ids"]
+    ids = exact.tokenizer(text)["input_ids"]
+    assert fast.tokenizer(text)["input_ids"] == ids
+    for skip in (True, False):
+        assert fast.tokenizer.decode(ids, skip_special_tokens=skip) == exact.tokenizer.decode(
+            ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False
+        )
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    for messages in (chat, chat[1:]):  # the template adds a system prompt when none is given
+        rendered = exact.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        assert (
+            fast.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            == rendered
+        )
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id", "eos_token"):
+        assert getattr(fast.tokenizer, name) == getattr(exact.tokenizer, name), name
+    assert "transformers" not in type(fast.tokenizer).__module__
 
 
 @pytest.mark.bundled
