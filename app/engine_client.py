@@ -273,7 +273,10 @@ class EngineProcessWorker(WorkerBase):
         if receiver is not None:
             receiver.expected_end = True
         if engine is not None:
-            engine.stop(max(timeout_s, 5.0))
+            # Importing or loading cannot be interrupted and loses nothing if cut: no waiting.
+            importing = receiver is None or receiver.ready_at is None
+            loading = self._current_job() in ("load", "reload")
+            engine.stop(0.5 if importing or loading else max(timeout_s, 5.0))
         if receiver is not None:
             receiver.wait()
         if engine is not None:

@@ -329,3 +329,11 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     for mode in ("flood", "paced"):
         assert transport[mode]["mb_per_token"] == pytest.approx(per_token, rel=0.05)
         assert transport[mode]["latency_ms_p50"] <= transport[mode]["latency_ms_max"]
+
+
+def test_quitting_while_the_engine_still_imports_does_not_wait_for_it(qtbot):
+    slow = EngineSpec(FAKE.loader, FAKE.session_factory, preload=("tests.app.slow_import",))
+    worker = EngineProcessWorker(spec=slow)
+    started = time.perf_counter()
+    worker.shutdown()
+    assert time.perf_counter() - started < 2 and not worker.is_running()
