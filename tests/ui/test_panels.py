@@ -586,3 +586,19 @@ def test_state_ingest_without_qt(rng):
     state.ingest(token(rng, 0))
     assert state.cache_tokens == PROMPT and state.token_text(PROMPT) == "t0"
     assert state.revision("kv") > 0 and state.steps == 1
+
+
+def test_candidate_labels_keep_the_axis_one_width(view, rng):
+    from ui.panels.next_token import LABEL_CHARACTERS, axis_label
+
+    assert axis_label("short") == "short"
+    long = axis_label("x" * 40)
+    assert len(long) == LABEL_CHARACTERS and long.endswith("…")
+    run_reply(view, rng, count=3)
+    axis = view.next_token.plot_widget.getPlotItem().getAxis("left")
+    width = axis.width()
+    view.show_step(0)
+    view.redraw(force=True)
+    view.show_step(2)
+    view.redraw(force=True)
+    assert axis.width() == width  # new labels never re-lay the plot out
