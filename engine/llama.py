@@ -42,11 +42,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in the rotate-half layout. x: [1, n, h, d] bf16; cos, sin: [n, 1, d] float32, so
-    the products are float32 (type promotion) and only the result is rounded to bf16."""
+    """RoPE in the rotate-half layout, in float32. x: [1, n, h, d]; cos, sin: [n, 1, d]."""
+    x = x.float()
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # exact in bf16
-    return torch.addcmul(x * cos, rotated, sin).to(torch.bfloat16)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(torch.bfloat16)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:

@@ -348,3 +348,13 @@ def test_fast_follows_exact_teacher_forced_over_a_long_text(bundled, bundled_fas
     delta = (exact.gather(1, top) - fast.gather(1, top)).abs().mean().item()
     assert agreement >= 0.97, agreement
     assert delta <= 0.005, delta
+
+
+@pytest.mark.bundled
+def test_fast_greedy_decoding_answers_like_exact(bundled, bundled_fast):
+    """Prompt through the int4 kernels, then decode steps through the cache: the same reply."""
+    question = [Message("user", "What is the capital of France?")]
+    settings = GenerationSettings(greedy=True, max_new_tokens=10)
+    fast = list(ChatSession(bundled_fast).generate(question, settings))[-1].text
+    exact = list(ChatSession(bundled).generate(question, settings))[-1].text
+    assert "Paris" in fast and fast == exact
