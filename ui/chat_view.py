@@ -1,7 +1,9 @@
 """The conversation: one framed block per message, streamed replies, Markdown once complete.
 
-A reply streams in as plain text: each `append_reply` call is one edit block at the end of the
-reply's frame, so the caller batches tokens per frame and nothing above the reply is touched.
+A reply streams in as plain text at the end of the reply's frame, so nothing above it is touched.
+Streamed text is shown at most every STREAM_FRAME_MS, in one edit block: each insertion lays
+the reply out and repaints the view, so drawing every token of a fast model costs the GUI
+thread more than the reader gains (a reader does not need more than 10 updates a second).
 When the reply ends, its frame content is replaced once by the rendered Markdown.
 Every message keeps its plain text, which `messages()` returns.
 """
@@ -12,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 import markdown
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFrameFormat
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
@@ -20,6 +23,7 @@ from ui.style import ChatColors, chat_colors, document_css
 
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System prompt"}
 BUBBLE_INDENT = 48  # px: user messages lean right, replies left, like chat bubbles
+STREAM_FRAME_MS = 100  # streamed text is drawn at most 10 times a second
 
 _CODE_BLOCK = re.compile(r"<pre><code(?: class=\"[^\"]*\")?>(.*?)</code></pre>", re.DOTALL)
 
@@ -72,7 +76,12 @@ class ChatView(QTextBrowser):
         self._entries: list[_Entry] = []
         self._reply_cursor: QTextCursor | None = None
         self._reply_start = 0
-        self._reply_parts: list[str] = []
+        self._reply_parts: list[str] = []  # streamed and shown
+        self._pending: list[str] = []  # streamed, shown at the next stream frame
+        self._stream_timer = QTimer(self)
+        self._stream_timer.setSingleShot(True)
+        self._stream_timer.setInterval(STREAM_FRAME_MS)
+        self._stream_timer.timeout.connect(self._show_pending)
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -84,7 +93,7 @@ class ChatView(QTextBrowser):
     def begin_reply(self) -> None:
         """Open an assistant message that `append_reply` streams into."""
         if self._reply_cursor is not None:
-            self.end_reply("".join(self._reply_parts))
+            self.end_reply("".join(self._reply_parts + self._pending))
         at_bottom = self._at_bottom()
         cursor = self._end_cursor()
         cursor.beginEditBlock()
@@ -96,15 +105,17 @@ class ChatView(QTextBrowser):
         self._follow(at_bottom)
 
     def append_reply(self, text: str) -> None:
-        """Append streamed text as plain text, in one edit block (call once per frame)."""
+        """Stream text into the open reply: shown as plain text within STREAM_FRAME_MS."""
         if self._reply_cursor is None or not text:
             return
-        at_bottom = self._at_bottom()
-        self._reply_parts.append(text)
-        self._reply_cursor.beginEditBlock()
-        self._reply_cursor.insertText(text)
-        self._reply_cursor.endEditBlock()
-        self._follow(at_bottom)
+        self._pending.append(text)
+        if not self._stream_timer.isActive():
+            self._stream_timer.start()
+
+    def flush(self) -> None:
+        """Show the streamed text that waits for the next stream frame now."""
+        self._stream_timer.stop()
+        self._show_pending()
 
     def end_reply(self, final_text: str, stats_line: str = "") -> None:
         """Replace the streamed text by `final_text` rendered as Markdown, with a stats line."""
@@ -123,12 +134,14 @@ class ChatView(QTextBrowser):
         self._entries.append(_Entry(Message("assistant", final_text), stats_line))
         self._reply_cursor = None
         self._reply_parts = []
+        self._drop_pending()
         self._follow(at_bottom)
 
     def clear(self) -> None:
         self._entries.clear()
         self._reply_cursor = None
         self._reply_parts = []
+        self._drop_pending()
         super().clear()
 
     def messages(self) -> list[Message]:
@@ -161,8 +174,31 @@ class ChatView(QTextBrowser):
         return self._reply_cursor is not None
 
     def reply_text(self) -> str:
-        """The plain text streamed into the open reply so far."""
-        return "".join(self._reply_parts)
+        """The plain text streamed into the open reply so far, shown or waiting for its frame."""
+        return "".join(self._reply_parts + self._pending)
+
+    def toPlainText(self) -> str:
+        """The transcript as text, with the streamed text that waits for its frame."""
+        self.flush()
+        return super().toPlainText()
+
+    # -- streaming -----------------------------------------------------------------------------
+
+    def _show_pending(self) -> None:
+        if self._reply_cursor is None or not self._pending:
+            return
+        text = "".join(self._pending)
+        self._drop_pending()
+        at_bottom = self._at_bottom()
+        self._reply_parts.append(text)
+        self._reply_cursor.beginEditBlock()
+        self._reply_cursor.insertText(text)
+        self._reply_cursor.endEditBlock()
+        self._follow(at_bottom)
+
+    def _drop_pending(self) -> None:
+        self._pending = []
+        self._stream_timer.stop()
 
     # -- drawing -------------------------------------------------------------------------------
 

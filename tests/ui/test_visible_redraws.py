@@ -1,4 +1,5 @@
-"""Panels redraw only when they are on screen and their data changed, and catch up once shown.
+"""Panels redraw only when they are on screen and their data changed, and catch up once shown;
+readouts and streamed chat text do not lay out or draw more than they must.
 
 The redraw timer is stopped: each `tick` below is what one timeout of it does.
 """
@@ -9,12 +10,15 @@ import math
 
 import numpy as np
 import pytest
-from PySide6.QtWidgets import QMainWindow
+from PySide6.QtCore import QEvent, QObject
+from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QVBoxLayout, QWidget
 
 from engine.events import Token
 from tests.ui.test_panels import model_info, prefill, token
+from ui.chat_view import ChatView
 from ui.panels import InternalsView, build_docks, docks
 from ui.panels.docks import FRAME_MS, GUI_CPU_SHARE, SLOWEST_FRAME_MS, frame_interval, shown
+from ui.panels.readout import ReadoutBox
 
 PANELS = ("timing", "kv_cache", "attention", "next_token")
 
@@ -181,3 +185,67 @@ def test_a_frame_yields_to_the_event_loop_between_expensive_panels(qtbot, docked
     qtbot.waitUntil(lambda: all(docked.counts[n] - before[n] == 1 for n in PANELS))
     view._tick()  # nothing changed since: nothing drawn
     assert all(docked.counts[n] - before[n] == 1 for n in PANELS)
+
+
+class _LayoutRequests(QObject):
+    """Counts the layout requests a widget receives (its layout was invalidated)."""
+
+    def __init__(self, widget: QWidget) -> None:
+        super().__init__(widget)
+        self.count = 0
+        widget.installEventFilter(self)
+
+    def eventFilter(self, _watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.LayoutRequest:
+            self.count += 1
+        return False
+
+
+def test_a_readout_relays_out_its_panel_only_when_its_height_changes(qtbot):
+    panel = QWidget()
+    qtbot.addWidget(panel)
+    label = QLabel("Step 1: chose 'a', candidate #1.")
+    label.setWordWrap(True)
+    box = ReadoutBox(label)
+    layout = QVBoxLayout(panel)
+    layout.addWidget(box)
+    layout.addWidget(QLabel("below"), 1)
+    panel.resize(300, 200)
+    panel.show()
+    qtbot.waitExposed(panel)
+    QApplication.processEvents()
+    one_line = box.height()
+    assert one_line == label.heightForWidth(box.width()) and label.geometry() == box.rect()
+    requests = _LayoutRequests(panel)
+    for step in range(2, 30):  # one line each: the panel is not laid out again
+        label.setText(f"Step {step}: chose 'b', candidate #2.")
+        QApplication.processEvents()
+    assert requests.count == 0 and box.height() == one_line
+    label.setText(" ".join(["a long explanation that wraps"] * 8))
+    QApplication.processEvents()
+    QApplication.processEvents()
+    assert requests.count >= 1
+    assert box.height() == label.heightForWidth(box.width()) > one_line
+    assert label.geometry() == box.rect()  # every line is shown
+
+
+def test_streamed_chat_text_is_drawn_once_per_stream_frame(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.add_message("user", "Hi")
+    view.begin_reply()
+    edits: list[int] = []
+    view.document().contentsChange.connect(lambda _at, _removed, added: edits.append(added))
+    for chunk in ("Hel", "lo ", "world"):
+        view.append_reply(chunk)
+    assert "Hello" not in view.document().toPlainText() and edits == []  # not drawn yet
+    assert view.reply_text() == "Hello world"  # but kept
+    qtbot.waitUntil(lambda: "Hello world" in view.document().toPlainText(), timeout=2000)
+    assert edits == [len("Hello world")]  # one insertion for the three chunks
+    view.append_reply("!")
+    assert "world!" in view.toPlainText()  # reading the transcript shows what is pending
+    view.append_reply(" more")
+    view.end_reply("Hello world! more", "3 tokens")
+    QApplication.processEvents()
+    assert view.messages()[-1].content == "Hello world! more"
+    assert view.document().toPlainText().count("Hello world! more") == 1

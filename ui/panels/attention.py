@@ -25,6 +25,7 @@ from ui.panels.mosaic import (
     best_columns,
     mosaic_colours,
 )
+from ui.panels.readout import ReadoutBox
 
 # Bounded work per frame: rows and keys past these are max-pooled into one image cell.
 DISPLAY_ROWS = 256
@@ -182,7 +183,7 @@ class AttentionPanel(QWidget):
         overview_layout.setContentsMargins(0, 0, 0, 0)
         overview_layout.addWidget(self.measure_choice)
         overview_layout.addWidget(self.overview, 1)
-        overview_layout.addWidget(self.overview_caption)
+        overview_layout.addWidget(ReadoutBox(self.overview_caption))
         splitter = QSplitter()
         splitter.addWidget(grid_box)
         splitter.addWidget(overview_box)

@@ -18,6 +18,7 @@ from engine.events import ModelInfo
 from engine.kv_cache import formula_bytes, mha_bytes, sliding_tokens
 from ui.panels.buffers import KV, InternalsState, RedrawTracker
 from ui.panels.ranges import AxisLimit, decimate, growing_curve
+from ui.panels.readout import ReadoutBox
 
 TOTAL = "all layers (total)"
 STACKED = "stacked by layer"
@@ -127,7 +128,7 @@ class KvCachePanel(QWidget):
         left.addLayout(controls)
         left.addWidget(self.plot_widget, 1)
         right = QVBoxLayout()
-        right.addWidget(self.formula)
+        right.addWidget(ReadoutBox(self.formula))
         right.addWidget(self.context)
         right.addStretch(1)
         layout = QHBoxLayout(self)

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from engine.events import Candidate
 from ui.panels.buffers import NEXT_TOKEN, InternalsState, RedrawTracker
+from ui.panels.readout import ReadoutBox
 
 BAR_HEIGHT = 0.38
 PROB_BRUSH = (66, 133, 244)
@@ -102,7 +103,7 @@ class NextTokenPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(browse)
-        layout.addWidget(self.summary)
+        layout.addWidget(ReadoutBox(self.summary))
         layout.addWidget(self.tokens)
         layout.addWidget(self.plot_widget, 1)
 

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 from ui.panels.buffers import TIMING, InternalsState, RedrawTracker, Reply
 from ui.panels.ranges import AxisLimit, decimate, growing_curve
+from ui.panels.readout import ReadoutBox
 
 WITH_CACHE = "with KV cache"
 WITHOUT_CACHE = "without KV cache"
@@ -96,7 +97,7 @@ class TimingPanel(QWidget):
         self.compare.toggled.connect(self._on_compare)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.numbers)
+        layout.addWidget(ReadoutBox(self.numbers))
         layout.addWidget(self._build_timeline(), 2)
         layout.addWidget(self.compare)
         layout.addWidget(self._build_steps(), 3)
