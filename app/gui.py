@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from engine.settings import LoadRequest
+from app.cli import add_model_options, load_request
 
 NO_DISPLAY = "no display found: set DISPLAY, or run `glassbox chat` for the terminal"
 X11_PACKAGES = (
@@ -22,13 +22,7 @@ X11_PACKAGES = (
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="glassbox", description="Chat with a local model.")
-    parser.add_argument(
-        "--model", default="bundled", help="'bundled', a hub id, a folder or a .gguf file"
-    )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 or mps")
-    parser.add_argument(
-        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
-    )
+    add_model_options(parser)  # the same --model/--device/--dtype/--precision as every command
     return parser.parse_args(argv)
 
 
@@ -98,7 +92,7 @@ def run_gui(argv: list[str] | None = None) -> int:
     parts = assemble(engine_backend(engine))
     app.aboutToQuit.connect(parts.shutdown)  # however the loop ends, no thread outlives it
     parts.window.show()
-    parts.window.load_model(LoadRequest(spec=args.model, device=args.device, dtype=args.dtype))
+    parts.window.load_model(load_request(args))
     code = app.exec()
     parts.window.close()
     parts.shutdown()

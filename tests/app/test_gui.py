@@ -6,6 +6,7 @@ import sys
 
 import app.gui
 import app.worker
+from app.cli import load_request
 from app.gui import NO_DISPLAY, parse_args, run_gui
 from engine.settings import LoadRequest
 from tests.ui.fakes import FakeBackend
@@ -21,9 +22,14 @@ def test_without_a_display_it_says_so_and_returns_2(monkeypatch, capsys):
 
 def test_arguments_default_to_the_bundled_model():
     args = parse_args([])
-    assert (args.model, args.device, args.dtype) == ("bundled", "auto", "auto")
-    args = parse_args(["--model", "org/name", "--device", "cuda:1", "--dtype", "bfloat16"])
-    assert (args.model, args.device, args.dtype) == ("org/name", "cuda:1", "bfloat16")
+    assert (args.model, args.device, args.dtype, args.precision) == (
+        "bundled", "auto", "auto", "auto"
+    )  # fmt: skip
+    args = parse_args(["--model", "org/name", "--device", "cuda:1", "--dtype", "bfloat16",
+                       "--precision", "exact"])  # fmt: skip
+    assert load_request(args) == LoadRequest(
+        spec="org/name", device="cuda:1", dtype="bfloat16", precision="exact"
+    )
 
 
 def test_the_window_loads_the_requested_model_and_quits_cleanly(qtbot, qapp, monkeypatch):
