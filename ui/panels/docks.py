@@ -22,7 +22,7 @@ FRAME_MS = 33  # about 30 redraws a second at most
 # The window must not slow the model it shows. When the GUI thread as a whole (panels, chat,
 # event delivery) uses more than GUI_CPU_SHARE of a core, the panels redraw less often, down
 # to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again.
-SLOWEST_FRAME_MS = 250
+SLOWEST_FRAME_MS = 500
 GUI_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
 # A frame draws panels one after another until this much GUI-thread CPU is spent, then lets
@@ -174,14 +174,16 @@ class InternalsView(QObject):
 def frame_interval(interval_ms: int, cpu_share: float) -> int:
     """The next frame interval, given the GUI thread's CPU share over the last window.
 
-    Over GUI_CPU_SHARE: 1.5x longer (at most SLOWEST_FRAME_MS). Under half of it: 1.5x
-    shorter (at least FRAME_MS). In between: unchanged, so the rate settles instead of
-    oscillating.
+    Over GUI_CPU_SHARE: longer in proportion to the overshoot, at least 1.5x (at most
+    SLOWEST_FRAME_MS), so a thread three times over budget backs off in one window rather than
+    spending seconds at rates it cannot afford. Under half of it: 2x shorter (at least
+    FRAME_MS). In between: unchanged, so the rate settles instead of oscillating.
     """
     if cpu_share > GUI_CPU_SHARE:
-        return min(math.ceil(interval_ms * 1.5), SLOWEST_FRAME_MS)
+        factor = max(cpu_share / GUI_CPU_SHARE, 1.5)
+        return min(math.ceil(interval_ms * factor), SLOWEST_FRAME_MS)
     if cpu_share < GUI_CPU_SHARE / 2:
-        return max(math.floor(interval_ms / 1.5), FRAME_MS)
+        return max(math.floor(interval_ms / 2), FRAME_MS)
     return interval_ms
 
 
