@@ -194,6 +194,7 @@ class HeadStats:
     def __post_init__(self) -> None:
         self.max_weight = np.zeros(self.heads)
         self.entropy = np.zeros(self.heads)
+        self._logs = np.empty(0, dtype=np.float32)  # scratch for add()
 
     def add(self, rows: np.ndarray, positions: np.ndarray) -> None:
         """Add [heads, n, keys] rows whose queries sit at `positions`."""
@@ -202,14 +203,24 @@ class HeadStats:
         weights = np.asarray(rows, dtype=np.float32)
         self.max_weight += weights.max(axis=2).sum(axis=1, dtype=np.float64)
         # -sum w log w, with 0 log 0 = 0: a zero weight times log(tiny) is exactly zero, so no
-        # masked log (twice the cost) is needed; einsum multiplies and sums in one pass.
-        logs = np.maximum(weights, np.finfo(np.float32).tiny)
+        # masked log (twice the cost) is needed. The logs go to a kept buffer (a new one per
+        # row, at 10,000 keys, is fresh memory every time) and a batched matmul multiplies and
+        # sums each row in one pass (half the time of einsum).
+        logs = self._scratch(weights.shape)
+        np.maximum(weights, np.finfo(np.float32).tiny, out=logs)
         np.log(logs, out=logs)
-        entropy = -np.einsum("hnk,hnk->hn", weights, logs).astype(np.float64)  # [heads, n]
+        products = weights[:, :, None, :] @ logs[:, :, :, None]  # [heads, n, 1, 1]
+        entropy = -products[:, :, 0, 0].astype(np.float64)  # [heads, n]
         # Normalize by the most a row could have (uniform over its visible keys).
         visible = np.log(np.maximum(positions + 1, 2).astype(np.float64))
         self.entropy += (entropy / visible).sum(axis=1)
         self.rows += rows.shape[1]
+
+    def _scratch(self, shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        if self._logs.size < size:
+            self._logs = np.empty(max(size, 2 * self._logs.size), dtype=np.float32)
+        return self._logs[:size].reshape(shape)
 
     def mean(self, measure: str) -> np.ndarray:
         values = self.entropy if measure == "entropy" else self.max_weight
