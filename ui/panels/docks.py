@@ -22,7 +22,7 @@ FRAME_MS = 33  # about 30 redraws a second at most
 # The window must not slow the model it shows. When the GUI thread as a whole (panels, chat,
 # event delivery) uses more than GUI_CPU_SHARE of a core, the panels redraw less often, down
 # to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again.
-SLOWEST_FRAME_MS = 500
+SLOWEST_FRAME_MS = 250  # 4 frames a second: slower would no longer read as live
 GUI_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
 # A frame draws panels one after another until this much GUI-thread CPU is spent, then lets
