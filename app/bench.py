@@ -100,7 +100,7 @@ def print_text(results: dict[str, Any]) -> None:
             print(f"  prefill fast/exact {ratio:.2f} ({tokens} tokens)")
             time_ratio, bytes_ratio = long["time_ratio"], long["bytes_ratio"]
             context = long["long"]["context"]
-            print(f"  long context       {time_ratio:.2f}x time, {bytes_ratio:.2f}x bytes", context)
+            print(f"  at {context} tokens  {time_ratio:.2f}x time, {bytes_ratio:.2f}x bytes")
         print(f"  peak RSS           {results['peak_rss_mb']:.0f} MB")
     window = results.get("window")
     if window:
