@@ -501,6 +501,19 @@ def test_clicking_a_token_of_the_reply_shows_its_step(view, rng):
     assert panel.tokens.toPlainText() == ""
 
 
+def test_the_token_strip_keeps_the_spaces_between_tokens_across_frames(view, rng):
+    """Each frame appends HTML; a fragment's leading space must not be collapsed away."""
+    from dataclasses import replace
+
+    view.ingest(prefill(rng))
+    pieces = [" The", " sea", ",", " a", " mirror"]
+    for index, piece in enumerate(pieces):
+        view.ingest(replace(token(rng, index), piece=piece, text=piece))
+        view.redraw(force=True)  # one frame per token: every piece starts a new fragment
+    shown = view.next_token.tokens.toPlainText().replace("\u200b", "")
+    assert shown == "".join(pieces)
+
+
 # -- the view ----------------------------------------------------------------------------------
 
 

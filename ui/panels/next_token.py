@@ -163,7 +163,8 @@ class NextTokenPanel(QWidget):
 
     def _links(self, first: int, end: int) -> str:
         return "".join(
-            f'<a href="step:{step}" style="text-decoration:none">'
+            # pre-wrap: a fragment's leading space would otherwise be collapsed away
+            f'<a href="step:{step}" style="text-decoration:none; white-space:pre-wrap">'
             f"{html.escape(self._state.token_text(self._state.prompt_tokens + step))}</a>&#8203;"
             for step in range(first, end)
         )
