@@ -13,7 +13,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from engine.events import Event, Failed, Finished, ModelInfo, PrefillDone, Token
+from engine.events import (
+    Event,
+    Failed,
+    Finished,
+    FinishReason,
+    ModelInfo,
+    PrefillDone,
+    Tally,
+    Token,
+)
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 log = logging.getLogger(__name__)
@@ -130,20 +139,9 @@ def run_generation(
     push(failure("the generation ended early", "RuntimeError", "".join(text), started))
 
 
-def finished_early(reason: str, text: str, started: float) -> Finished:
+def finished_early(reason: FinishReason, text: str, started: float) -> Finished:
     """A Finished for a reply that never reached the model (or left it without one)."""
-    return Finished(
-        reason=reason,  # type: ignore[arg-type]
-        text=text,
-        prompt_tokens=0,
-        reused_tokens=0,
-        generated_tokens=0,
-        tokenize_s=0.0,
-        prefill_s=0.0,
-        ttft_s=0.0,
-        decode_s=0.0,
-        total_s=time.perf_counter() - started,
-    )
+    return Tally(started=started).finished(reason, text)
 
 
 def failure(message: str, error_type: str, text: str, started: float) -> list[Event]:
@@ -155,38 +153,23 @@ class ReplyTally:
     with an honest Finished: the text streamed, tokens and times as the engine measured them."""
 
     def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.prefill: PrefillDone | None = None
-        self.tokens = 0
+        self.tally = Tally(started=time.perf_counter())
         self.text: list[str] = []
-        self.first_s = 0.0
-        self.decode_s = 0.0
 
     def add(self, event: Event) -> None:
+        tally = self.tally
         if isinstance(event, PrefillDone):
-            self.prefill = event
+            tally.prompt_tokens, tally.reused_tokens = event.prompt_tokens, event.reused_tokens
+            tally.tokenize_s, tally.prefill_s = event.tokenize_s, event.seconds
         elif isinstance(event, Token):
-            self.tokens += 1
+            tally.generated += 1
             self.text.append(event.text)
             if event.index == 0:
-                self.first_s = event.seconds
+                tally.ttft_s = tally.tokenize_s + event.seconds
             else:
-                self.decode_s += event.seconds
+                tally.decode_s += event.seconds
 
     def cut_off(self, message: str, error_type: str) -> list[Event]:
         """Failed, then the Finished of a reply that ended here."""
-        prefill = self.prefill
-        tokenize_s = prefill.tokenize_s if prefill else 0.0
-        finished = Finished(
-            reason="error",
-            text="".join(self.text),
-            prompt_tokens=prefill.prompt_tokens if prefill else 0,
-            reused_tokens=prefill.reused_tokens if prefill else 0,
-            generated_tokens=self.tokens,
-            tokenize_s=tokenize_s,
-            prefill_s=prefill.seconds if prefill else 0.0,
-            ttft_s=tokenize_s + self.first_s if self.tokens else 0.0,
-            decode_s=self.decode_s,
-            total_s=time.perf_counter() - self.started,
-        )
+        finished = self.tally.finished("error", "".join(self.text))
         return [Failed(message=message, error_type=error_type), finished]

@@ -7,6 +7,7 @@ A generation always ends with exactly one `Finished`; an error yields `Failed` j
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -147,6 +148,29 @@ class Finished:
     def prefill_tokens_per_s(self) -> float:
         processed = self.prompt_tokens - self.reused_tokens
         return processed / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+@dataclass
+class Tally:
+    """What a reply has done so far, so its Finished can be built at any point: by the session
+    as it generates, and by the window for a reply cut off with its engine."""
+
+    started: float
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    generated: int = 0
+    tokenize_s: float = 0.0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+
+    def finished(self, reason: FinishReason, text: str) -> Finished:
+        return Finished(
+            reason=reason, text=text, prompt_tokens=self.prompt_tokens,
+            reused_tokens=self.reused_tokens, generated_tokens=self.generated,
+            tokenize_s=self.tokenize_s, prefill_s=self.prefill_s, ttft_s=self.ttft_s,
+            decode_s=self.decode_s, total_s=time.perf_counter() - self.started,
+        )  # fmt: skip
 
 
 Event = PrefillDone | Token | Failed | Finished

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -30,9 +30,9 @@ from engine.events import (
     Candidate,
     Event,
     Failed,
-    Finished,
     FinishReason,
     PrefillDone,
+    Tally,
     Token,
     frozen_array,
 )
@@ -42,28 +42,6 @@ from engine.sampling import Sampler
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Tally:
-    """What a reply has done so far, so a Finished event can be built at any point."""
-
-    started: float
-    prompt_tokens: int = 0
-    reused_tokens: int = 0
-    generated: int = 0
-    tokenize_s: float = 0.0
-    prefill_s: float = 0.0
-    ttft_s: float = 0.0
-    decode_s: float = 0.0
-
-    def finished(self, reason: FinishReason, text: str) -> Finished:
-        return Finished(
-            reason=reason, text=text, prompt_tokens=self.prompt_tokens,
-            reused_tokens=self.reused_tokens, generated_tokens=self.generated,
-            tokenize_s=self.tokenize_s, prefill_s=self.prefill_s, ttft_s=self.ttft_s,
-            decode_s=self.decode_s, total_s=time.perf_counter() - self.started,
-        )  # fmt: skip
 
 
 class ChatSession:
@@ -105,7 +83,7 @@ class ChatSession:
         settings = settings or GenerationSettings()
         probes = probes or ProbeSettings()
         self._cancel.clear()
-        tally = _Tally(started=time.perf_counter())
+        tally = Tally(started=time.perf_counter())
         stream: TextStream | None = None
         try:
             try:
