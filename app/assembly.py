@@ -15,7 +15,8 @@ from app.store import ConversationStore
 from engine.events import ModelInfo
 from ui.conversation_list import ConversationList
 from ui.main_window import MainWindow
-from ui.panels import InternalsView, build_docks, cache_label
+from ui.panels.docks import InternalsView, build_docks
+from ui.panels.timing import cache_label
 
 
 @dataclass

@@ -24,10 +24,10 @@ from PySide6.QtWidgets import QApplication
 from app.stall import SyntheticSession
 from engine.events import PrefillDone, Token
 from engine.settings import GenerationSettings, Message, ProbeSettings
-from ui.panels import InternalsView
+from ui.panels.docks import InternalsView
 
 LAYERS = (0, 9, 19, 29)  # the bundled model's default watched layers
-PANELS = ("timing", "kv_cache", "attention", "next_token")
+PANELS = ("timing", "kv_cache", "attention", "next_token", "roofline")
 
 
 def _ms(seconds: list[float]) -> dict[str, float]:

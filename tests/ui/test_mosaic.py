@@ -20,10 +20,11 @@ from tests.ui.test_panels import (
     run_reply,
     token,
 )
-from ui.panels import InternalsView, attention
-from ui.panels.buffers import AttentionRows
+from ui.panels import attention
+from ui.panels.docks import InternalsView
 from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MosaicLayout, best_columns
 from ui.panels.ranges import decimate, headroom
+from ui.panels.state import AttentionRows
 
 
 @pytest.fixture

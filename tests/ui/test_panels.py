@@ -12,11 +12,13 @@ from PySide6.QtWidgets import QMainWindow
 
 from engine.events import Candidate, Failed, Finished, ModelInfo, PrefillDone, Token, frozen_array
 from engine.kv_cache import formula_bytes as kv_formula_bytes
-from ui.panels import WITH_CACHE, WITHOUT_CACHE, InternalsView, attention, build_docks, cache_label
+from ui.panels import attention
 from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
-from ui.panels.buffers import AttentionRows, GrowableArray, InternalsState
+from ui.panels.docks import InternalsView, build_docks
 from ui.panels.kv_cache import STACKED, formula_text
 from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MOSAIC_LEVELS
+from ui.panels.state import AttentionRows, GrowableArray
+from ui.panels.timing import WITH_CACHE, WITHOUT_CACHE, cache_label
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BYTES = 2, 4, 2, 8, 4
 PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * BYTES  # 256 bytes for all layers
@@ -410,7 +412,6 @@ def test_compare_overlays_the_previous_reply_with_labels(view, rng):
     view.set_next_reply_label(cache_label(False))
     _first, slow = run_reply(view, rng, count=4)
     view.set_next_reply_label(cache_label(True))
-    view.start_reply("turn B")
     _first, fast = run_reply(view, rng, count=4)
     view.compare_with_previous(True)
     view.redraw(force=True)
@@ -420,7 +421,7 @@ def test_compare_overlays_the_previous_reply_with_labels(view, rng):
     np.testing.assert_array_equal(timing.step_curve.getData()[1], [t.seconds for t in fast[1:]])
     names = [label.text for _sample, label in timing.steps_legend.items]
     assert names == [WITH_CACHE, WITHOUT_CACHE]
-    assert view.state.replies[-1].turn == "turn B"
+    assert [reply.turn for reply in view.state.replies] == ["turn 1", "turn 2"]
     view.compare_with_previous(False)
     view.redraw(force=True)
     assert not timing.previous_curve.isVisible()
@@ -471,7 +472,7 @@ def test_top_k_bars_follow_the_latest_step_and_browse(view, rng):
     np.testing.assert_allclose(
         panel.sampled_bars.opts["width"], [c.sampled_prob for c in last.top_k]
     )
-    view.show_step(1)
+    view.next_token.show_step(1)
     view.redraw(force=True)
     chosen = [c.token_id == tokens[1].token_id for c in tokens[1].top_k]
     assert panel.step == 1 and not panel.follow.isChecked()
@@ -563,7 +564,13 @@ def test_docks_are_named_and_only_visible_stale_panels_redraw(qtbot, rng):
     view = build_docks(window)
     names = sorted(dock.objectName() for dock in view.docks.values())
     assert names == sorted(
-        ["internals_timing", "internals_kv_cache", "internals_attention", "internals_next_token"]
+        [
+            "internals_timing",
+            "internals_kv_cache",
+            "internals_attention",
+            "internals_next_token",
+            "internals_roofline",
+        ]
     )
     assert view.timer.isActive() and view.timer.interval() <= 34
     window.show()
@@ -592,15 +599,6 @@ def test_clear_forgets_the_conversation(view, rng):
     assert view.state.info is not None and view.state.watched_layers == (0, 1)
 
 
-def test_state_ingest_without_qt(rng):
-    state = InternalsState()
-    state.set_model(model_info())
-    state.ingest(prefill(rng))
-    state.ingest(token(rng, 0))
-    assert state.cache_tokens == PROMPT and state.token_text(PROMPT) == "t0"
-    assert state.revision("kv") > 0 and state.steps == 1
-
-
 def test_candidate_labels_keep_the_axis_one_width(view, rng):
     from ui.panels.next_token import LABEL_CHARACTERS, axis_label
 
@@ -610,8 +608,8 @@ def test_candidate_labels_keep_the_axis_one_width(view, rng):
     run_reply(view, rng, count=3)
     axis = view.next_token.plot_widget.getPlotItem().getAxis("left")
     width = axis.width()
-    view.show_step(0)
+    view.next_token.show_step(0)
     view.redraw(force=True)
-    view.show_step(2)
+    view.next_token.show_step(2)
     view.redraw(force=True)
     assert axis.width() == width  # new labels never re-lay the plot out

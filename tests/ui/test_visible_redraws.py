@@ -16,8 +16,16 @@ from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QVBoxLayout, QW
 from engine.events import Token
 from tests.ui.test_panels import model_info, prefill, token
 from ui.chat_view import ChatView
-from ui.panels import InternalsView, build_docks, docks
-from ui.panels.docks import FRAME_MS, GUI_CPU_SHARE, SLOWEST_FRAME_MS, frame_interval, shown
+from ui.panels import docks
+from ui.panels.docks import (
+    FRAME_MS,
+    GUI_CPU_SHARE,
+    SLOWEST_FRAME_MS,
+    InternalsView,
+    build_docks,
+    frame_interval,
+    shown,
+)
 from ui.panels.readout import ReadoutBox
 
 PANELS = ("timing", "kv_cache", "attention", "next_token")

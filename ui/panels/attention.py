@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ui.panels.buffers import ATTENTION, AttentionRows, InternalsState, RedrawTracker
 from ui.panels.mosaic import (
     MOSAIC_LEVELS,
     MosaicLayout,
@@ -26,6 +25,8 @@ from ui.panels.mosaic import (
     mosaic_colours,
 )
 from ui.panels.readout import ReadoutBox
+from ui.panels.redraw import RedrawTracker
+from ui.panels.state import ATTENTION, AttentionRows, InternalsState
 
 # Bounded work per frame: rows and keys past these are max-pooled into one image cell.
 DISPLAY_ROWS = 256

@@ -1,4 +1,4 @@
-"""The four internals docks and the one timer that redraws them."""
+"""The internals docks and the one timer that redraws them."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
 
 from engine.events import Event, ModelInfo
 from ui.panels.attention import AttentionPanel
-from ui.panels.buffers import InternalsState
 from ui.panels.kv_cache import KvCachePanel
 from ui.panels.next_token import NextTokenPanel
+from ui.panels.roofline import RooflinePanel
+from ui.panels.state import InternalsState, Peaks
 from ui.panels.timing import TimingPanel
 
 FRAME_MS = 33  # about 30 redraws a second at most
@@ -35,6 +36,7 @@ DOCKS = (
     ("internals_kv_cache", "KV cache", "kv_cache"),
     ("internals_attention", "Attention", "attention"),
     ("internals_next_token", "Next token", "next_token"),
+    ("internals_roofline", "Roofline", "roofline"),
 )
 
 
@@ -51,7 +53,7 @@ class Panel(Protocol):
 
 
 class InternalsView(QObject):
-    """Owns the state, the four panels, their docks and the redraw timer.
+    """Owns the state, the panels, their docks and the redraw timer.
 
     Feed it from the GUI thread: `set_model` on load, `ingest` for every engine event.
     Ingesting never draws; the timer redraws each visible panel whose data changed, about 30
@@ -60,8 +62,6 @@ class InternalsView(QObject):
 
     # The user picked a layer that is not watched: capture these layers from the next reply on.
     watched_layers_requested = Signal(tuple)
-    # The next-token panel now shows this step (token index of the latest reply).
-    step_shown = Signal(int)
 
     def __init__(self, parent: QObject | None = None, max_attention_rows: int = 256) -> None:
         super().__init__(parent)
@@ -70,8 +70,8 @@ class InternalsView(QObject):
         self.kv_cache = KvCachePanel(self.state)
         self.attention = AttentionPanel(self.state)
         self.next_token = NextTokenPanel(self.state)
+        self.roofline = RooflinePanel(self.state)
         self.attention.watched_layers_requested.connect(self.watched_layers_requested)
-        self.next_token.step_changed.connect(self.step_shown)
         self.docks: dict[str, QDockWidget] = {}
         for name, title, attribute in DOCKS:
             dock = QDockWidget(title)
@@ -90,7 +90,7 @@ class InternalsView(QObject):
 
     @property
     def panels(self) -> tuple[Panel, ...]:
-        return (self.timing, self.kv_cache, self.attention, self.next_token)
+        return (self.timing, self.kv_cache, self.attention, self.next_token, self.roofline)
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -105,10 +105,6 @@ class InternalsView(QObject):
         for event in events:
             self.state.ingest(event)
 
-    def start_reply(self, turn_label: str) -> None:
-        """Name the coming reply's turn (its PrefillDone starts it)."""
-        self.state.start_reply(turn_label)
-
     def set_next_reply_label(self, label: str) -> None:
         """Legend label of the coming reply's step-latency curve; see timing.cache_label."""
         self.state.set_next_reply_label(label)
@@ -119,11 +115,9 @@ class InternalsView(QObject):
     def compare_with_previous(self, enabled: bool) -> None:
         self.timing.compare_with_previous(enabled)
 
-    def show_step(self, index: int) -> None:
-        self.next_token.show_step(index)
-        dock = self.docks["next_token"]
-        if dock.isVisible():
-            dock.raise_()
+    def set_peaks(self, peaks: Peaks) -> None:
+        """The machine's measured peaks (measured again on demand), for the roofline."""
+        self.state.set_peaks(peaks)
 
     def clear(self) -> None:
         """A new chat: forget every reply, keep the model and the watched layers."""
@@ -209,7 +203,8 @@ def build_docks(
     window: QMainWindow,
     area: Qt.DockWidgetArea = Qt.DockWidgetArea.RightDockWidgetArea,
 ) -> InternalsView:
-    """Add the four docks to `window` in two tab groups: timing + KV cache, attention + next token.
+    """Add the docks to `window` in two tab groups: timing + KV cache + roofline, attention +
+    next token.
 
     Call it before `window.restoreState(...)` so the saved layout finds the docks by name.
     """
@@ -218,12 +213,8 @@ def build_docks(
     for dock in docks.values():
         window.addDockWidget(area, dock)
     window.tabifyDockWidget(docks["timing"], docks["kv_cache"])
+    window.tabifyDockWidget(docks["kv_cache"], docks["roofline"])
     window.tabifyDockWidget(docks["attention"], docks["next_token"])
     docks["timing"].raise_()
     docks["attention"].raise_()
     return view
-
-
-def dock_widgets(view: InternalsView) -> list[QDockWidget]:
-    """The docks in menu order, for a View menu (use each one's toggleViewAction())."""
-    return [view.docks[attribute] for _name, _title, attribute in DOCKS]

@@ -16,9 +16,10 @@ from PySide6.QtWidgets import (
 
 from engine.events import ModelInfo
 from engine.kv_cache import formula_bytes, mha_bytes, sliding_tokens
-from ui.panels.buffers import KV, InternalsState, RedrawTracker
 from ui.panels.ranges import AxisLimit, decimate, growing_curve
 from ui.panels.readout import ReadoutBox
+from ui.panels.redraw import RedrawTracker
+from ui.panels.state import KV, InternalsState
 
 TOTAL = "all layers (total)"
 STACKED = "stacked by layer"

@@ -6,7 +6,7 @@ import html
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QFontMetrics, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -20,8 +20,9 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import Candidate
-from ui.panels.buffers import NEXT_TOKEN, InternalsState, RedrawTracker
 from ui.panels.readout import ReadoutBox
+from ui.panels.redraw import RedrawTracker
+from ui.panels.state import NEXT_TOKEN, InternalsState
 
 BAR_HEIGHT = 0.38
 PROB_BRUSH = (66, 133, 244)
@@ -49,8 +50,6 @@ def axis_label(text: str) -> str:
 
 class NextTokenPanel(QWidget):
     """A horizontal bar chart of one step's candidates; follows the latest step by default."""
-
-    step_changed = Signal(int)
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -184,7 +183,7 @@ class NextTokenPanel(QWidget):
         self.tracker.mark()
 
     def _draw_step(self, step: int) -> None:
-        previous, self._step = self._step, step
+        self._step = step
         if step < 0:
             self._set_bars(())
             self.summary.setText("No token yet.")
@@ -193,8 +192,6 @@ class NextTokenPanel(QWidget):
         chosen = self._state.chosen[step]
         self._set_bars(candidates, chosen)
         self.summary.setText(self._summary(step, candidates, chosen))
-        if step != previous:
-            self.step_changed.emit(step)
 
     def _set_bars(self, candidates: tuple[Candidate, ...], chosen: int | None = None) -> None:
         count = len(candidates)

@@ -11,9 +11,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
-from ui.panels.buffers import TIMING, InternalsState, RedrawTracker, Reply
 from ui.panels.ranges import AxisLimit, decimate, growing_curve
 from ui.panels.readout import ReadoutBox
+from ui.panels.redraw import RedrawTracker
+from ui.panels.state import TIMING, InternalsState, Reply
 
 WITH_CACHE = "with KV cache"
 WITHOUT_CACHE = "without KV cache"

@@ -1,0 +1,90 @@
+"""The panels' state model: Qt-free, fed by events, its numbers the engine's own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.events import Tally
+from tests.ui.test_panels import PROMPT, finished, model_info, prefill, token
+from ui.panels.state import InternalsState
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_importing_and_feeding_the_state_loads_no_qt():
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from engine.events import PrefillDone, Token\n"
+        "from ui.panels.state import InternalsState\n"
+        "state = InternalsState()\n"
+        "state.ingest(PrefillDone(3, 0, 3, 0.0, 0.01, 48, (48,), (1, 2, 3), ('a', 'b', 'c')))\n"
+        "state.ingest(Token(0, 7, 'x', 'x', 0.02, 64, (64,)))\n"
+        "assert state.cache_tokens == 3 and state.token_text(3) == 'x', state.cache_tokens\n"
+        "qt = sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "            ('PySide6', 'shiboken6', 'pyqtgraph', 'superqt'))\n"
+        "print('loaded:', qt)\n"
+        "sys.exit(1 if qt else 0)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "loaded: []" in result.stdout
+
+
+def test_live_rates_are_the_engine_tallys_and_final_ones_finisheds():
+    rng = np.random.default_rng(3)
+    state = InternalsState()
+    state.set_model(model_info())
+    first = prefill(rng)
+    tokens = [token(rng, i, seconds=s) for i, s in enumerate((0.06, 0.02, 0.03, 0.05))]
+    # What the engine's tally holds after the same events.
+    tally = Tally(started=0.0, prompt_tokens=PROMPT, tokenize_s=first.tokenize_s)
+    tally.prefill_s = first.seconds
+    tally.generated = len(tokens)
+    tally.ttft_s = first.tokenize_s + tokens[0].seconds
+    tally.decode_s = sum(t.seconds for t in tokens[1:])
+    state.ingest(first)
+    for event in tokens:
+        state.ingest(event)
+    reply = state.reply
+    live = tally.finished("length", "")
+    assert reply.decode_tokens_per_s == pytest.approx(live.decode_tokens_per_s, rel=1e-12)
+    assert reply.decode_tokens_per_s == pytest.approx(3 / 0.10)
+    assert reply.ttft_s == pytest.approx(live.ttft_s)
+    assert reply.prefill_tokens_per_s == pytest.approx(first.tokens_per_s)
+    # Once Finished arrives its numbers win, even where they differ from the events' sum.
+    done = replace(finished(tokens), decode_s=1.5)
+    state.ingest(done)
+    assert reply.decode_tokens_per_s == done.decode_tokens_per_s == pytest.approx(3 / 1.5)
+    assert reply.decode_s == 1.5
+
+
+def test_clear_keeps_the_model_and_starts_turns_over():
+    rng = np.random.default_rng(4)
+    state = InternalsState()
+    state.set_model(model_info())
+    state.set_watched_layers((0, 1))
+    state.ingest(prefill(rng))
+    state.ingest(token(rng, 0))
+    before = dict(state.revisions)
+    state.clear()
+    assert state.replies == [] and state.attention == {} and state.head_stats == {}
+    assert state.cache_tokens == 0 and state.steps == 0 and state.roofline.empty
+    assert all(state.revisions[key] > before[key] for key in before)  # every panel redraws
+    assert state.info is not None and state.watched_layers == (0, 1)
+    state.ingest(prefill(rng))
+    assert state.reply.turn == "turn 1"

@@ -1,0 +1,212 @@
+"""Roofline panel: why prefill and decode run at such different speeds.
+
+Log-log, arithmetic intensity (FLOP per byte moved) against achieved FLOP/s. The roof is the
+machine's measured peaks: a slope (bandwidth × intensity) up to the ridge point, then the
+compute ceiling. Prefill multiplies many tokens by each weight it reads and lands right of
+the ridge; decode reads every weight for one token and lands on the slope, far below the
+ceiling. Every point and figure is an event's own `roofline` numbers.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from ui.panels.empty import EmptyState
+from ui.panels.readout import ReadoutBox
+from ui.panels.redraw import RedrawTracker
+from ui.panels.state import ROOFLINE, InternalsState, Peaks, PhaseRoofline
+
+# The decode cloud keeps the latest steps: one symbol each, so a frame's cost stays bounded.
+DECODE_POINTS = 512
+PREFILL_BRUSH = (66, 133, 244)
+DECODE_BRUSH = (52, 168, 83, 110)
+LATEST_DECODE_BRUSH = (52, 168, 83)
+BANDWIDTH_PEN = (251, 188, 5)
+COMPUTE_PEN = (217, 48, 37)
+MARGIN_DECADES = 0.4  # room around the points and the ridge, in powers of ten
+
+EMPTY_MESSAGE = (
+    "<b>Roofline</b><br>Where each phase of a reply sits against this machine's limits: "
+    "FLOP per byte read (x) against FLOP per second achieved (y), under the measured "
+    "memory-bandwidth slope and compute ceiling.<br>Prefill does many FLOPs for every "
+    "weight it reads (compute-bound); decode reads all the weights for one token "
+    "(memory-bound).<br><br><i>Send a message to place its prefill and decode steps.</i>"
+)
+NO_ROOFLINE_MESSAGE = (
+    "<b>Roofline</b><br>This engine reports no FLOP and byte counts, so there is nothing to "
+    "place on the roofline."
+)
+
+
+def si(value: float, unit: str) -> str:
+    """1.23e12, "FLOP/s" -> "1.23 TFLOP/s"."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def phase_sentence(phase: str, roofline: PhaseRoofline, peaks: Peaks | None) -> str:
+    """E.g. "decode: 1.9 FLOP/byte, 71% of measured bandwidth: memory-bound"."""
+    head = f"{phase}: {roofline.intensity:.3g} FLOP/byte"
+    achieved = f"{si(roofline.flops_per_s, 'FLOP/s')}, {si(roofline.bytes_per_s, 'B/s')}"
+    bound = f"{roofline.bound}-bound"
+    if peaks is None:
+        return f"{head} ({achieved}): {bound}"
+    if roofline.bound == "memory":
+        share, limit = roofline.bytes_per_s / peaks.peak_bytes_per_s, "bandwidth"
+    else:
+        share, limit = roofline.flops_per_s / peaks.peak_flops_per_s, "compute"
+    return f"{head}, {share:.0%} of measured {limit}: {bound} ({achieved})"
+
+
+def peaks_sentence(peaks: Peaks | None) -> str:
+    if peaks is None:
+        return "Peaks not measured yet: the roof appears once the engine has measured them."
+    ridge = peaks.peak_flops_per_s / peaks.peak_bytes_per_s
+    return (
+        f"Measured peaks ({peaks.dtype}): {si(peaks.peak_flops_per_s, 'FLOP/s')} compute, "
+        f"{si(peaks.peak_bytes_per_s, 'B/s')} memory bandwidth; ridge at {ridge:.3g} "
+        f"FLOP/byte. {peaks.method}"
+    )
+
+
+def decade_range(values: list[float]) -> tuple[int, int]:
+    """Whole powers of ten around the positive `values`, with a margin (log10 units)."""
+    logs = [math.log10(v) for v in values if v > 0 and math.isfinite(v)]
+    if not logs:
+        return (0, 1)
+    return math.floor(min(logs) - MARGIN_DECADES), math.ceil(max(logs) + MARGIN_DECADES)
+
+
+class RooflinePanel(QWidget):
+    """The roofline chart, one sentence per phase and how the peaks were measured."""
+
+    def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._state = state
+        self.tracker = RedrawTracker(state, ROOFLINE)
+        self._range: tuple[tuple[int, int], tuple[int, int]] | None = None
+        self._roof_key: tuple = ()
+        self.plot_widget = pg.PlotWidget(title="Roofline")
+        plot = self.plot_widget.getPlotItem()
+        plot.setLogMode(x=True, y=True)
+        plot.setLabel("bottom", "arithmetic intensity (FLOP per byte moved)")
+        plot.setLabel("left", "achieved FLOP/s")
+        plot.showGrid(x=True, y=True, alpha=0.2)
+        plot.setMouseEnabled(x=False, y=False)
+        plot.setMenuEnabled(False)
+        plot.disableAutoRange()
+        legend = plot.addLegend(offset=(5, 5), brush=(0, 0, 0, 170))
+        self.bandwidth_line = pg.PlotDataItem(pen=pg.mkPen(BANDWIDTH_PEN, width=2))
+        self.compute_line = pg.PlotDataItem(pen=pg.mkPen(COMPUTE_PEN, width=2))
+        self.decode_points = pg.PlotDataItem(
+            pen=None, symbol="o", symbolSize=5, symbolPen=None, symbolBrush=DECODE_BRUSH
+        )
+        self.latest_decode = pg.PlotDataItem(
+            pen=None, symbol="o", symbolSize=11, symbolPen="w", symbolBrush=LATEST_DECODE_BRUSH
+        )
+        self.prefill_points = pg.PlotDataItem(
+            pen=None, symbol="d", symbolSize=13, symbolPen="w", symbolBrush=PREFILL_BRUSH
+        )
+        for item, name in (
+            (self.bandwidth_line, "memory bandwidth × intensity"),
+            (self.compute_line, "compute ceiling"),
+            (self.prefill_points, "prefill (each reply)"),
+            (self.decode_points, "decode steps (this reply)"),
+        ):
+            plot.addItem(item)
+            legend.addItem(item, name)
+        plot.addItem(self.latest_decode)
+        self.phases = QLabel("")
+        self.phases.setTextFormat(Qt.TextFormat.RichText)
+        self.phases.setWordWrap(True)
+        self.peaks = QLabel(peaks_sentence(None))
+        self.peaks.setWordWrap(True)
+        self.pages = EmptyState(EMPTY_MESSAGE, self.plot_widget)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.pages, 1)
+        layout.addWidget(ReadoutBox(self.phases))
+        layout.addWidget(ReadoutBox(self.peaks))
+
+    # -- public ----------------------------------------------------------------------------
+
+    def needs_redraw(self) -> bool:
+        return self.tracker.stale
+
+    def redraw(self) -> None:
+        revisions = self.tracker.snapshot()
+        state = self._state
+        trace = state.roofline
+        self.peaks.setText(peaks_sentence(state.peaks))
+        self.phases.setText(self._phases_html())
+        if not state.replies:
+            self.pages.set_message(EMPTY_MESSAGE)
+        elif trace.empty:
+            self.pages.set_message(NO_ROOFLINE_MESSAGE)
+        self.pages.show_content(not trace.empty)
+        if not trace.empty:
+            self._draw_points()
+            self._draw_roof()
+        self.tracker.drawn(revisions)
+
+    # -- drawing ---------------------------------------------------------------------------
+
+    def _phases_html(self) -> str:
+        trace, peaks = self._state.roofline, self._state.peaks
+        lines = []
+        if trace.latest_prefill is not None:
+            lines.append(phase_sentence("prefill", trace.latest_prefill, peaks))
+        if trace.latest_decode is not None:
+            lines.append(phase_sentence("decode", trace.latest_decode, peaks))
+        return "<br>".join(html.escape(line) for line in lines)
+
+    def _draw_points(self) -> None:
+        trace = self._state.roofline
+        prefills = [roofline for _turn, roofline in trace.prefills]
+        prefill_x = np.array([r.intensity for r in prefills], dtype=np.float64)
+        prefill_y = np.array([r.flops_per_s for r in prefills], dtype=np.float64)
+        self.prefill_points.setData(prefill_x, prefill_y)
+        decode_x = trace.decode_intensity.view()[-DECODE_POINTS:]
+        decode_y = trace.decode_flops_per_s.view()[-DECODE_POINTS:]
+        self.decode_points.setData(decode_x, decode_y)
+        self.latest_decode.setData(decode_x[-1:], decode_y[-1:])
+        xs = [*prefill_x, *(decode_x.min(), decode_x.max())] if decode_x.size else [*prefill_x]
+        ys = [*prefill_y, *(decode_y.min(), decode_y.max())] if decode_y.size else [*prefill_y]
+        peaks = self._state.peaks
+        if peaks is not None:
+            xs.append(peaks.peak_flops_per_s / peaks.peak_bytes_per_s)
+            ys.append(peaks.peak_flops_per_s)
+        self._set_range(decade_range(xs), decade_range(ys))
+
+    def _set_range(self, x: tuple[int, int], y: tuple[int, int]) -> None:
+        """Whole decades, changed only when a point leaves them (not every frame)."""
+        if (x, y) == self._range:
+            return
+        self._range = (x, y)
+        self.plot_widget.getPlotItem().setRange(xRange=x, yRange=y, padding=0)
+
+    def _draw_roof(self) -> None:
+        peaks = self._state.peaks
+        key = (peaks, self._range)
+        if key == self._roof_key:
+            return
+        self._roof_key = key
+        if peaks is None or self._range is None:
+            self.bandwidth_line.setData([], [])
+            self.compute_line.setData([], [])
+            return
+        (x_low, x_high), _y = self._range
+        ridge = peaks.peak_flops_per_s / peaks.peak_bytes_per_s
+        left, right = 10.0**x_low, 10.0**x_high
+        self.bandwidth_line.setData(
+            [left, ridge], [peaks.peak_bytes_per_s * left, ridge * peaks.peak_bytes_per_s]
+        )
+        self.compute_line.setData([ridge, right], [peaks.peak_flops_per_s] * 2)

@@ -1,0 +1,38 @@
+"""What the internals panels draw, kept without Qt: fed by engine events, read by the panels.
+
+An import contract in pyproject.toml keeps Qt and pyqtgraph out of this package, so the state
+can be built and tested anywhere the engine runs.
+"""
+
+from ui.panels.state.arrays import GrowableArray
+from ui.panels.state.attention import AttentionRows, HeadStats
+from ui.panels.state.internals import (
+    ATTENTION,
+    KEYS,
+    KV,
+    MODEL,
+    NEXT_TOKEN,
+    ROOFLINE,
+    TIMING,
+    InternalsState,
+)
+from ui.panels.state.reply import Reply
+from ui.panels.state.roofline import Peaks, PhaseRoofline, RooflineTrace
+
+__all__ = [
+    "ATTENTION",
+    "KEYS",
+    "KV",
+    "MODEL",
+    "NEXT_TOKEN",
+    "ROOFLINE",
+    "TIMING",
+    "AttentionRows",
+    "GrowableArray",
+    "HeadStats",
+    "InternalsState",
+    "Peaks",
+    "PhaseRoofline",
+    "Reply",
+    "RooflineTrace",
+]

@@ -1,0 +1,159 @@
+"""One layer's attention rows as they arrive, and running per-head statistics over them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_serials = itertools.count()
+
+
+class AttentionRows:
+    """One layer's attention as a [heads, rows, keys] matrix that grows row by row.
+
+    Row r holds the weights of the query at context position `positions[r]` over keys
+    0..keys-1; keys after a row's own position are zero (the causal mask). Each row is kept as
+    the read-only [heads, keys] array its event carries, so appending copies nothing and a
+    longer context never reallocates what is stored (a dense buffer had to copy every row each
+    time the keys outgrew it: hundreds of milliseconds per event at 10,000 keys). Past
+    `max_rows` the oldest half is dropped. `matrix` and `padded` build dense copies.
+    """
+
+    def __init__(self, heads: int, max_rows: int = 256, capacity: int = 64) -> None:
+        # `capacity` is accepted for callers of the dense buffer this replaced; rows need none.
+        self.serial = next(_serials)  # tells one reply's buffer from the next
+        self.heads = heads
+        self.max_rows = max_rows
+        self._rows: list[np.ndarray] = []  # [heads, n] each, n = its query position + 1 or more
+        self._positions: list[int] = []
+        self.keys = 0
+        self.dropped = 0  # rows dropped from the top since the reply began
+
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.array(self._positions, dtype=np.int64)
+
+    def matrix(self, first_row: int = 0) -> np.ndarray:
+        """A dense copy [heads, rows - first_row, keys] of the filled part."""
+        return self.padded(first_row, self.keys)
+
+    def padded(self, first_row: int, keys: int, end_row: int | None = None) -> np.ndarray:
+        """Rows `first_row` to `end_row` as a dense [heads, n, keys] copy, zeros past each row."""
+        rows = self._rows[first_row:end_row]
+        out = np.zeros((self.heads, len(rows), keys), dtype=np.float32)
+        for index, row in enumerate(rows):
+            width = min(row.shape[1], keys)
+            out[:, index, :width] = row[:, :width]
+        return out
+
+    def append_block(self, block: np.ndarray) -> int:
+        """Append a prefill matrix [heads, queries, keys]; the queries are the last positions.
+
+        Returns how many leading rows rewrote a position already present (0 or 1); the rest
+        are new.
+        """
+        _heads, queries, keys = block.shape
+        first = keys - queries
+        skip = 0
+        if queries and self._positions and self._positions[-1] == first:
+            self._append(block[:, 0, : first + 1], first)
+            skip = 1
+        count = min(queries - skip, self.max_rows)
+        if count <= 0:
+            return skip
+        self._drop(max(self.rows + count - self.max_rows, 0))
+        for query in range(queries - count, queries):
+            position = first + query
+            self._rows.append(block[:, query, : position + 1])  # views: no copy
+            self._positions.append(position)
+        self.dropped += queries - skip - count  # block rows that never fit
+        self.keys = max(self.keys, keys)
+        return skip
+
+    def append_row(self, row: np.ndarray) -> bool:
+        """Append one decode row [heads, keys]; its query sits at position keys - 1.
+
+        Returns False when the position was already present and the row was overwritten (the
+        first token's row can repeat the last prompt row).
+        """
+        return self._append(row, row.shape[1] - 1)
+
+    def value(self, row: int, key: int, head: int) -> float:
+        if 0 <= row < self.rows and 0 <= key < self.keys and 0 <= head < self.heads:
+            weights = self._rows[row]
+            return float(weights[head, key]) if key < weights.shape[1] else 0.0
+        return math.nan
+
+    def _append(self, row: np.ndarray, position: int) -> bool:
+        if self._positions and self._positions[-1] == position:
+            self._rows[-1] = row
+            new = False
+        else:
+            if self.rows >= self.max_rows:
+                self._drop(max(self.rows // 2, 1))
+            self._rows.append(row)
+            self._positions.append(position)
+            new = True
+        self.keys = max(self.keys, row.shape[1])
+        return new
+
+    def _drop(self, drop: int) -> None:
+        """Forget the `drop` oldest rows (at least half: the view redraws less often)."""
+        if drop <= 0:
+            return
+        drop = min(self.rows, max(drop, self.rows // 2))
+        del self._rows[:drop]
+        del self._positions[:drop]
+        self.dropped += drop
+
+
+@dataclass
+class HeadStats:
+    """Running sums per head over every attention row seen, for the layer x head overview."""
+
+    heads: int
+    rows: int = 0
+    max_weight: np.ndarray = field(init=False)
+    entropy: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.max_weight = np.zeros(self.heads)
+        self.entropy = np.zeros(self.heads)
+        self._logs = np.empty(0, dtype=np.float32)  # scratch for add()
+
+    def add(self, rows: np.ndarray, positions: np.ndarray) -> None:
+        """Add [heads, n, keys] rows whose queries sit at `positions`."""
+        if rows.shape[1] == 0:
+            return
+        weights = np.asarray(rows, dtype=np.float32)
+        self.max_weight += weights.max(axis=2).sum(axis=1, dtype=np.float64)
+        # -sum w log w, with 0 log 0 = 0: a zero weight times log(tiny) is exactly zero, so no
+        # masked log (twice the cost) is needed. The logs go to a kept buffer (a new one per
+        # row, at 10,000 keys, is fresh memory every time) and a batched matmul multiplies and
+        # sums each row in one pass (half the time of einsum).
+        logs = self._scratch(weights.shape)
+        np.maximum(weights, np.finfo(np.float32).tiny, out=logs)
+        np.log(logs, out=logs)
+        products = weights[:, :, None, :] @ logs[:, :, :, None]  # [heads, n, 1, 1]
+        entropy = -products[:, :, 0, 0].astype(np.float64)  # [heads, n]
+        # Normalize by the most a row could have (uniform over its visible keys).
+        visible = np.log(np.maximum(positions + 1, 2).astype(np.float64))
+        self.entropy += (entropy / visible).sum(axis=1)
+        self.rows += rows.shape[1]
+
+    def _scratch(self, shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        if self._logs.size < size:
+            self._logs = np.empty(max(size, 2 * self._logs.size), dtype=np.float32)
+        return self._logs[:size].reshape(shape)
+
+    def mean(self, measure: str) -> np.ndarray:
+        values = self.entropy if measure == "entropy" else self.max_weight
+        return values / self.rows if self.rows else np.zeros(self.heads)

@@ -1,0 +1,243 @@
+"""What the internals panels draw, gathered from engine events without drawing anything.
+
+`InternalsState.ingest` runs in the GUI thread for every event, possibly thousands per second,
+so it only appends to preallocated numpy buffers and bumps revision counters; the panels
+compare those counters on a timer and redraw what changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.events import Candidate, Event, Failed, Finished, ModelInfo, PrefillDone, Token
+from engine.kv_cache import formula_bytes
+from ui.panels.state.arrays import GrowableArray
+from ui.panels.state.attention import AttentionRows, HeadStats
+from ui.panels.state.reply import Reply
+from ui.panels.state.roofline import Peaks, RooflineTrace, roofline_of
+
+# Revision keys: each panel follows one of them.
+TIMING = "timing"
+KV = "kv"
+ATTENTION = "attention"
+NEXT_TOKEN = "next_token"
+ROOFLINE = "roofline"
+MODEL = "model"
+KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL)
+
+
+class InternalsState:
+    """Everything the panels draw, updated from events in O(1)-ish time per event."""
+
+    def __init__(self, max_attention_rows: int = 256) -> None:
+        self.max_attention_rows = max_attention_rows
+        self.revisions: dict[str, int] = dict.fromkeys(KEYS, 0)
+        self.info: ModelInfo | None = None
+        self.peaks: Peaks | None = None
+        self.watched_layers: tuple[int, ...] = ()
+        self._next_curve_label: str | None = None
+        self.clear()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Forget the conversation (a new chat); the model and watched layers stay."""
+        self.replies: list[Reply] = []
+        self._open = False  # between a reply's first event and its Finished
+        self.previous: Reply | None = None
+        self.kv_tokens = GrowableArray(np.int64)
+        self.kv_bytes = GrowableArray(np.int64)
+        self.kv_layers: GrowableArray | None = None
+        self.attention: dict[int, AttentionRows] = {}
+        self.head_stats: dict[int, HeadStats] = {}
+        self.token_texts: list[str] = []
+        self.text_offset = 0  # context position of token_texts[0]
+        self.prompt_tokens = 0
+        self.top_k: list[tuple[Candidate, ...]] = []
+        self.chosen: list[int] = []
+        self.last_error: str | None = None
+        self.roofline = RooflineTrace()
+        for key in self.revisions:
+            self._bump(key)
+
+    def set_model(self, info: ModelInfo) -> None:
+        self.info = info
+        peaks = getattr(info, "peaks", None)  # measured by the engine that loaded the model
+        if peaks is not None:
+            self.peaks = peaks
+        self.clear()
+
+    def set_peaks(self, peaks: Peaks) -> None:
+        """The machine's measured peaks, the roofline's slope and ceiling."""
+        self.peaks = peaks
+        self._bump(ROOFLINE)
+
+    def set_watched_layers(self, layers: Sequence[int]) -> None:
+        self.watched_layers = tuple(layers)
+        self._bump(ATTENTION)
+
+    def set_next_reply_label(self, label: str) -> None:
+        """The legend label of the next reply's step-latency curve (e.g. "with KV cache")."""
+        self._next_curve_label = label
+
+    @property
+    def reply(self) -> Reply | None:
+        return self.replies[-1] if self.replies else None
+
+    def revision(self, key: str) -> int:
+        return self.revisions[key]
+
+    def _bump(self, key: str) -> None:
+        self.revisions[key] += 1
+
+    # -- events ----------------------------------------------------------------------------
+
+    def ingest(self, event: Event) -> None:
+        if isinstance(event, Token):
+            self._on_token(event)
+        elif isinstance(event, PrefillDone):
+            self._on_prefill(event)
+        elif isinstance(event, Finished):
+            self._on_finished(event)
+        elif isinstance(event, Failed):
+            # A generation can fail before its PrefillDone: then no reply is open to blame.
+            self.last_error = event.message
+            if self._open and self.reply is not None:
+                self.reply.error = event.message
+            self._bump(TIMING)
+
+    def _begin_reply(self) -> Reply:
+        if self.replies:
+            self.previous = self.replies[-1]
+        turn = f"turn {len(self.replies) + 1}"
+        reply = Reply(turn=turn, curve_label=self._next_curve_label or "")
+        self._next_curve_label = None
+        self.replies.append(reply)
+        self._open = True
+        # Fresh buffers: the plots may still hold views of the previous reply's.
+        self.kv_tokens = GrowableArray(np.int64)
+        self.kv_bytes = GrowableArray(np.int64)
+        self.kv_layers = None
+        self.attention = {}
+        self.top_k = []
+        self.chosen = []
+        self.last_error = None
+        self.roofline.start_reply()
+        return reply
+
+    def _on_prefill(self, event: PrefillDone) -> None:
+        reply = self._begin_reply()
+        reply.add_prefill(event)
+        roofline = roofline_of(event)
+        if roofline is not None:
+            self.roofline.add_prefill(reply.turn, roofline)
+        self.prompt_tokens = event.prompt_tokens
+        self.token_texts = list(event.token_texts)
+        self.text_offset = event.prompt_tokens - len(event.token_texts)
+        # The cache held the reused tokens before prefill: the curve starts there, then jumps.
+        self._add_kv_point(
+            event.reused_tokens,
+            self._reused_bytes(event),
+            event.kv_bytes_per_layer,
+            scale=event.reused_tokens / max(event.prompt_tokens, 1),
+        )
+        self._add_kv_point(event.prompt_tokens, event.kv_bytes, event.kv_bytes_per_layer)
+        for layer, block in event.attention.items():
+            rows = self._attention_rows(layer, block.shape[0])
+            skip = rows.append_block(block)
+            fresh = block[:, skip:, :]
+            keys = block.shape[2]
+            positions = np.arange(keys - fresh.shape[1], keys)
+            self._stats(layer, block.shape[0]).add(fresh, positions)
+        for key in (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE):
+            self._bump(key)
+
+    def _on_token(self, event: Token) -> None:
+        reply = self.reply if self._open and self.reply else self._begin_reply()
+        reply.add_token(event)
+        roofline = roofline_of(event)
+        if roofline is not None and event.index > 0:  # token 0 came from the prefill pass
+            self.roofline.add_decode(roofline)
+            self._bump(ROOFLINE)
+        # Token i was sampled after the cache held the prompt and the i tokens before it.
+        self._add_kv_point(
+            self.prompt_tokens + event.index, event.kv_bytes, event.kv_bytes_per_layer
+        )
+        self.token_texts.append(event.piece)
+        for layer, row in event.attention.items():
+            rows = self._attention_rows(layer, row.shape[0])
+            if rows.append_row(row):
+                self._stats(layer, row.shape[0]).add(row[:, None, :], rows.positions[-1:])
+        self.top_k.append(event.top_k)
+        self.chosen.append(event.token_id)
+        self._bump(TIMING)
+        self._bump(KV)
+        self._bump(NEXT_TOKEN)
+        if event.attention:
+            self._bump(ATTENTION)
+
+    def _on_finished(self, event: Finished) -> None:
+        if self._open and self.reply is not None:
+            self.reply.finished = event
+        self._open = False
+        self._bump(TIMING)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _reused_bytes(self, event: PrefillDone) -> int:
+        if not event.reused_tokens:
+            return 0
+        if self.info is not None:
+            return formula_bytes(self.info, event.reused_tokens)
+        return round(event.kv_bytes * event.reused_tokens / max(event.prompt_tokens, 1))
+
+    def _add_kv_point(
+        self, tokens: int, total: int, per_layer: Sequence[int], scale: float = 1.0
+    ) -> None:
+        values = np.asarray(per_layer, dtype=np.float64) * scale
+        if len(per_layer) and self.kv_layers is None:
+            self.kv_layers = GrowableArray(np.int64, width=len(per_layer))
+            for _ in range(len(self.kv_tokens)):  # keep one row per point
+                self.kv_layers.append(0)
+        if len(self.kv_tokens) and self.kv_tokens.last() == tokens:
+            # Same cache length as the previous point (the first token after prefill).
+            self.kv_bytes.set_last(total)
+            if self.kv_layers is not None and len(per_layer) == self.kv_layers.width:
+                self.kv_layers.set_last(np.round(values))
+            return
+        self.kv_tokens.append(tokens)
+        self.kv_bytes.append(total)
+        if self.kv_layers is not None:
+            fits = len(per_layer) == self.kv_layers.width
+            self.kv_layers.append(np.round(values) if fits else 0)
+
+    def _attention_rows(self, layer: int, heads: int) -> AttentionRows:
+        rows = self.attention.get(layer)
+        if rows is None or rows.heads != heads:
+            rows = AttentionRows(heads, max_rows=self.max_attention_rows)
+            self.attention[layer] = rows
+        return rows
+
+    def _stats(self, layer: int, heads: int) -> HeadStats:
+        stats = self.head_stats.get(layer)
+        if stats is None or stats.heads != heads:
+            stats = HeadStats(heads)
+            self.head_stats[layer] = stats
+        return stats
+
+    def token_text(self, position: int) -> str:
+        """The text of the token at a context position ("?" when it is not known)."""
+        index = position - self.text_offset
+        if 0 <= index < len(self.token_texts):
+            return self.token_texts[index]
+        return "?"
+
+    @property
+    def cache_tokens(self) -> int:
+        return int(self.kv_tokens.last()) if len(self.kv_tokens) else 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.top_k)
