@@ -13,6 +13,7 @@ GGUF model (engine/llama.py) uses `attention_weights` without it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -66,14 +67,14 @@ def glassbox_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     probe: AttentionProbe | None = kwargs.pop(PROBE_KWARG, None)
     output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     layer = getattr(module, "layer_idx", None)
-    if probe is not None and probe.wants(layer) and query.shape[0] == 1:
+    if probe is not None and layer is not None and probe.wants(layer) and query.shape[0] == 1:
         scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
         probe.weights[layer] = attention_weights(query, key, attention_mask, scaling, probe.rows)
     return output, None

@@ -78,9 +78,10 @@ class TextStream:
                 self.text, self.stopped = self.text[:at], True
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(
+        text = self.tokenizer.decode(
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
+        return text if isinstance(text, str) else "".join(text)
 
 
 def _last_boundary(text: str, start: int, limit: int) -> int:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.events import ModelInfo
 
 if TYPE_CHECKING:  # the UI imports the formula; it need not load transformers for it
+    import torch
     from transformers.cache_utils import Cache
 
 
@@ -31,13 +32,14 @@ def truncate(cache: Cache, tokens: int) -> bool:
     if any(getattr(layer, "is_sliding", False) or not hasattr(layer, "keys") for layer in layers):
         return False
     for layer in layers:
-        if layer.keys is not None and layer.keys.dim() == 4:
-            layer.keys = layer.keys[..., :tokens, :]
-            layer.values = layer.values[..., :tokens, :]
+        held: Any = layer  # a full-attention layer: it has keys and values (checked above)
+        if held.keys is not None and held.keys.dim() == 4:
+            held.keys = held.keys[..., :tokens, :]
+            held.values = held.values[..., :tokens, :]
     return True
 
 
-def _nbytes(tensor) -> int:
+def _nbytes(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None or tensor.dim() == 0 else tensor.numel() * tensor.element_size()
 
 

@@ -89,8 +89,24 @@ def bundled_fast():
 
 
 @pytest.fixture(scope="session")
-def tokenizer(bundled):
-    return bundled.tokenizer
+def tokenizer():
+    """The bundled model's tokenizer alone (tiny models share it): no weights loaded."""
+    from engine.loader import bundled_gguf_path, default_cache_dir, gguf_tokenizer
+
+    tokenizer = gguf_tokenizer(bundled_gguf_path(), default_cache_dir(), lambda *_: None)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+BUNDLED_FIXTURES = {"bundled", "bundled_fast"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that load the bundled model's weights are `bundled` (left out by `make test-fast`)."""
+    for item in items:
+        if BUNDLED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.bundled)
 
 
 @pytest.fixture(params=TINY_ARCHITECTURES)
