@@ -6,7 +6,7 @@ is on screen and redraws, and streams one long reply into it. A 5 ms heartbeat Q
 GUI thread notes when it fires: the longest gap between beats, less the interval, is the
 longest time the window could not react to anything.
 
-The reply does not come from a model. A synthetic session yields real engine events with the
+The reply does not come from a model. engine.synthetic's session yields real engine events with the
 bundled model's shapes (SmolLM2-135M: 30 layers, 9 heads, 3 KV heads, head_dim 64; attention
 rows for the watched layers as long as the context, KV bytes per layer, the top 10
 candidates) as fast as it can, so the measurement loads the GUI, not the model: a real model
@@ -18,201 +18,21 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engine.events import Candidate, Event, Finished, ModelInfo, PrefillDone, Token, frozen_array
-from engine.kv_cache import formula_bytes
-from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+from engine.events import Event, Finished, ModelInfo
+from engine.settings import GenerationSettings, LoadRequest
+from engine.synthetic import BUNDLED_SHAPES, SyntheticSession
 
 SOURCE = "synthetic events, bundled model's shapes"
 HEARTBEAT_MS = 5
 SETTLE_S = 0.5
-STEP_SECONDS = 0.04  # what each Token reports: the bundled model's ~25 tokens/s here
-
-# The bundled model holds 8,192 tokens; the synthetic one may run past that, so that one long
-# reply can load the window with as many tokens as asked.
-SYNTHETIC_INFO = ModelInfo(
-    name="SmolLM2-135M shapes (synthetic)",
-    source="bundled",
-    architecture="LlamaForCausalLM",
-    device="cpu",
-    dtype="float32",
-    layers=30,
-    heads=9,
-    kv_heads=3,
-    head_dim=64,
-    parameters=134_515_008,
-    max_context=32_768,
-    vocab_size=49152,
-    bytes_per_value=4,
-)
-
-# Prose with paragraphs, as a reply reads: the chat lays out blocks of realistic length.
-PASSAGE = (
-    "A transformer reads the whole prompt in one parallel pass, then writes its reply one"
-    " token at a time. Each new token looks back at every earlier one through attention,"
-    " and the keys and values it needs are kept in a cache, so a step costs one token's"
-    " work and not the whole sequence again.\n\nThe cache grows by the same number of bytes"
-    " at every step: two tensors per layer, one row per key and value head. Grouped-query"
-    " attention lets several query heads share one of those rows, which is why this model"
-    " keeps three instead of nine.\n\n"
-)
-
-
-def _pieces() -> list[str]:
-    """The passage as word-sized pieces with their leading spaces, newlines kept."""
-    pieces: list[str] = []
-    for line in PASSAGE.split("\n"):
-        words = line.split(" ")
-        pieces.extend([words[0], *(" " + w for w in words[1:])] if line else [])
-        pieces.append("\n")
-    return [p for p in pieces if p]
-
-
-class SyntheticSession:
-    """Honours the ChatSession interface with events shaped like the bundled model's."""
-
-    def __init__(self, info: ModelInfo = SYNTHETIC_INFO, seed: int = 0, delay: float = 0.0) -> None:
-        self.info = info
-        self.delay = delay  # seconds between tokens (0: as fast as the consumer takes them)
-        self._cancel = threading.Event()
-        self._rng = np.random.default_rng(seed)
-        self._pieces = _pieces()
-        vocabulary = sorted(set(self._pieces))
-        self._ids = {piece: 1000 + i for i, piece in enumerate(vocabulary)}
-        self._candidates = {p: self._top_k(p, vocabulary) for p in vocabulary}
-        self._noise: dict[int, np.ndarray] = {}
-        self.token_texts: list[str] = []  # the last reply's Token.text, in order
-        self.last_kv_bytes = 0
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def reset(self) -> None:
-        pass
-
-    def count_tokens(self, messages: Sequence[Message]) -> int:
-        return sum(len(m.content.split()) + 4 for m in messages) + 1
-
-    def generate(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings | None = None,
-        probes: ProbeSettings | None = None,
-    ) -> Iterator[Event]:
-        settings = settings or GenerationSettings()
-        probes = probes or ProbeSettings()
-        self._cancel.clear()
-        started = time.perf_counter()
-        prompt = self.count_tokens(messages)
-        layers = tuple(probes.attention_layers)
-        self.token_texts = []
-        yield self._prefill(prompt, layers, probes)
-        reason = "length"
-        for index in range(settings.max_new_tokens):
-            if self.delay:
-                self._cancel.wait(self.delay)
-            if self._cancel.is_set():
-                reason = "cancelled"
-                break
-            event = self._token(index, prompt, layers, probes)
-            self.token_texts.append(event.text)
-            self.last_kv_bytes = event.kv_bytes
-            yield event
-        generated = len(self.token_texts)
-        yield Finished(
-            reason=reason,  # type: ignore[arg-type]
-            text="".join(self.token_texts),
-            prompt_tokens=prompt,
-            reused_tokens=0,
-            generated_tokens=generated,
-            tokenize_s=0.001,
-            prefill_s=STEP_SECONDS,
-            ttft_s=STEP_SECONDS * 2,
-            decode_s=STEP_SECONDS * max(generated - 1, 0),
-            total_s=time.perf_counter() - started,
-        )
-
-    # -- events -----------------------------------------------------------------------------
-
-    def _kv(self, tokens: int, probes: ProbeSettings) -> tuple[int, tuple[int, ...]]:
-        total = formula_bytes(self.info, tokens)
-        per_layer = (total // self.info.layers,) * self.info.layers
-        return total, per_layer if probes.kv_per_layer else ()
-
-    def _prefill(self, prompt: int, layers: tuple[int, ...], probes: ProbeSettings) -> PrefillDone:
-        rows = min(prompt, probes.prefill_rows)
-        queries = np.arange(prompt - rows, prompt)[:, None]
-        visible = np.arange(prompt)[None, :] <= queries  # the causal mask
-        attention = {}
-        for layer in layers:
-            weights = self._weights(layer, prompt)[:, None, :] * visible
-            attention[layer] = frozen_array(weights / weights.sum(axis=2, keepdims=True))
-        kv_bytes, per_layer = self._kv(prompt, probes)
-        return PrefillDone(
-            prompt_tokens=prompt,
-            reused_tokens=0,
-            processed_tokens=prompt,
-            tokenize_s=0.001,
-            seconds=STEP_SECONDS,
-            kv_bytes=kv_bytes,
-            kv_bytes_per_layer=per_layer,
-            prompt_token_ids=tuple(range(prompt)),
-            token_texts=tuple(f"p{i}" for i in range(prompt)) if layers else (),
-            attention=attention,
-        )
-
-    def _token(
-        self, index: int, prompt: int, layers: tuple[int, ...], probes: ProbeSettings
-    ) -> Token:
-        piece = self._pieces[index % len(self._pieces)]
-        keys = prompt + index  # the query producing token i sees the prompt and i - 1 tokens
-        attention = {}
-        if index > 0:
-            for layer in layers:
-                weights = self._weights(layer, keys)
-                attention[layer] = frozen_array(weights / weights.sum(axis=1, keepdims=True))
-        kv_bytes, per_layer = self._kv(prompt + index + 1, probes)
-        return Token(
-            index=index,
-            token_id=self._ids[piece],
-            text=piece,
-            piece=piece,
-            seconds=STEP_SECONDS * (2 if index == 0 else 1),
-            kv_bytes=kv_bytes,
-            kv_bytes_per_layer=per_layer,
-            attention=attention,
-            top_k=self._candidates[piece][: probes.top_k],
-        )
-
-    def _weights(self, layer: int, keys: int) -> np.ndarray:
-        """Unnormalised [heads, keys]: noise, a sink on the first key, weight on the last few."""
-        noise = self._noise.get(layer)
-        if noise is None or noise.shape[1] < keys:
-            size = max(keys, 1024) * 2
-            noise = self._rng.random((self.info.heads, size), dtype=np.float32) ** 4
-            self._noise[layer] = noise
-        weights = noise[:, :keys].copy()
-        weights[:, 0] += 0.2 * keys
-        weights[:, -4:] += 0.05 * keys
-        return weights
-
-    def _top_k(self, chosen: str, vocabulary: list[str]) -> tuple[Candidate, ...]:
-        others = [p for p in vocabulary if p != chosen]
-        picks = self._rng.choice(len(others), size=min(9, len(others)), replace=False)
-        probs = np.sort(self._rng.dirichlet(np.ones(10)))[::-1]
-        texts = [chosen, *(others[i] for i in picks)]
-        return tuple(
-            Candidate(self._ids[t], t, float(p), 1.0 if rank == 0 else 0.0)  # greedy
-            for rank, (t, p) in enumerate(zip(texts, probs, strict=False))
-        )
 
 
 @dataclass
@@ -351,7 +171,7 @@ def float_docks(internals: Any) -> None:
 def synthetic_loader(request: LoadRequest, progress: Callable[[str, float], None]) -> _Loaded:
     """For the engine process (imported there by name): request.extra["delay"] paces tokens."""
     progress("Ready", 1.0)
-    return _Loaded(SYNTHETIC_INFO, float(request.extra.get("delay", 0.0)))
+    return _Loaded(BUNDLED_SHAPES, float(request.extra.get("delay", 0.0)))
 
 
 def synthetic_session(loaded: _Loaded) -> SyntheticSession:

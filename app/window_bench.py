@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from app.stall import HEARTBEAT_MS, PASSAGE, float_docks, peak_rss_mb, stalls_of
+from app.stall import HEARTBEAT_MS, float_docks, peak_rss_mb, stalls_of
 from engine.events import Event, Finished, Token
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+from engine.synthetic import PASSAGE
 
 CONTEXT_TOKENS = 1000  # the prompt's length: the context the panels draw attention over
 QUESTION = "Here are some notes on how a language model writes. Summarise them in detail.\n\n"

@@ -227,7 +227,7 @@ def test_sigkill_mid_reply_keeps_the_partial_reply_and_the_next_message_is_answe
     window.settings_panel.set_settings(GenerationSettings(greedy=True, max_new_tokens=3))
     assert window.send("Are you back?")
     qtbot.waitUntil(lambda: not window.replying and not worker.busy, timeout=10_000)
-    assert events[-1].reason == "eos" and events[-1].text == " w0 w1 w2"  # fake: cut = eos
+    assert events[-1].reason == "length" and events[-1].text == " w0 w1 w2"
     assert worker.restarts == 1 and window.info.name == "fake"
     *_, question, answer = store.messages(conversation)
     assert (question.text, answer.text, answer.complete) == ("Are you back?", " w0 w1 w2", True)

@@ -12,7 +12,8 @@ from PySide6.QtCore import QCoreApplication, QThread
 from app.worker import GenerationWorker
 from engine.events import Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, LoadRequest, Message
-from tests.ui.fakes import FakeBackend, FakeSession
+from engine.synthetic import BROKEN, SyntheticSession
+from tests.ui.fakes import REPLY, FakeBackend, fake_info
 
 HELLO = (Message("user", "hello"),)
 SETTINGS = GenerationSettings(greedy=True)
@@ -134,7 +135,7 @@ def test_an_exception_in_the_session_becomes_failed_and_the_worker_survives(qtbo
     rec = Recorder(worker)
     reply(qtbot, worker)
     failed = [e for e in rec.events if isinstance(e, Failed)]
-    assert len(failed) == 1 and "the fake model broke" in failed[0].message
+    assert len(failed) == 1 and BROKEN in failed[0].message
     assert failed[0].error_type == "RuntimeError"
     assert isinstance(rec.events[-1], Finished)
     assert rec.events[-1].reason == "error"
@@ -146,11 +147,11 @@ def test_an_exception_in_the_session_becomes_failed_and_the_worker_survives(qtbo
 
 
 def test_a_generator_that_ends_without_finished_still_ends_the_reply(qtbot, worker):
-    class Truncated(FakeSession):
+    class Truncated(SyntheticSession):
         def generate(self, messages, settings=None, probes=None):
             yield from list(super().generate(messages, settings, probes))[:-1]
 
-    worker._runner.session = Truncated()  # a session that breaks the contract
+    worker._runner.session = Truncated(fake_info(), REPLY)  # it breaks the contract
     worker._info = worker._runner.session.info
     rec = Recorder(worker)
     reply(qtbot, worker)

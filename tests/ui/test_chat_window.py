@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QDockWidget, QLabel
 
 from engine.events import Finished, Token
 from engine.settings import GenerationSettings, LoadRequest, Message
+from engine.synthetic import BROKEN
 from tests.ui.fakes import REPLY
 from ui.chat_view import ChatView
 from ui.main_window import human_count
@@ -71,7 +72,7 @@ def test_a_typed_message_streams_its_reply_in(qtbot, backend, make_window):
     assert backend.session.calls == [(Message("user", "Hi there"),)]
     # Markdown was rendered once the reply completed.
     assert "**" not in window.chat.toPlainText() and "fake" in window.chat.toPlainText()
-    assert window.speed_label.text() == "TTFT 0.25 s · 100.0 tok/s"
+    assert window.speed_label.text() == "TTFT 0.02 s · 100.0 tok/s"  # 1 ms + 2 steps of 10
     assert window.model_label.text() == "fake-135M · cpu · exact float32 · 135M params"
     assert window.send_action.isEnabled() and not window.stop_action.isEnabled()
 
@@ -188,8 +189,8 @@ def test_a_failing_generation_shows_its_message_and_the_chat_goes_on(qtbot, back
     backend.session.raise_after = 2
     type_message(qtbot, window, "Break")
     wait_idle(qtbot, window)
-    assert "the fake model broke" in window.chat.toPlainText()
-    assert "the fake model broke" in window.statusBar().currentMessage()
+    assert BROKEN in window.chat.toPlainText()
+    assert BROKEN in window.statusBar().currentMessage()
     assert window.conversation()[-1] == Message("assistant", "".join(REPLY[:2]))
 
     backend.session.raise_after = None
