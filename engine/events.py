@@ -14,6 +14,7 @@ from typing import Literal
 import numpy as np
 
 FinishReason = Literal["eos", "stop_string", "length", "cancelled", "error", "context_full"]
+Bound = Literal["compute", "memory"]
 
 # layer index -> attention weights; prefill: [heads, queries, keys], decode: [heads, keys].
 Attention = dict[int, np.ndarray]
@@ -24,6 +25,37 @@ def frozen_array(values: np.ndarray) -> np.ndarray:
     array = np.ascontiguousarray(values, dtype=np.float32).copy()
     array.setflags(write=False)
     return array
+
+
+@dataclass(frozen=True, slots=True)
+class Peaks:
+    """The machine's measured ceilings for one device and compute dtype (engine/peaks.py)."""
+
+    peak_flops_per_s: float  # a large matmul in `dtype`
+    peak_bytes_per_s: float  # a large memory copy: bytes read + bytes written per second
+    dtype: str
+    device: str
+    method: str  # how they were measured, in words
+
+    @property
+    def ridge(self) -> float:
+        """FLOP per byte where the bandwidth slope meets the compute ceiling."""
+        if self.peak_bytes_per_s <= 0:
+            return float("inf")
+        return self.peak_flops_per_s / self.peak_bytes_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    """One forward pass on the machine's roofline, counted from the model's shapes
+    (engine/roofline.py) and timed by the pass's own measured seconds."""
+
+    flops: int
+    bytes: int  # weights as stored + KV cache read + KV cache written
+    intensity: float  # FLOP per byte
+    flops_per_s: float
+    bytes_per_s: float
+    bound: Bound  # intensity against the ridge point of ModelInfo.peaks
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +80,8 @@ class ModelInfo:
     sliding_window: int | None = None
     # "exact": dequantised weights in transformers; "fast": the GGUF's quantised weights.
     precision: str = "exact"
+    # The measured ceilings the roofline of each pass is drawn against (None: not measured).
+    peaks: Peaks | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +120,8 @@ class PrefillDone:
     attention: Attention = field(default_factory=dict)
     # The oldest messages left out so the conversation fits the context window.
     dropped_messages: int = 0
+    # The prefill's forward pass on the roofline (None where it was not counted).
+    roofline: Roofline | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -113,6 +149,9 @@ class Token:
     # token) over the whole context. Empty for index 0: its query is PrefillDone's last row.
     attention: Attention = field(default_factory=dict)
     top_k: tuple[Candidate, ...] = ()
+    # The decode step's forward pass that produced this token's logits, on the roofline
+    # (None for index 0, whose logits came from the prefill, and where it was not counted).
+    roofline: Roofline | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,13 +31,16 @@ from engine.events import (
     Event,
     Failed,
     FinishReason,
+    Peaks,
     PrefillDone,
     Tally,
     Token,
     frozen_array,
 )
 from engine.loader import LoadedModel
+from engine.peaks import machine_peaks
 from engine.prompt import encode_chat
+from engine.roofline import ForwardCost, Meter
 from engine.sampling import Sampler
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
@@ -45,12 +48,16 @@ log = logging.getLogger(__name__)
 
 
 class ChatSession:
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, peaks: Peaks | None = None) -> None:
+        """`peaks`: the machine's ceilings for the roofline; measured (or read from the cache)
+        for the model's device and compute dtype when not given."""
         self.model = loaded.model
         self.decoder = decoder_for(loaded.model)  # transformers or Glassbox's own GGUF model
         self.tokenizer = loaded.tokenizer
-        self.info = loaded.info
         self.device = self.decoder.device
+        peaks = peaks or _peaks(self.device, loaded.info.dtype)
+        self.info = replace(loaded.info, peaks=peaks)
+        self.meter = Meter(ForwardCost.of(loaded.model, loaded.info), peaks)
         self._cancel = threading.Event()
         self._cache: Cache | None = None
         self._cached_ids: list[int] = []
@@ -139,12 +146,15 @@ class ChatSession:
         logits = self.decoder.forward(history[None, reused:], cache, probe)
         tally.prefill_s, tally.reused_tokens = clock.stop(), reused
         self._cached_ids = list(prompt) if settings.use_cache else []
-        yield replace(
-            self._prefill_event(prompt, reused, tally, probe, probes), dropped_messages=dropped
+        roofline = self.meter.measure(
+            len(prompt) - reused, reused, tally.prefill_s, cache is not None
         )
+        prefill = self._prefill_event(prompt, reused, tally, probe, probes)
+        yield replace(prefill, dropped_messages=dropped, roofline=roofline)
 
         reason: FinishReason = "length"
         step_s = tally.prefill_s
+        forward: tuple[int, int] | None = None  # (new, cached) of the pass behind the logits
         for index in range(budget):
             clock.start()
             probs = sampler.distribution(logits, history)
@@ -158,7 +168,8 @@ class ChatSession:
             else:
                 tally.decode_s += step_s
             tally.generated = index + 1
-            yield replace(event, seconds=step_s)
+            roofline = self.meter.measure(*forward, step_s, settings.use_cache) if forward else None
+            yield replace(event, seconds=step_s, roofline=roofline)
             if eos:
                 reason = "eos"
             elif stream.stopped:
@@ -170,6 +181,7 @@ class ChatSession:
                 history = torch.cat([history, history.new_tensor([token_id])])
                 probe = self._probe(probes, rows=1)
                 step_ids = history[None, -1:] if settings.use_cache else history[None, :]
+                forward = (step_ids.shape[1], len(history) - step_ids.shape[1])
                 logits = self.decoder.forward(step_ids, cache, probe)
                 if settings.use_cache:
                     self._cached_ids.append(token_id)
@@ -255,6 +267,14 @@ class ChatSession:
         self.reset()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _peaks(device: torch.device, dtype: str) -> Peaks | None:
+    try:
+        return machine_peaks(device, dtype)
+    except Exception:  # a probe that fails costs the roofline its bound, never the chat
+        log.exception("measuring the machine's peaks failed")
+        return None
 
 
 def _attention(probe: AttentionProbe | None, squeeze: bool) -> dict:

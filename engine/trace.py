@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.events import Event, Failed, Finished, ModelInfo, PrefillDone, Token
+from engine.serialize import plain
 
 
 class TraceRecorder:
@@ -42,6 +43,7 @@ class TraceRecorder:
                 "device": info.device,
                 "bytes_per_value": info.bytes_per_value,
                 "precision": info.precision,
+                "peaks": plain(info.peaks),
             },
             "prompt_token_ids": list(prefill.prompt_token_ids) if prefill else [],
             "generated_token_ids": [t.token_id for t in self.tokens],
@@ -63,6 +65,7 @@ def _prefill(event: PrefillDone) -> dict[str, Any]:
         "reused_tokens": event.reused_tokens,
         "kv_bytes": event.kv_bytes,
         "attention": {str(k): v.tolist() for k, v in event.attention.items()},
+        "roofline": plain(event.roofline),
     }
 
 
@@ -78,4 +81,5 @@ def _step(event: Token) -> dict[str, Any]:
             {"token_id": c.token_id, "text": c.text, "prob": c.prob, "sampled_prob": c.sampled_prob}
             for c in event.top_k
         ],
+        "roofline": plain(event.roofline),
     }
