@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QRect, QSettings, Qt
 from PySide6.QtWidgets import QDockWidget
 
 from app import paths
@@ -13,6 +13,7 @@ from app import worker as worker_module
 from app.controller import ConversationController
 from app.store import ConversationStore
 from engine.events import ModelInfo
+from ui import layout
 from ui.conversation_list import ConversationList
 from ui.main_window import MainWindow
 from ui.panels.docks import InternalsView, build_docks
@@ -41,7 +42,9 @@ def assemble(
     worker: worker_module.WorkerBase | None = None,
     database: Path | None = None,
     settings: QSettings | None = None,
+    screen: QRect | None = None,
 ) -> Parts:
+    """`screen`: the available geometry to fit (by default that of the screen it opens on)."""
     worker = worker or worker_module.GenerationWorker()  # looked up late: tests replace it
     window = MainWindow(worker, settings)
     internals = build_docks(window)
@@ -52,8 +55,7 @@ def assemble(
     conversations.setObjectName("conversations_dock")
     conversations.setWidget(sidebar)
     window.add_dock(conversations, Qt.DockWidgetArea.LeftDockWidgetArea)
-    _first_start_sizes(window, internals, conversations)
-    window.restore_layout()  # now that every dock exists, the saved layout can place them
+    _fit_to_screen(window, internals, conversations, screen)
 
     store = ConversationStore(database or paths.database_path())
     if store.recovered_from is not None:
@@ -69,17 +71,18 @@ def assemble(
     return Parts(window, worker, internals, controller)
 
 
-def _first_start_sizes(window: MainWindow, internals: InternalsView, sidebar: QDockWidget) -> None:
-    """Chat in the middle gets room: narrow left column, internals on about half the width."""
-    settings = window.findChild(QDockWidget, "settings_dock")
-    window.resize(1500, 920)
-    left = [d for d in (settings, sidebar) if d is not None]
-    right = [internals.docks["timing"], internals.docks["attention"]]
-    horizontal, vertical = Qt.Orientation.Horizontal, Qt.Orientation.Vertical
-    window.resizeDocks([*left, *right], [280] * len(left) + [720] * len(right), horizontal)
-    window.resizeDocks(right, [520, 400], vertical)
-    if settings is not None:
-        window.resizeDocks([settings, sidebar], [520, 400], vertical)
+def _fit_to_screen(
+    window: MainWindow, internals: InternalsView, sidebar: QDockWidget, screen: QRect | None
+) -> None:
+    """The default layout for this screen, then the remembered one if it still fits there."""
+    available = screen if screen is not None else layout.available_geometry(window)
+    for name, dock in internals.docks.items():
+        layout.scroll_when_small(dock, layout.panel_minimum(name))
+    layout.scroll_when_small(window.settings_dock, window.settings_panel.minimumSizeHint())
+    window.centralWidget().setMinimumWidth(layout.CHAT_MIN_WIDTH)
+    layout.arrange(window, internals.docks, [window.settings_dock, sidebar], available)
+    window.restore_layout(available)  # now that every dock exists, the saved layout can place them
+    layout.KeepFrameOnScreen(window, available)  # the title bar is known once it is shown
 
 
 def _connect_engine_notes(window: MainWindow, worker: worker_module.WorkerBase) -> None:

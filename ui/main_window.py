@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
+from PySide6.QtCore import QRect, QSettings, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -31,6 +31,7 @@ from engine.settings import (
     ProbeSettings,
     SettingsError,
 )
+from ui import layout
 from ui.chat_view import ChatView
 from ui.input_box import EMPTY_MESSAGE, InputBox
 from ui.model_picker import ModelPicker
@@ -132,7 +133,7 @@ class MainWindow(QMainWindow):
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Glassbox")
-        self.resize(1200, 800)
+        self.resize(layout.first_start_geometry(layout.available_geometry(self)).size())
         self.backend = backend
         self._qsettings = settings if settings is not None else QSettings()
         self._conversation: list[Message] = []
@@ -280,18 +281,15 @@ class MainWindow(QMainWindow):
             dock.show()
         self.view_menu.addAction(dock.toggleViewAction())
 
-    def restore_layout(self) -> None:
-        geometry = self._qsettings.value("window/geometry")
-        state = self._qsettings.value("window/state")
-        if isinstance(geometry, QByteArray):
-            self.restoreGeometry(geometry)
-        if isinstance(state, QByteArray):
-            self.restoreState(state, STATE_VERSION)
+    def restore_layout(self, screen: QRect | None = None) -> bool:
+        """The layout saved on close, if it still fits `screen` (an available geometry; by
+        default the window's screen's). False: it did not, and the current layout stays."""
+        available = screen if screen is not None else layout.available_geometry(self)
+        screens = layout.screens_available() if screen is None else ()
+        return layout.restore(self, self._qsettings, STATE_VERSION, available, screens)
 
     def save_layout(self) -> None:
-        self._qsettings.setValue("window/geometry", self.saveGeometry())
-        self._qsettings.setValue("window/state", self.saveState(STATE_VERSION))
-        self._qsettings.sync()
+        layout.save(self, self._qsettings, STATE_VERSION)
 
     # -- conversation ----------------------------------------------------------------------------
 

@@ -1,0 +1,228 @@
+"""The window fits the screen it opens on: the assembled window at four screen sizes, the
+default arrangement for any number of docks, and remembered layouts that no longer fit.
+
+The headless platform has one fixed screen, so each test hands the window the available
+geometry of the screen it pretends to open on (assemble's `screen`)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from PySide6.QtCore import QPoint, QRect, QSettings, QSize
+from PySide6.QtWidgets import QDockWidget, QScrollArea, QWidget
+
+from app import assembly
+from app.worker import GenerationWorker
+from engine.settings import LoadRequest
+from tests.ui.fakes import FakeBackend
+from ui import layout
+
+SCREENS = {
+    "1280x720": QRect(0, 0, 1280, 720),
+    "1366x768": QRect(0, 0, 1366, 768),
+    "1920x1080": QRect(0, 0, 1920, 1080),
+    "3840x2160": QRect(0, 0, 3840, 2160),
+}
+INTERNALS = ("timing", "kv_cache", "attention", "next_token", "roofline")
+
+
+@pytest.fixture
+def open_window(qtbot, tmp_path):
+    """Assemble the window for a screen, on a scratch database and layout file, model loaded."""
+    opened = []
+
+    def open_(screen: QRect, name: str = "layout.ini"):
+        backend = FakeBackend()
+        worker = GenerationWorker(loader=backend.load, session_factory=backend.make_session)
+        settings = QSettings(str(tmp_path / name), QSettings.Format.IniFormat)
+        parts = assembly.assemble(
+            worker, database=tmp_path / "chats.sqlite3", settings=settings, screen=screen
+        )
+        qtbot.addWidget(parts.window)
+        parts.window.show()
+        qtbot.waitExposed(parts.window)
+        with qtbot.waitSignal(worker.loaded, timeout=5000):
+            parts.window.load_model(LoadRequest(spec="fake-135M"))
+        qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+        opened.append(parts)
+        return parts
+
+    yield open_
+    for parts in opened:
+        parts.window.close()
+        parts.shutdown()
+
+
+def in_window(widget: QWidget) -> QRect:
+    """The part of `widget` that can be seen: its rect clipped by every parent, in window
+    coordinates (a widget scrolled out of its scroll area's viewport is not there)."""
+    window = widget.window()
+    rect = QRect(widget.mapTo(window, QPoint(0, 0)), widget.size())
+    parent = widget.parentWidget()
+    while parent is not None and parent is not window:
+        rect = rect.intersected(QRect(parent.mapTo(window, QPoint(0, 0)), parent.size()))
+        parent = parent.parentWidget()
+    return rect
+
+
+def on_screen(widget: QWidget) -> bool:
+    return widget.isVisible() and not widget.visibleRegion().isEmpty()
+
+
+def visible_parts(root: QWidget) -> list[QRect]:
+    """`root` and every descendant widget showing something, clipped (see in_window)."""
+    widgets = [root, *root.findChildren(QWidget)]
+    rects = [in_window(w) for w in widgets if w.isVisible() and w.window() is root.window()]
+    return [r for r in rects if not r.isEmpty()]
+
+
+def regions(window) -> dict[str, list[QRect]]:
+    """Each shown dock's visible widgets, the chat's and the status bar's."""
+    shown = {d.objectName(): d for d in window.findChildren(QDockWidget) if on_screen(d)}
+    parts = {name: visible_parts(dock) for name, dock in shown.items()}
+    parts["chat"] = visible_parts(window.centralWidget())
+    parts["status bar"] = visible_parts(window.statusBar())
+    return parts
+
+
+@pytest.mark.parametrize("size", SCREENS)
+def test_the_window_fits_the_screen_and_nothing_overlaps(open_window, size):
+    screen = SCREENS[size]
+    window = open_window(screen).window
+    assert screen.contains(window.frameGeometry())
+
+    parts = regions(window)
+    assert len(parts) >= 4  # settings, at least one internals dock, chat, status bar
+    for (a, rects_a), (b, rects_b) in itertools.combinations(parts.items(), 2):
+        for ra, rb in itertools.product(rects_a, rects_b):
+            assert not ra.intersects(rb), f"{a} {ra} overlaps {b} {rb} at {size}"
+
+
+@pytest.mark.parametrize("size", SCREENS)
+def test_the_message_box_and_status_bar_are_whole_and_usable(open_window, size):
+    window = open_window(SCREENS[size]).window
+    inside = window.rect()
+    for widget in (window.input, window.statusBar(), window.model_label):
+        assert on_screen(widget)
+        assert in_window(widget) == QRect(widget.mapTo(window, QPoint(0, 0)), widget.size())
+        assert inside.contains(in_window(widget))
+    assert window.input.width() >= layout.CHAT_MIN_WIDTH - 80  # the send buttons beside it
+    assert window.centralWidget().width() >= layout.CHAT_MIN_WIDTH
+
+
+@pytest.mark.parametrize("size", SCREENS)
+def test_a_dock_smaller_than_its_panel_scrolls_rather_than_squeezes(open_window, size):
+    parts = open_window(SCREENS[size])
+    for name, dock in parts.internals.docks.items():
+        area = dock.widget()
+        assert isinstance(area, QScrollArea)
+        panel = area.widget()
+        assert panel.minimumWidth() >= layout.panel_minimum(name).width()
+        if on_screen(dock):  # laid out at its minimum at least; the scroll bars reach the rest
+            assert panel.width() >= panel.minimumWidth()
+            assert panel.height() >= panel.minimumHeight()
+
+
+def test_small_screens_tab_the_internals_large_ones_show_them_all(open_window):
+    small = open_window(SCREENS["1366x768"], "small.ini")
+    shown = [n for n, d in small.internals.docks.items() if on_screen(d)]
+    assert shown == ["timing"]  # one tab group: the others are tabs behind it
+    tabified = small.window.tabifiedDockWidgets(small.internals.docks["timing"])
+    assert {d.objectName() for d in tabified} == {
+        d.objectName() for n, d in small.internals.docks.items() if n != "timing"
+    }
+    laptop_sidebar = small.window.findChild(QDockWidget, "conversations_dock")
+    assert small.window.settings_dock in small.window.tabifiedDockWidgets(laptop_sidebar)
+
+    full_hd = open_window(SCREENS["1920x1080"], "full_hd.ini")
+    assert [n for n, d in full_hd.internals.docks.items() if on_screen(d)] == [
+        "timing",
+        "attention",
+    ]
+    large = open_window(SCREENS["3840x2160"], "large.ini")
+    assert all(on_screen(d) for d in large.internals.docks.values())
+
+
+@pytest.mark.parametrize("count", range(1, 9))
+@pytest.mark.parametrize("size", SCREENS)
+def test_every_dock_is_placed_once_whatever_their_number(size, count):
+    names = [f"panel_{i}" for i in range(count)]
+    plan = layout.arrangement(SCREENS[size], names)
+    placed = [name for column in plan.columns for cell in column for name in cell]
+    assert sorted(placed) == sorted(names)
+    assert SCREENS[size].contains(plan.window)
+    assert plan.cells <= count
+    assert max(len(column) for column in plan.columns) <= layout.MAX_ROWS
+    assert plan.window.width() - plan.side_width - plan.internals_width >= layout.CHAT_MIN_WIDTH
+
+
+def test_the_most_telling_panels_get_the_first_cells():
+    plan = layout.arrangement(SCREENS["1920x1080"], list(INTERNALS))
+    assert [cell[0] for column in plan.columns for cell in column] == ["timing", "attention"]
+    plan = layout.arrangement(SCREENS["1366x768"], list(INTERNALS))
+    assert plan.columns == ((INTERNALS,),)
+
+
+def test_the_window_opens_on_its_screen_not_at_the_origin():
+    second = QRect(1920, 0, 2560, 1440)  # a second monitor right of the first
+    window = layout.first_start_geometry(second)
+    assert second.contains(window)
+    assert window.size().width() <= second.width() and window.height() <= second.height()
+
+
+# -- remembered layouts ------------------------------------------------------------------------
+
+
+def test_a_saved_place_is_kept_moved_or_refused():
+    laptop = QRect(0, 0, 1366, 768)
+    assert layout.place_saved(QRect(10, 10, 1200, 700), laptop) == QRect(10, 10, 1200, 700)
+    moved = layout.place_saved(QRect(3000, 900, 1200, 700), laptop)  # its monitor is gone
+    assert moved is not None and moved.size() == QSize(1200, 700) and laptop.contains(moved)
+    assert layout.place_saved(QRect(0, 0, 3456, 1944), laptop) is None  # made for 4K
+    monitor = QRect(1366, 0, 1920, 1080)
+    kept = layout.place_saved(QRect(1500, 50, 1600, 900), laptop, [laptop, monitor])
+    assert kept == QRect(1500, 50, 1600, 900)  # still on the second monitor
+    assert layout.place_saved(QRect(), laptop) is None
+
+
+def test_a_layout_saved_on_a_large_monitor_is_not_restored_on_a_laptop(open_window):
+    large = open_window(SCREENS["3840x2160"])
+    assert all(on_screen(d) for d in large.internals.docks.values())
+    large.window.close()  # saves the layout
+
+    laptop = SCREENS["1366x768"]
+    small = open_window(laptop)
+    assert laptop.contains(small.window.frameGeometry())
+    assert [n for n, d in small.internals.docks.items() if on_screen(d)] == ["timing"]
+    assert small.window.restore_layout(laptop) is False
+
+
+def test_a_layout_saved_off_screen_is_moved_onto_it(open_window, tmp_path):
+    screen = SCREENS["1920x1080"]
+    first = open_window(screen)
+    first.internals.docks["kv_cache"].close()  # a change of the user's own
+    first.window.close()
+    settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
+    settings.setValue(layout.GEOMETRY_KEY, QRect(2500, 1400, 1200, 700))  # was on a monitor
+    settings.sync()
+
+    again = open_window(screen)
+    assert again.window.geometry().size() == QSize(1200, 700)
+    assert screen.contains(again.window.frameGeometry())
+    assert not again.internals.docks["kv_cache"].isVisible()  # the rest of it was restored
+
+
+def test_a_layout_that_fits_comes_back_as_it_was(open_window):
+    screen = SCREENS["1920x1080"]
+    first = open_window(screen)
+    first.window.setGeometry(QRect(100, 80, 1500, 900))
+    first.window.tabifyDockWidget(
+        first.internals.docks["timing"], first.internals.docks["attention"]
+    )
+    first.window.close()
+
+    again = open_window(screen)
+    assert again.window.geometry() == QRect(100, 80, 1500, 900)
+    tabbed = again.window.tabifiedDockWidgets(again.internals.docks["timing"])
+    assert again.internals.docks["attention"] in tabbed

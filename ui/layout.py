@@ -1,0 +1,297 @@
+"""Fit the window to the screen it opens on: its first size, the default dock arrangement, and
+whether a remembered layout still fits.
+
+Everything here takes the screen's available geometry as an argument (the window's own screen
+by default), so the same logic is tested at any screen size on a headless platform.
+
+The default arrangement (Qt Creator and napari are the models):
+- the chat in the middle keeps CHAT_MIN_WIDTH; settings and conversations on the left;
+- the internals docks on the right in a grid of cells, as many cells as the room allows at
+  about CELL each, the docks without a cell of their own tabbed into the cells: on a laptop
+  every internals panel is a tab of one dock area, on a 4K monitor all of them are visible;
+- every dock's content scrolls once its dock is smaller than the panel's minimum, so docks
+  never overlap whatever the user does with the separators.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from PySide6.QtCore import QByteArray, QEvent, QObject, QRect, QSettings, QSize, Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QWidget
+
+CHAT_MIN_WIDTH = 380  # the chat and the message box below it stay usable
+COMPACT = QSize(1600, 900)  # below either: a single column of tabs on each side
+SIDE_WIDTH = 260  # settings and conversations
+WIDE_SIDE_WIDTH = 320
+CELL = QSize(540, 420)  # the least room one visible internals panel gets by default
+MAX_ROWS = 2  # panels are wide rather than tall: never more than two cells stacked
+CHROME_HEIGHT = 110  # menu bar, toolbar, status bar and dock titles: not for panels
+FULL_SCREEN_BELOW = 2000  # narrower screens get all their available area, wider ones 90 %
+# The smallest a panel is laid out at; a dock smaller than this scrolls it.
+PANEL_MINIMUM = QSize(320, 240)
+PANEL_MINIMA = {"attention": QSize(440, 380), "timing": QSize(360, 420)}
+# Which internals panels get a cell of their own first; the others follow in dock order.
+PRIORITY = ("timing", "attention", "kv_cache", "next_token")
+
+RIGHT = Qt.DockWidgetArea.RightDockWidgetArea
+LEFT = Qt.DockWidgetArea.LeftDockWidgetArea
+
+
+@dataclass(frozen=True)
+class Arrangement:
+    """Where things go on one screen: computed from its available geometry alone."""
+
+    window: QRect
+    side_width: int
+    side_tabbed: bool  # settings and conversations as two tabs rather than stacked
+    internals_width: int
+    columns: tuple[tuple[tuple[str, ...], ...], ...]  # columns of cells; a cell is a tab group
+
+    @property
+    def cells(self) -> int:
+        return sum(len(column) for column in self.columns)
+
+
+def is_compact(available: QRect) -> bool:
+    return available.width() < COMPACT.width() or available.height() < COMPACT.height()
+
+
+def first_start_geometry(available: QRect) -> QRect:
+    """All of a laptop's screen; 90 % of a larger one, centred. Never larger than `available`."""
+    if available.width() < FULL_SCREEN_BELOW:
+        return QRect(available)
+    size = QSize(round(available.width() * 0.9), round(available.height() * 0.9))
+    rect = QRect(available.topLeft(), size)
+    rect.moveCenter(available.center())
+    return rect
+
+
+def arrangement(available: QRect, internals: Sequence[str]) -> Arrangement:
+    """The default layout of the window on a screen with this available geometry.
+
+    `internals` names the internals docks in their menu order (any number of them).
+    """
+    window = first_start_geometry(available)
+    compact = is_compact(available)
+    side = SIDE_WIDTH if compact else WIDE_SIDE_WIDTH
+    rest = window.width() - side
+    internals_width = max(min(round(rest * (0.55 if compact else 0.6)), rest - CHAT_MIN_WIDTH), 0)
+    rows = max(min((window.height() - CHROME_HEIGHT) // CELL.height(), MAX_ROWS), 1)
+    columns = max(internals_width // CELL.width(), 1)
+    cells = min(len(internals), rows * columns)
+    if cells:  # as few columns as hold the cells: a spare column only narrows the others
+        columns = math.ceil(cells / rows)
+    grid = _grid(_cells(internals, cells), columns)
+    return Arrangement(window, side, compact, internals_width, grid)
+
+
+def _cells(names: Sequence[str], count: int) -> list[list[str]]:
+    """`count` tab groups: the first `count` names by PRIORITY head one each, in dock order;
+    every other name joins the group with the fewest tabs so far."""
+    if count == 0:
+        return []
+    ranked = sorted(names, key=lambda n: PRIORITY.index(n) if n in PRIORITY else len(PRIORITY))
+    heads = sorted(ranked[:count], key=names.index)
+    groups = [[head] for head in heads]
+    for name in names:
+        if name not in heads:
+            min(groups, key=len).append(name)
+    return groups
+
+
+def _grid(cells: list[list[str]], columns: int) -> tuple[tuple[tuple[str, ...], ...], ...]:
+    """Cells into columns, top to bottom then left to right, the first columns fullest."""
+    per_column = math.ceil(len(cells) / columns) if cells else 0
+    return tuple(
+        tuple(tuple(cell) for cell in cells[start : start + per_column])
+        for start in range(0, len(cells), per_column or 1)
+    )
+
+
+# -- applying it ---------------------------------------------------------------------------------
+
+
+def available_geometry(widget: QWidget) -> QRect:
+    """The available geometry (without taskbars and panels) of the screen `widget` opens on."""
+    screen = widget.screen() or QGuiApplication.primaryScreen()
+    return screen.availableGeometry()
+
+
+def arrange(
+    window: QMainWindow,
+    internals: Mapping[str, QDockWidget],
+    side: Sequence[QDockWidget],
+    available: QRect,
+) -> Arrangement:
+    """Size and place `window` on `available` and lay its docks out as `arrangement` says."""
+    plan = arrangement(available, list(internals))
+    window.setGeometry(plan.window)
+    _arrange_side(window, side, plan)
+    tops = _arrange_internals(window, internals, plan)
+    firsts = [column[0] for column in tops]
+    if firsts:
+        width = plan.internals_width // len(firsts)
+        widths = [plan.side_width] * min(len(side), 1) + [width] * len(firsts)
+        window.resizeDocks([*side[:1], *firsts], widths, Qt.Orientation.Horizontal)
+    for column in tops:
+        if len(column) > 1:
+            height = plan.window.height() // len(column)
+            window.resizeDocks(column, [height] * len(column), Qt.Orientation.Vertical)
+    return plan
+
+
+def _arrange_side(window: QMainWindow, side: Sequence[QDockWidget], plan: Arrangement) -> None:
+    for dock in side:
+        window.addDockWidget(LEFT, dock, Qt.Orientation.Vertical)
+        dock.show()
+    if plan.side_tabbed and len(side) > 1:
+        for dock in side[1:]:
+            window.tabifyDockWidget(side[0], dock)
+        side[0].raise_()
+    elif len(side) > 1:
+        heights = [round(plan.window.height() * 0.55)] + [plan.window.height() // 3] * (
+            len(side) - 1
+        )
+        window.resizeDocks(list(side), heights, Qt.Orientation.Vertical)
+
+
+def _arrange_internals(
+    window: QMainWindow, docks: Mapping[str, QDockWidget], plan: Arrangement
+) -> list[list[QDockWidget]]:
+    """Place the cells' first docks as a grid, tab the others onto them; the grid's docks."""
+    for dock in docks.values():
+        window.removeDockWidget(dock)  # out of the tab groups they were built in
+    # Columns first, then each split into its rows: splitting a dock that already has a dock
+    # below it would place the new column beside that pair's lower half.
+    grid = [[docks[column[0][0]]] for column in plan.columns]
+    for index, (top,) in enumerate(grid):
+        if index:
+            window.splitDockWidget(grid[index - 1][0], top, Qt.Orientation.Horizontal)
+        else:
+            window.addDockWidget(RIGHT, top)
+        top.show()
+    for tops, column in zip(grid, plan.columns, strict=True):
+        for cell in column[1:]:
+            head = docks[cell[0]]
+            window.splitDockWidget(tops[-1], head, Qt.Orientation.Vertical)
+            head.show()
+            tops.append(head)
+    heads = [dock for column in grid for dock in column]
+    cells = [cell for column in plan.columns for cell in column]
+    for head, cell in zip(heads, cells, strict=True):
+        for name in cell[1:]:
+            window.tabifyDockWidget(head, docks[name])
+            docks[name].show()
+        head.raise_()
+    return grid
+
+
+def scroll_when_small(dock: QDockWidget, minimum: QSize | None = None) -> QScrollArea:
+    """Put the dock's content in a scroll area: below `minimum` it scrolls instead of being
+    squeezed (or spilling over its neighbours, when the docks' minima outgrow the window)."""
+    content = dock.widget()
+    # Never below what its own layout needs: that would squeeze its widgets over each other.
+    content.setMinimumSize(content.minimumSizeHint().expandedTo(minimum or PANEL_MINIMUM))
+    area = QScrollArea()
+    area.setObjectName(f"{dock.objectName()}_scroll")
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setWidget(content)
+    dock.setWidget(area)
+    return area
+
+
+def panel_minimum(name: str) -> QSize:
+    return PANEL_MINIMA.get(name, PANEL_MINIMUM)
+
+
+# -- remembered layouts --------------------------------------------------------------------------
+
+GEOMETRY_KEY = "window/normal_geometry"
+MAXIMIZED_KEY = "window/maximized"
+STATE_KEY = "window/state"
+
+
+def place_saved(saved: QRect, available: QRect, screens: Sequence[QRect] = ()) -> QRect | None:
+    """Where a window saved at `saved` goes now, or None when it no longer fits.
+
+    Still wholly on one of `screens` (available geometries): where it was. Small enough for
+    `available` but off it (its screen unplugged, the resolution lowered): moved onto it.
+    Larger than `available` (saved on a bigger monitor): None, and the caller uses the default
+    for this screen rather than squeezing a layout made for more room.
+    """
+    if not saved.isValid():
+        return None
+    if any(screen.contains(saved) for screen in screens):
+        return QRect(saved)
+    if saved.width() > available.width() or saved.height() > available.height():
+        return None
+    placed = QRect(saved)
+    placed.moveLeft(min(max(saved.left(), available.left()), available.right() - saved.width() + 1))
+    placed.moveTop(min(max(saved.top(), available.top()), available.bottom() - saved.height() + 1))
+    return placed
+
+
+def save(window: QMainWindow, settings: QSettings, version: int) -> None:
+    settings.setValue(GEOMETRY_KEY, window.normalGeometry())
+    settings.setValue(MAXIMIZED_KEY, window.isMaximized())
+    settings.setValue(STATE_KEY, window.saveState(version))
+    settings.sync()
+
+
+def restore(
+    window: QMainWindow,
+    settings: QSettings,
+    version: int,
+    available: QRect,
+    screens: Sequence[QRect] = (),
+) -> bool:
+    """Put the window and its docks back as saved, if that fits; False leaves them untouched."""
+    saved, state = settings.value(GEOMETRY_KEY), settings.value(STATE_KEY)
+    if not isinstance(saved, QRect) or not isinstance(state, QByteArray):
+        return False
+    placed = place_saved(saved, available, screens)
+    if placed is None:
+        return False
+    window.setGeometry(placed)
+    if settings.value(MAXIMIZED_KEY, False, bool):
+        window.setWindowState(window.windowState() | Qt.WindowState.WindowMaximized)
+    return window.restoreState(state, version)
+
+
+def screens_available() -> list[QRect]:
+    return [screen.availableGeometry() for screen in QGuiApplication.screens()]
+
+
+class KeepFrameOnScreen(QObject):
+    """Once the window is shown with its frame (title bar, borders), which a window manager
+    only adds then, shrink and move it so the frame too lies within the available area."""
+
+    def __init__(self, window: QWidget, available: QRect) -> None:
+        super().__init__(window)
+        self._window, self._available = window, QRect(available)
+        window.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self._window and event.type() == QEvent.Type.Show:
+            self._window.removeEventFilter(self)
+            fit_frame(self._window, self._available)
+        return False
+
+
+def fit_frame(window: QWidget, available: QRect) -> None:
+    frame, inner = window.frameGeometry(), window.geometry()
+    if available.contains(frame) or window.isMaximized():
+        return
+    extra_w, extra_h = frame.width() - inner.width(), frame.height() - inner.height()
+    width = min(inner.width(), available.width() - extra_w)
+    height = min(inner.height(), available.height() - extra_h)
+    window.resize(max(width, 1), max(height, 1))
+    window.move(
+        min(max(frame.left(), available.left()), available.right() - width - extra_w + 1),
+        min(max(frame.top(), available.top()), available.bottom() - height - extra_h + 1),
+    )
