@@ -78,7 +78,7 @@ def _fit_to_screen(
     available = screen if screen is not None else layout.available_geometry(window)
     for name, dock in internals.docks.items():
         layout.scroll_when_small(dock, layout.panel_minimum(name))
-    layout.scroll_when_small(window.settings_dock, window.settings_panel.minimumSizeHint())
+    layout.scroll_when_small(window.settings_dock, horizontal=False)
     window.centralWidget().setMinimumWidth(layout.CHAT_MIN_WIDTH)
     layout.arrange(window, internals.docks, [window.settings_dock, sidebar], available)
     window.restore_layout(available)  # now that every dock exists, the saved layout can place them

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QByteArray, QEvent, QObject, QRect, QSettings, QSize, Qt
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QWidget
+from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QStyle, QWidget
 
 CHAT_MIN_WIDTH = 380  # the chat and the message box below it stay usable
 COMPACT = QSize(1600, 900)  # below either: a single column of tabs on each side
@@ -70,14 +70,15 @@ def first_start_geometry(available: QRect) -> QRect:
     return rect
 
 
-def arrangement(available: QRect, internals: Sequence[str]) -> Arrangement:
+def arrangement(available: QRect, internals: Sequence[str], side_minimum: int = 0) -> Arrangement:
     """The default layout of the window on a screen with this available geometry.
 
-    `internals` names the internals docks in their menu order (any number of them).
+    `internals` names the internals docks in their menu order (any number of them);
+    `side_minimum` is the least width the left column's docks take.
     """
     window = first_start_geometry(available)
     compact = is_compact(available)
-    side = SIDE_WIDTH if compact else WIDE_SIDE_WIDTH
+    side = max(SIDE_WIDTH if compact else WIDE_SIDE_WIDTH, side_minimum)
     rest = window.width() - side
     internals_width = max(min(round(rest * (0.55 if compact else 0.6)), rest - CHAT_MIN_WIDTH), 0)
     rows = max(min((window.height() - CHROME_HEIGHT) // CELL.height(), MAX_ROWS), 1)
@@ -128,7 +129,8 @@ def arrange(
     available: QRect,
 ) -> Arrangement:
     """Size and place `window` on `available` and lay its docks out as `arrangement` says."""
-    plan = arrangement(available, list(internals))
+    side_minimum = max((dock.minimumSizeHint().width() for dock in side), default=0)
+    plan = arrangement(available, list(internals), side_minimum)
     window.setGeometry(plan.window)
     _arrange_side(window, side, plan)
     tops = _arrange_internals(window, internals, plan)
@@ -190,17 +192,48 @@ def _arrange_internals(
     return grid
 
 
-def scroll_when_small(dock: QDockWidget, minimum: QSize | None = None) -> QScrollArea:
+class FitOrScroll(QScrollArea):
+    """Lays its widget out at the size of the view, but never below the widget's minimum:
+    beyond that it scrolls. (A plain resizable QScrollArea lays out a widget with wrapped text
+    at its preferred height for the width, so plots that would fit scroll instead.)"""
+
+    def __init__(self, content: QWidget, horizontal: bool = True) -> None:
+        super().__init__()
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setWidget(content)
+        if not horizontal:  # as wide as the content needs, scrolled only up and down
+            self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+            bar = self.style().pixelMetric(QStyle.PixelMetric.PM_ScrollBarExtent)
+            self.setMinimumWidth(needed(content).width() + bar)
+        self.viewport().installEventFilter(self)  # scroll bars shown or hidden resize it
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.viewport() and event.type() == QEvent.Type.Resize:
+            self.fit()
+        return False
+
+    def fit(self) -> None:
+        content = self.widget()
+        size = self.viewport().size().expandedTo(needed(content))
+        if content.size() != size:
+            content.resize(size)
+
+
+def needed(widget: QWidget) -> QSize:
+    return widget.minimumSize().expandedTo(widget.minimumSizeHint())
+
+
+def scroll_when_small(
+    dock: QDockWidget, minimum: QSize | None = None, horizontal: bool = True
+) -> FitOrScroll:
     """Put the dock's content in a scroll area: below `minimum` it scrolls instead of being
-    squeezed (or spilling over its neighbours, when the docks' minima outgrow the window)."""
+    squeezed (or spilling over its neighbours, when the docks' minima outgrow the window).
+    Not `horizontal`: the dock is kept as wide as its content needs."""
     content = dock.widget()
     # Never below what its own layout needs: that would squeeze its widgets over each other.
-    content.setMinimumSize(content.minimumSizeHint().expandedTo(minimum or PANEL_MINIMUM))
-    area = QScrollArea()
+    content.setMinimumSize(needed(content).expandedTo(minimum or PANEL_MINIMUM))
+    area = FitOrScroll(content, horizontal)
     area.setObjectName(f"{dock.objectName()}_scroll")
-    area.setWidgetResizable(True)
-    area.setFrameShape(QFrame.Shape.NoFrame)
-    area.setWidget(content)
     dock.setWidget(area)
     return area
 
