@@ -123,6 +123,9 @@ class MainWindow(QMainWindow):
     event_received = Signal(object)
     events_received = Signal(object)
     conversation_changed = Signal()
+    # Another conversation begins (New chat, or a stored one opened): the replies shown so far
+    # belong to the old one.
+    chat_reset = Signal()
     model_changed = Signal(object)
 
     def __init__(
@@ -314,6 +317,7 @@ class MainWindow(QMainWindow):
         for message in messages:
             self.chat.add_message(message.role, message.content)
         self.backend.reset()
+        self.chat_reset.emit()
         self.conversation_changed.emit()
         self._update_actions()
 
@@ -377,6 +381,7 @@ class MainWindow(QMainWindow):
         self._conversation.clear()
         self.chat.clear()
         self.backend.reset()
+        self.chat_reset.emit()
         self.conversation_changed.emit()
         self._update_actions()
         self.show_status("New chat.")

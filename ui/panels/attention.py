@@ -6,17 +6,19 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, Signal
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QHBoxLayout,
     QLabel,
+    QPushButton,
     QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
+from ui.panels.empty import EmptyState
 from ui.panels.mosaic import (
     MOSAIC_LEVELS,
     MosaicLayout,
@@ -39,6 +41,24 @@ LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of i
 ALL_HEADS = "all heads"
 MOSAIC_BACKGROUND = (0, 0, 0, 255)  # the gaps between tiles: the view's own black
 MEASURES = {"mean max weight": "max", "mean entropy (normalized)": "entropy"}
+MEANINGS = {
+    "max": "how much of a row goes to its single strongest key (1: all of it)",
+    "entropy": "how evenly a row spreads over the keys it sees (1: uniformly, 0: one key)",
+}
+# A tile keeps its rows x keys shape on screen (square cells for the prompt's matrix) unless
+# that would make it flatter than this: then the rows stretch, so a long context's latest
+# rows stay readable.
+FLATTEST_TILE = 0.25
+# Token text on the axes of a head shown alone, once each token gets this many pixels.
+TOKEN_LABEL_PIXELS = 12
+TOKEN_LABEL_CHARACTERS = 8
+EMPTY_MESSAGE = (
+    "<b>Attention</b><br>For each new token, every head of a layer weighs the tokens before "
+    "it. Each head will be a triangle: a row per query token, a column per token it can see, "
+    "brighter where it looks. The prompt fills the triangle at once (prefill); each generated "
+    "token adds a row (decode).<br><br><i>Send a message. Then pick a layer above, hover a "
+    "cell to read a weight, and click a head to see it alone with its tokens.</i>"
+)
 
 
 def colour_table() -> np.ndarray:
@@ -143,6 +163,18 @@ def display_token(text: str) -> str:
     return repr(text)[1:-1] if text.strip() else repr(text)
 
 
+def axis_token(text: str) -> str:
+    shown = display_token(text)
+    if len(shown) <= TOKEN_LABEL_CHARACTERS:
+        return shown
+    return shown[: TOKEN_LABEL_CHARACTERS - 1] + "…"
+
+
+def tile_aspect(rows: int, keys: int) -> float:
+    """A tile's height / width on screen: its rows / keys, but never flatter than FLATTEST_TILE."""
+    return min(max(rows / max(keys, 1), FLATTEST_TILE), 1.0)
+
+
 class AttentionPanel(QWidget):
     """Per-head causal attention of a watched layer as one mosaic, plus a layer x head overview.
 
@@ -182,18 +214,24 @@ class AttentionPanel(QWidget):
         overview_box = QWidget()
         overview_layout = QVBoxLayout(overview_box)
         overview_layout.setContentsMargins(0, 0, 0, 0)
-        overview_layout.addWidget(self.measure_choice)
+        measure_row = QHBoxLayout()
+        measure_row.addWidget(QLabel("Every watched layer × head, coloured by"))
+        measure_row.addWidget(self.measure_choice)
+        measure_row.addStretch(1)
+        overview_layout.addLayout(measure_row)
         overview_layout.addWidget(self.overview, 1)
         overview_layout.addWidget(ReadoutBox(self.overview_caption))
-        splitter = QSplitter()
+        # The overview under the mosaic, at the dock's full width: every head fits at any width.
+        splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(grid_box)
         splitter.addWidget(overview_box)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
+        self.pages = EmptyState(EMPTY_MESSAGE, splitter)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(self._controls)
-        layout.addWidget(splitter, 1)
+        layout.addWidget(self.pages, 1)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -209,6 +247,10 @@ class AttentionPanel(QWidget):
             "instead of 0 to 1: most weights are small beside a few sinks."
         )
         self.per_head_scale.setChecked(True)
+        self.all_heads = QPushButton("← all heads")
+        self.all_heads.setToolTip("Back to every head of the layer (or click the head again)")
+        self.all_heads.clicked.connect(lambda: self.show_head(None))
+        self.all_heads.setVisible(False)
         self.per_head_scale.toggled.connect(lambda _on: self.tracker.mark())
         self.measure_choice = QComboBox()
         self.measure_choice.addItems(list(MEASURES))
@@ -217,23 +259,35 @@ class AttentionPanel(QWidget):
         for label, widget in (("Layer:", self.layer_choice), ("Head:", self.head_choice)):
             self._controls.addWidget(QLabel(label))
             self._controls.addWidget(widget)
+        self._controls.addWidget(self.all_heads)
         self._controls.addWidget(self.per_head_scale)
         self._controls.addStretch(1)
 
     def _build_mosaic(self) -> None:
         self.grid = pg.GraphicsLayoutWidget()
-        self.heads_view = self.grid.addViewBox(row=0, col=0, invertY=True, enableMenu=False)
+        self.heads_view = self.grid.addViewBox(row=1, col=1, invertY=True, enableMenu=False)
         self.heads_view.setMouseEnabled(x=False, y=False)
         self.heads_view.disableAutoRange()  # the range is set when the mosaic's extent changes
+        # Token text along the axes of a head shown alone, when there is room to read it.
+        self.key_axis = pg.AxisItem("top", linkView=self.heads_view)
+        self.query_axis = pg.AxisItem("left", linkView=self.heads_view)
+        self.grid.addItem(self.key_axis, row=0, col=1)
+        self.grid.addItem(self.query_axis, row=1, col=0)
+        for axis in (self.key_axis, self.query_axis):
+            axis.setStyle(tickFont=self.font(), autoReduceTextSpace=True)
+            axis.setVisible(False)
+        self._token_ticks: tuple = ()
         self.mosaic = pg.ImageItem(axisOrder="row-major")
         self.mosaic.setLookupTable(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
         self.heads_view.addItem(self.mosaic)
         self.head_labels: list[pg.TextItem] = []
         self.heads_view.sigResized.connect(self._on_mosaic_resized)
         self.grid.scene().sigMouseMoved.connect(self._on_hover)
+        self.grid.scene().sigMouseClicked.connect(self._on_mosaic_click)
 
     def _build_overview(self) -> None:
-        self.overview = pg.PlotWidget(title="Layer × head")
+        self.overview = pg.PlotWidget()
+        self.overview.setMinimumHeight(90)
         plot = self.overview.getPlotItem()
         plot.setLabel("bottom", "head")
         plot.setLabel("left", "layer")
@@ -270,6 +324,13 @@ class AttentionPanel(QWidget):
         head_index = 0 if head is None else self.head_choice.findData(head)
         if head_index >= 0:
             self.head_choice.setCurrentIndex(head_index)
+        self.tracker.mark()
+
+    def show_head(self, head: int | None) -> None:
+        """One head alone, large, with its tokens; None: every head of the layer again."""
+        index = 0 if head is None else self.head_choice.findData(head)
+        if index >= 0:
+            self.head_choice.setCurrentIndex(index)
         self.tracker.mark()
 
     def describe(self, head: int, row: int, key: int) -> str:
@@ -312,6 +373,8 @@ class AttentionPanel(QWidget):
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
         self._sync_choices()
+        self.pages.show_content(bool(self._state.attention))
+        self.all_heads.setVisible(self.selected_head is not None)
         self._draw_heads()
         self._draw_overview()
         self.tracker.drawn(revisions)
@@ -359,15 +422,16 @@ class AttentionPanel(QWidget):
         head = self.selected_head
         return (head,) if head is not None and head < heads else tuple(range(heads))
 
-    def _tile_grid(self, tiles: int) -> tuple[int, int, int]:
-        """Tile columns for the view's size, and the most cells a tile's height and width need
-        (about one per device pixel)."""
+    def _tile_grid(self, tiles: int, aspect: float) -> tuple[int, int, int]:
+        """Tile columns for the view's size and tiles `aspect` high per unit of width, and the
+        most cells a tile's height and width need (about one per device pixel)."""
         size = self.heads_view.size()
-        columns = best_columns(tiles, size.width(), size.height())
+        columns = best_columns(tiles, size.width(), size.height(), aspect)
         lines = math.ceil(tiles / columns)
+        width = min(size.width() / columns, size.height() / lines / aspect)
         ratio = self.devicePixelRatioF()
-        rows = max(math.ceil(size.height() / lines * ratio), MIN_CELLS)
-        keys = max(math.ceil(size.width() / columns * ratio), MIN_CELLS)
+        rows = max(math.ceil(width * aspect * ratio), MIN_CELLS)
+        keys = max(math.ceil(width * ratio), MIN_CELLS)
         return columns, rows, keys
 
     def _on_mosaic_resized(self) -> None:
@@ -386,7 +450,8 @@ class AttentionPanel(QWidget):
                 )
             return
         slots = self._heads_to_show(rows.heads)
-        columns, max_rows, max_keys = self._tile_grid(len(slots))
+        aspect = tile_aspect(rows.rows, rows.keys)
+        columns, max_rows, max_keys = self._tile_grid(len(slots), aspect)
         matrix, row_factor, key_factor = self._pooled.update(rows, max_rows, max_keys)
         self.pool_factors = (row_factor, key_factor)
         tiles = matrix if len(slots) == rows.heads else matrix[list(slots)]
@@ -403,6 +468,7 @@ class AttentionPanel(QWidget):
         if (layout, pixel, slots) != (self.layout, self._pixel, self.slots):
             self._place(layout, pixel, slots)
         self.tile_scale = scale
+        self._draw_token_axes(rows, slots)
 
     def _place(self, layout: MosaicLayout, pixel: tuple[float, float], slots: tuple) -> None:
         """Size the image and the view to a new extent; put each head's label on its tile."""
@@ -411,6 +477,11 @@ class AttentionPanel(QWidget):
         height, width = layout.shape
         rect = QRectF(0, 0, width * key_size, height * row_size)
         self.mosaic.setRect(rect)
+        # Tiles keep their rows x keys shape on screen (square cells), or FLATTEST_TILE when
+        # flatter. The lock is in view units per pixel: x (keys) over y (rows).
+        tile_height, tile_width = layout.tile_shape
+        shape = tile_height * row_size / (tile_width * key_size)  # rows per key in a tile
+        self.heads_view.setAspectLocked(True, ratio=shape / min(max(shape, FLATTEST_TILE), 1.0))
         self.heads_view.setRange(rect, padding=0)
         while len(self.head_labels) < len(slots):
             label = pg.TextItem(color=(255, 255, 255), fill=(0, 0, 0, 150), anchor=(1, 0))
@@ -425,7 +496,44 @@ class AttentionPanel(QWidget):
                 label.setText(f"head {slots[slot]}")
                 label.setPos((x + tile_width) * key_size, y * row_size)
 
+    def _draw_token_axes(self, rows: AttentionRows, slots: tuple[int, ...]) -> None:
+        """Token text on the axes of a lone head when each token has room; else hover only."""
+        size = self.heads_view.size()
+        readable = (
+            len(slots) == 1
+            and self.pool_factors == (1, 1)
+            and min(size.width(), size.height() / tile_aspect(rows.rows, rows.keys))
+            >= TOKEN_LABEL_PIXELS * rows.keys
+        )
+        key = (rows.serial, rows.rows, rows.keys, rows.dropped) if readable else ()
+        if key == self._token_ticks:
+            return
+        self._token_ticks = key
+        for axis in (self.key_axis, self.query_axis):
+            axis.setVisible(readable)
+        if not readable:
+            return
+        text = self._state.token_text
+        keys = [(k + 0.5, axis_token(text(k))) for k in range(rows.keys)]
+        queries = [(r + 0.5, axis_token(text(int(p)))) for r, p in enumerate(rows.positions)]
+        self.key_axis.setTicks([keys])
+        self.query_axis.setTicks([queries])
+
+    def _on_mosaic_click(self, event) -> None:
+        """A click on a head's tile shows it alone; a click on a lone head shows them all."""
+        position = event.scenePos()
+        if not self.heads_view.sceneBoundingRect().contains(position):
+            return
+        cell = self.cell_at(self.heads_view.mapSceneToView(position))
+        if cell is None:
+            return
+        self.show_head(None if self.selected_head is not None else cell[0])
+
     def _clear_mosaic(self) -> None:
+        if self._token_ticks:
+            self._token_ticks = ()
+            for axis in (self.key_axis, self.query_axis):
+                axis.setVisible(False)
         if self.mosaic.image is not None:
             self.mosaic.clear()
         for label in self.head_labels:
@@ -462,8 +570,9 @@ class AttentionPanel(QWidget):
         high = max(high, low + 1e-6)  # spread the colours over the values present
         self.overview_image.setImage(grid, levels=(low, high), autoLevels=False)
         self.overview_caption.setText(
-            f"{self.measure_choice.currentText()} per head over this reply's rows: "
-            f"dark {low:.3g}, bright {high:.3g}. Click a cell to open that head."
+            f"Colour: {self.measure_choice.currentText()} per head over this reply's rows, "
+            f"{MEANINGS[measure]}. Dark {low:.3g}, bright {high:.3g}. Click a cell to open "
+            "that head."
         )
         if (layers, heads) != self._overview_key:  # ticks and range change with the shape only
             self._overview_key = (layers, heads)

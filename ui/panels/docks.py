@@ -16,7 +16,7 @@ from ui.panels.attention import AttentionPanel
 from ui.panels.kv_cache import KvCachePanel
 from ui.panels.next_token import NextTokenPanel
 from ui.panels.roofline import RooflinePanel
-from ui.panels.state import InternalsState, Peaks
+from ui.panels.state import InternalsState
 from ui.panels.timing import TimingPanel
 
 FRAME_MS = 33  # about 30 redraws a second at most
@@ -114,10 +114,6 @@ class InternalsView(QObject):
 
     def compare_with_previous(self, enabled: bool) -> None:
         self.timing.compare_with_previous(enabled)
-
-    def set_peaks(self, peaks: Peaks) -> None:
-        """The machine's measured peaks (measured again on demand), for the roofline."""
-        self.state.set_peaks(peaks)
 
     def clear(self) -> None:
         """A new chat: forget every reply, keep the model and the watched layers."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -16,6 +18,7 @@ from PySide6.QtWidgets import (
 
 from engine.events import ModelInfo
 from engine.kv_cache import formula_bytes, mha_bytes, sliding_tokens
+from ui.panels.empty import EmptyState
 from ui.panels.ranges import AxisLimit, decimate, growing_curve
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
@@ -24,6 +27,13 @@ from ui.panels.state import KV, InternalsState
 TOTAL = "all layers (total)"
 STACKED = "stacked by layer"
 MATCH_TOLERANCE = 0.01  # the measured size may include a little bookkeeping
+
+EMPTY_MESSAGE = (
+    "<b>KV cache</b><br>Every token the model reads or writes leaves its keys and values in "
+    "each layer's cache, so later tokens look them up instead of recomputing them. The curve "
+    "will show the cache growing token by token, measured from the real tensors, beside the "
+    "formula on the right.<br><br><i>Send a message to watch it grow.</i>"
+)
 
 
 def human_bytes(count: float) -> str:
@@ -60,7 +70,7 @@ def formula_text(info: ModelInfo, tokens: int, measured: int | None) -> str:
             f"= {total:,} bytes ({human_bytes(total)})",
         ]
     lines.append(_measured_line(total, measured))
-    lines.append(_grouped_query_line(info, tokens, total))
+    lines.extend(sharing_lines(info, tokens))
     return "\n".join(lines)
 
 
@@ -77,20 +87,31 @@ def _measured_line(expected: int, measured: int | None) -> str:
     )
 
 
-def _grouped_query_line(info: ModelInfo, tokens: int, total: int) -> str:
-    if info.kv_heads >= info.heads:
-        return (
-            f"Multi-head attention: each of the {info.heads} query heads has its own K/V head, "
-            "so there is nothing to share."
-        )
-    full = mha_bytes(info, tokens)
-    ratio = info.heads / info.kv_heads
-    kind = "Multi-query" if info.kv_heads == 1 else "Grouped-query"
-    return (
-        f"With one K/V head per query head ({info.heads} heads) it would take "
-        f"{human_bytes(full)}: {kind.lower()} attention saves {human_bytes(full - total)} "
-        f"({info.heads}/{info.kv_heads} = {ratio:g}x)."
+def sharing_lines(info: ModelInfo, tokens: int) -> list[str]:
+    """The same cache with one K/V head per query head (MHA), this model's, and one K/V head
+    for all (MQA): what sharing K/V heads between query heads saves."""
+    count = tokens or info.max_context  # before a reply: what a full context would take
+    where = f"{count:,} tokens" if tokens else f"a full {count:,}-token context"
+    total = formula_bytes(info, count)
+    mha = mha_bytes(info, count)
+    mqa = formula_bytes(replace(info, kv_heads=1), count)
+    heads, kv_heads = info.heads, info.kv_heads
+    lines = [f"The cache for {where}, by how many K/V heads the {heads} query heads share:"]
+    lines.append(
+        f"• multi-head attention, {heads} K/V heads: {human_bytes(mha)}"
+        + (" (this model)" if kv_heads >= heads else "")
     )
+    saving = f"{human_bytes(mha - total)} ({heads}/{kv_heads} = {heads / kv_heads:g}x)"
+    if 1 < kv_heads < heads:
+        lines.append(
+            f"• grouped-query attention, {kv_heads} K/V heads: {human_bytes(total)} (this "
+            f"model): grouped-query attention saves {saving}"
+        )
+    mqa_line = f"• multi-query attention, 1 K/V head: {human_bytes(mqa)}"
+    if kv_heads == 1 and heads > 1:
+        mqa_line += f" (this model): multi-query attention saves {saving}"
+    lines.append(mqa_line)
+    return lines
 
 
 class KvCachePanel(QWidget):
@@ -125,16 +146,19 @@ class KvCachePanel(QWidget):
         controls = QHBoxLayout()
         controls.addWidget(QLabel("Show:"))
         controls.addWidget(self.view_choice, 1)
-        left = QVBoxLayout()
+        chart = QWidget()
+        left = QVBoxLayout(chart)
+        left.setContentsMargins(0, 0, 0, 0)
         left.addLayout(controls)
         left.addWidget(self.plot_widget, 1)
+        self.pages = EmptyState(EMPTY_MESSAGE, chart)
         right = QVBoxLayout()
         right.addWidget(ReadoutBox(self.formula))
         right.addWidget(self.context)
         right.addStretch(1)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addLayout(left, 3)
+        layout.addWidget(self.pages, 3)
         layout.addLayout(right, 2)
 
     # -- public ----------------------------------------------------------------------------
@@ -154,6 +178,7 @@ class KvCachePanel(QWidget):
         revisions = self.tracker.snapshot()
         if self.tracker.model_changed:
             self._rebuild_for_model()
+        self.pages.show_content(len(self._state.kv_tokens) > 0)
         self._draw_curves()
         self._draw_text()
         self.tracker.drawn(revisions)

@@ -27,18 +27,19 @@ LEVEL_EDGES = np.logspace(-5.0, 0.0, LEVEL_BINS + 1).astype(np.float32)
 LEVEL_EDGES[0] = 0.0  # every nonzero weight falls in a bin
 
 
-def best_columns(tiles: int, width: float, height: float) -> int:
+def best_columns(tiles: int, width: float, height: float, aspect: float = 1.0) -> int:
     """The number of tile columns whose tiles are largest on a `width` x `height` screen area.
 
-    A tile's on-screen size is (width / columns, height / rows); the smaller side is what the
-    eye has to read, so maximise it (ties: fewer columns). Square-ish tiles win when they fit.
+    Each tile keeps `aspect` (its height / its width): with `columns` per line it is at most
+    width / columns wide and height / lines / aspect wide; maximise that width (ties: fewer
+    columns), so square-ish tiles win when they fit.
     """
     if tiles <= 1 or width <= 0 or height <= 0:
         return 1
     best, best_side = 1, -1.0
     for columns in range(1, tiles + 1):
         rows = math.ceil(tiles / columns)
-        side = min(width / columns, height / rows)
+        side = min(width / columns, height / rows / aspect)
         if side > best_side + 1e-9:
             best, best_side = columns, side
     return best

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import Candidate
+from ui.panels.empty import EmptyState
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import NEXT_TOKEN, InternalsState
@@ -37,10 +38,32 @@ STRIP_TOKENS = 128
 # regenerated both axes) on every token. Longer labels are cut with an ellipsis.
 LABEL_CHARACTERS = 16
 
+EMPTY_MESSAGE = (
+    "<b>Next token</b><br>At every step the model gives each token of its vocabulary a "
+    "probability; the sampler then draws one. The bars will show the top candidates, as the "
+    "model scored them and after temperature, top-k and top-p.<br><br><i>Send a message, "
+    "then click any token of the reply to see the step that chose it.</i>"
+)
+
 
 def token_label(text: str) -> str:
     shown = repr(text)[1:-1]
     return shown if shown.strip() else repr(text)
+
+
+def swatch(colour: tuple[int, int, int], text: str) -> str:
+    red, green, blue = colour
+    return f"<span style='color:rgb({red},{green},{blue})'>■</span>&nbsp;{text}"
+
+
+def key_html() -> str:
+    return " &nbsp; ".join(
+        (
+            swatch(PROB_BRUSH, "model probability"),
+            swatch(SAMPLED_BRUSH, "after temperature / top-k / top-p"),
+            swatch(CHOSEN_PROB_BRUSH, "the token chosen"),
+        )
+    )
 
 
 def axis_label(text: str) -> str:
@@ -85,26 +108,33 @@ class NextTokenPanel(QWidget):
         plot.getAxis("left").setWidth(QFontMetrics(self.font()).horizontalAdvance(typical) + 16)
         plot.disableAutoRange()  # the bars' range is set when their count changes
         plot.setMouseEnabled(x=False, y=False)
-        legend = plot.addLegend(offset=(-5, 5))
         self.prob_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=BAR_HEIGHT, brush=PROB_BRUSH)
         self.sampled_bars = pg.BarGraphItem(
             x0=[], y=[], width=[], height=BAR_HEIGHT, brush=SAMPLED_BRUSH
         )
         plot.addItem(self.prob_bars)
         plot.addItem(self.sampled_bars)
-        legend.addItem(self.prob_bars, "model probability")
-        legend.addItem(self.sampled_bars, "after temperature / top-k / top-p")
+        # The key sits above the chart: inside it, a legend covered the longest bars.
+        self.key = QLabel(key_html())
+        self.key.setTextFormat(Qt.TextFormat.RichText)
+        self.key.setWordWrap(True)
         browse = QHBoxLayout()
         browse.addWidget(QLabel("Step:"))
         browse.addWidget(self.slider, 1)
         browse.addWidget(self.spin)
         browse.addWidget(self.follow)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(4, 4, 4, 4)
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(browse)
         layout.addWidget(ReadoutBox(self.summary))
         layout.addWidget(self.tokens)
+        layout.addWidget(self.key)
         layout.addWidget(self.plot_widget, 1)
+        self.pages = EmptyState(EMPTY_MESSAGE, content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(4, 4, 4, 4)
+        outer.addWidget(self.pages)
 
     # -- public ----------------------------------------------------------------------------
 
@@ -125,6 +155,7 @@ class NextTokenPanel(QWidget):
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
         steps = self._state.steps
+        self.pages.show_content(steps > 0)
         for widget in (self.slider, self.spin):
             widget.blockSignals(True)
             widget.setRange(0, max(steps - 1, 0))
@@ -220,6 +251,9 @@ class NextTokenPanel(QWidget):
         if count != self._bar_count:  # the range follows the number of candidates only
             self._bar_count = count
             plot.setYRange(-0.5, max(count, 1) - 0.5, padding=0.02)
+            # A row per candidate at least a line of text high: labels never overlap.
+            line = QFontMetrics(self.font()).height() + 2
+            self.plot_widget.setMinimumHeight(max(count, 3) * line + 70)
 
     def _summary(self, step: int, candidates: tuple[Candidate, ...], chosen: int) -> str:
         piece = self._state.token_text(self._state.prompt_tokens + step)

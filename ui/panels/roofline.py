@@ -17,10 +17,11 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from engine.events import Peaks, Roofline
 from ui.panels.empty import EmptyState
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
-from ui.panels.state import ROOFLINE, InternalsState, Peaks, PhaseRoofline
+from ui.panels.state import ROOFLINE, InternalsState
 
 # The decode cloud keeps the latest steps: one symbol each, so a frame's cost stays bounded.
 DECODE_POINTS = 512
@@ -52,7 +53,7 @@ def si(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
-def phase_sentence(phase: str, roofline: PhaseRoofline, peaks: Peaks | None) -> str:
+def phase_sentence(phase: str, roofline: Roofline, peaks: Peaks | None) -> str:
     """E.g. "decode: 1.9 FLOP/byte, 71% of measured bandwidth: memory-bound"."""
     head = f"{phase}: {roofline.intensity:.3g} FLOP/byte"
     achieved = f"{si(roofline.flops_per_s, 'FLOP/s')}, {si(roofline.bytes_per_s, 'B/s')}"

@@ -11,6 +11,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
+from ui.panels.empty import EmptyState
 from ui.panels.ranges import AxisLimit, decimate, growing_curve
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
@@ -34,6 +35,14 @@ MAX_TURN_LABELS = 12
 REUSED_BRUSH = (160, 160, 160)
 
 PROCESSED_BRUSH = (66, 133, 244)
+
+EMPTY_MESSAGE = (
+    "<b>Timing</b><br>Where a reply's time goes. <i>Prefill</i> reads the whole prompt in one "
+    "parallel pass: it ends with the first token (time to first token). <i>Decode</i> then "
+    "makes one token per step, each step a pass over all the weights for a single token."
+    "<br><br><i>Send a message to see its timeline, the latency of every decode step and, "
+    "turn by turn, how much of the prompt the KV cache saved from being prefilled again.</i>"
+)
 
 
 def cache_label(use_cache: bool) -> str:
@@ -96,8 +105,9 @@ class TimingPanel(QWidget):
         self.numbers.setWordWrap(True)
         self.compare = QCheckBox("Compare with the previous reply")
         self.compare.toggled.connect(self._on_compare)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(4, 4, 4, 4)
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(ReadoutBox(self.numbers))
         layout.addWidget(self._build_timeline(), 2)
         layout.addWidget(self.compare)
@@ -109,6 +119,10 @@ class TimingPanel(QWidget):
         )
         self.caption.setWordWrap(True)
         layout.addWidget(self.caption)
+        self.pages = EmptyState(EMPTY_MESSAGE, content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(4, 4, 4, 4)
+        outer.addWidget(self.pages)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -197,6 +211,7 @@ class TimingPanel(QWidget):
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
         reply = self._state.reply
+        self.pages.show_content(reply is not None or self._state.last_error is not None)
         self.numbers.setText(summary_html(reply, self._state.last_error))
         self._draw_timeline()
         self._draw_steps(reply)

@@ -17,7 +17,7 @@ from ui.panels.state.internals import (
     InternalsState,
 )
 from ui.panels.state.reply import Reply
-from ui.panels.state.roofline import Peaks, PhaseRoofline, RooflineTrace
+from ui.panels.state.roofline import RooflineTrace
 
 __all__ = [
     "ATTENTION",
@@ -31,8 +31,6 @@ __all__ = [
     "GrowableArray",
     "HeadStats",
     "InternalsState",
-    "Peaks",
-    "PhaseRoofline",
     "Reply",
     "RooflineTrace",
 ]

@@ -11,12 +11,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.events import Candidate, Event, Failed, Finished, ModelInfo, PrefillDone, Token
+from engine.events import (
+    Candidate,
+    Event,
+    Failed,
+    Finished,
+    ModelInfo,
+    Peaks,
+    PrefillDone,
+    Token,
+)
 from engine.kv_cache import formula_bytes
 from ui.panels.state.arrays import GrowableArray
 from ui.panels.state.attention import AttentionRows, HeadStats
 from ui.panels.state.reply import Reply
-from ui.panels.state.roofline import Peaks, RooflineTrace, roofline_of
+from ui.panels.state.roofline import RooflineTrace
 
 # Revision keys: each panel follows one of them.
 TIMING = "timing"
@@ -35,7 +44,6 @@ class InternalsState:
         self.max_attention_rows = max_attention_rows
         self.revisions: dict[str, int] = dict.fromkeys(KEYS, 0)
         self.info: ModelInfo | None = None
-        self.peaks: Peaks | None = None
         self.watched_layers: tuple[int, ...] = ()
         self._next_curve_label: str | None = None
         self.clear()
@@ -64,15 +72,7 @@ class InternalsState:
 
     def set_model(self, info: ModelInfo) -> None:
         self.info = info
-        peaks = getattr(info, "peaks", None)  # measured by the engine that loaded the model
-        if peaks is not None:
-            self.peaks = peaks
         self.clear()
-
-    def set_peaks(self, peaks: Peaks) -> None:
-        """The machine's measured peaks, the roofline's slope and ceiling."""
-        self.peaks = peaks
-        self._bump(ROOFLINE)
 
     def set_watched_layers(self, layers: Sequence[int]) -> None:
         self.watched_layers = tuple(layers)
@@ -130,9 +130,8 @@ class InternalsState:
     def _on_prefill(self, event: PrefillDone) -> None:
         reply = self._begin_reply()
         reply.add_prefill(event)
-        roofline = roofline_of(event)
-        if roofline is not None:
-            self.roofline.add_prefill(reply.turn, roofline)
+        if event.roofline is not None:
+            self.roofline.add_prefill(reply.turn, event.roofline)
         self.prompt_tokens = event.prompt_tokens
         self.token_texts = list(event.token_texts)
         self.text_offset = event.prompt_tokens - len(event.token_texts)
@@ -157,9 +156,8 @@ class InternalsState:
     def _on_token(self, event: Token) -> None:
         reply = self.reply if self._open and self.reply else self._begin_reply()
         reply.add_token(event)
-        roofline = roofline_of(event)
-        if roofline is not None and event.index > 0:  # token 0 came from the prefill pass
-            self.roofline.add_decode(roofline)
+        if event.roofline is not None:  # None for token 0: the prefill pass made its logits
+            self.roofline.add_decode(event.roofline)
             self._bump(ROOFLINE)
         # Token i was sampled after the cache held the prompt and the i tokens before it.
         self._add_kv_point(
@@ -233,6 +231,11 @@ class InternalsState:
         if 0 <= index < len(self.token_texts):
             return self.token_texts[index]
         return "?"
+
+    @property
+    def peaks(self) -> Peaks | None:
+        """The machine's measured peaks, from the engine that loaded the model."""
+        return self.info.peaks if self.info is not None else None
 
     @property
     def cache_tokens(self) -> int:
