@@ -24,6 +24,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QStyle, QWidget
 
 CHAT_MIN_WIDTH = 380  # the chat and the message box below it stay usable
+CHAT_WIDTH = 960  # lines longer than this read badly: on wide screens the panels get the rest
 COMPACT = QSize(1600, 900)  # below either: a single column of tabs on each side
 SIDE_WIDTH = 260  # settings and conversations
 WIDE_SIDE_WIDTH = 320
@@ -80,7 +81,8 @@ def arrangement(available: QRect, internals: Sequence[str], side_minimum: int = 
     compact = is_compact(available)
     side = max(SIDE_WIDTH if compact else WIDE_SIDE_WIDTH, side_minimum)
     rest = window.width() - side
-    internals_width = max(min(round(rest * (0.55 if compact else 0.6)), rest - CHAT_MIN_WIDTH), 0)
+    share = max(round(rest * (0.55 if compact else 0.6)), rest - CHAT_WIDTH)
+    internals_width = max(min(share, rest - CHAT_MIN_WIDTH), 0)
     rows = max(min((window.height() - CHROME_HEIGHT) // CELL.height(), MAX_ROWS), 1)
     columns = max(internals_width // CELL.width(), 1)
     cells = min(len(internals), rows * columns)
