@@ -1,9 +1,6 @@
-"""A terminal chat kept in the conversation store, message by message, as the window keeps it.
-
-The conversation is created with its first message (titled from it, with the model, system
-prompt and settings). Each user message is committed before its reply starts; the reply is
-saved about once a second while it streams, marked incomplete, and completed with its stats
-when it ends. A process killed mid-reply loses at most the last second of that reply.
+"""A terminal chat kept in the conversation store, message by message, as the window keeps it
+(the rules are app.recorder's: a conversation per first message, each reply begun at prefill,
+saved about once a second while it streams and completed with its stats).
 
 A store that fails mid-chat (locked for too long, disk full) costs the record, not the chat:
 one line on stderr, and the chat goes on unsaved.
@@ -15,17 +12,13 @@ import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from app import paths
-from app.store import ConversationStore, ReplySaver, settings_to_dict, stats_from_finished
-from engine.events import Event, Finished, PrefillDone, Token
+from app.recorder import ConversationRecorder
+from app.store import ConversationStore, settings_to_dict
+from engine.events import Event
 from engine.settings import GenerationSettings
-
-TITLE_CHARS = 48  # as the window titles a conversation from its first message
-
-
-def title_from(first_message: str) -> str:
-    return " ".join(first_message.split())[:TITLE_CHARS]
 
 
 def warn(text: str) -> None:
@@ -63,68 +56,55 @@ class ChatLog:
         settings: GenerationSettings,
         report: Callable[[str], None] = warn,
     ) -> None:
-        self.store = store
         self.model = model
         self.system_prompt = system_prompt
         self.settings = settings_to_dict(settings)
-        self.conversation_id: int | None = None
+        self._recorder = ConversationRecorder(store) if store is not None else None
         self._report = report
-        self._saver: ReplySaver | None = None
+
+    @property
+    def store(self) -> ConversationStore | None:
+        return self._recorder.store if self._recorder is not None else None
+
+    @property
+    def conversation_id(self) -> int | None:
+        return self._recorder.conversation_id if self._recorder is not None else None
 
     def user(self, text: str) -> None:
         """Commit a user message, starting the conversation with the first one."""
-        self._safely(self._add_user, text)
+        if self._recorder is not None:
+            self._safely(
+                self._recorder.add_user,
+                text, model=self.model, system_prompt=self.system_prompt, settings=self.settings,
+            )  # fmt: skip
 
     def record(self, event: Event) -> None:
         """Follow the reply: begun at prefill, saved as it streams, completed when it ends."""
-        self._safely(self._record, event)
+        if self._recorder is not None:
+            self._safely(self._recorder.record, event, model=self.model, settings=self.settings)
 
     def interrupted(self) -> None:
         """Save what streamed so far now; the reply stays incomplete."""
-        saver, self._saver = self._saver, None
-        if saver is not None:
-            self._safely(saver.flush)
+        if self._recorder is not None:
+            self._safely(self._recorder.interrupted)
 
     def new_conversation(self) -> None:
         """The next message starts another conversation (the terminal's /new)."""
-        self.interrupted()
-        self.conversation_id = None
+        if self._recorder is not None:
+            self._safely(self._recorder.open, None)
 
     def close(self) -> None:
         self.interrupted()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        if self._recorder is not None:
+            self._recorder.store.close()
+            self._recorder = None
 
-    def _add_user(self, text: str) -> None:
-        if self.conversation_id is None:
-            self.conversation_id = self.store.create_conversation(
-                title_from(text),
-                model=self.model,
-                system_prompt=self.system_prompt,
-                settings=self.settings,
-            )
-        self.store.add_message(
-            self.conversation_id, "user", text, model=self.model, settings=self.settings
-        )
-
-    def _record(self, event: Event) -> None:
-        if isinstance(event, PrefillDone) and self.conversation_id is not None:
-            reply = self.store.begin_reply(self.conversation_id, self.model, self.settings)
-            self._saver = ReplySaver(self.store, reply)
-        elif isinstance(event, Token) and self._saver is not None:
-            self._saver.append(event.text)
-        elif isinstance(event, Finished) and self._saver is not None:
-            saver, self._saver = self._saver, None
-            saver.finish(stats_from_finished(event), event.text)
-
-    def _safely(self, action: Callable[..., object], *args: object) -> None:
-        if self.store is None:
-            return
+    def _safely(self, call: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        """Call the recorder; a store error stops the saving, not the chat."""
         try:
-            action(*args)
+            call(*args, **kwargs)
         except sqlite3.Error as error:
             self._report(f"saving this chat failed ({error}); it goes on unsaved")
-            self._saver = None
-            self.store.close()
-            self.store = None
+            if self._recorder is not None:
+                self._recorder.store.close()
+            self._recorder = None

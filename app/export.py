@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from app.store import Conversation, ConversationStore, StoredMessage
+from ui.reply_stats import stats_line
 
 ExportFormat = Literal["md", "json"]
 FORMATS: tuple[ExportFormat, ...] = ("md", "json")
@@ -25,25 +26,6 @@ def _iso(moment: float | None) -> str | None:
 
 def _local(moment: float) -> str:
     return datetime.fromtimestamp(moment).astimezone().strftime("%Y-%m-%d %H:%M %Z").strip()
-
-
-def stats_line(stats: Mapping[str, Any]) -> str:
-    """A reply's numbers in one line, e.g. "42 prompt tokens (30 reused) · 20 generated · ..."."""
-    parts: list[str] = []
-    if "prompt_tokens" in stats:
-        reused = stats.get("reused_tokens", 0)
-        parts.append(
-            f"{stats['prompt_tokens']} prompt tokens" + (f" ({reused} reused)" if reused else "")
-        )
-    if "generated_tokens" in stats:
-        parts.append(f"{stats['generated_tokens']} generated")
-    if "ttft_s" in stats:
-        parts.append(f"first token {stats['ttft_s']:.2f} s")
-    if stats.get("decode_tokens_per_s"):
-        parts.append(f"{stats['decode_tokens_per_s']:.1f} tokens/s")
-    if "finish_reason" in stats:
-        parts.append(f"stopped: {stats['finish_reason']}")
-    return " · ".join(parts)
 
 
 def _message_markdown(message: StoredMessage) -> str:

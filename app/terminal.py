@@ -22,6 +22,7 @@ from engine.serialize import event_to_dict, plain
 from engine.session import ChatSession
 from engine.settings import Message, ProbeSettings, SettingsError, parse_layers
 from engine.trace import TraceRecorder
+from ui.reply_stats import finished_stats, stats_line
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -137,12 +138,7 @@ def _show(event, as_json: bool) -> None:
     elif isinstance(event, Failed):
         print(f"\n[{event.message}]", file=sys.stderr)
     elif isinstance(event, Finished):
-        print(
-            f"\n[{event.reason}: {event.generated_tokens} tokens,"
-            f" TTFT {event.ttft_s * 1000:.0f} ms, {event.decode_tokens_per_s:.1f} tokens/s,"
-            f" {event.reused_tokens} cached]",
-            file=sys.stderr,
-        )
+        print(f"\n[{stats_line(finished_stats(event))}]", file=sys.stderr)
     elif isinstance(event, PrefillDone):
         pass
 

@@ -10,13 +10,13 @@ import pytest
 from app.export import (
     export_conversation,
     render,
-    stats_line,
     suggested_filename,
     to_json,
     to_markdown,
 )
 from app.store import ConversationStore, ReplySaver
 from engine.settings import GenerationSettings
+from ui.reply_stats import stats_line
 
 START = 1_700_000_000.0
 STATS = {
@@ -72,8 +72,7 @@ def test_markdown_has_title_roles_text_and_stats(store, chat):
     assert "Be brief." in lines and "Plan a day in **Rome**" in lines
     assert "Start at the Colosseum." in lines
     assert (
-        "*SmolLM2-135M · 42 prompt tokens (30 reused) · 21 generated · first token 0.12 s"
-        " · 20.0 tokens/s · stopped: eos*"
+        "*SmolLM2-135M · 42-token prompt (30 reused) · 21 tokens · TTFT 0.12 s · 20.0 tok/s*"
     ) in lines
     assert "Trastevere for" in lines
     assert lines[-1] == "*SmolLM2-135M · incomplete: the reply was interrupted*"
@@ -82,8 +81,9 @@ def test_markdown_has_title_roles_text_and_stats(store, chat):
 
 def test_stats_line_leaves_out_what_is_missing():
     assert stats_line({}) == ""
-    assert stats_line({"prompt_tokens": 5, "reused_tokens": 0}) == "5 prompt tokens"
-    assert stats_line({"generated_tokens": 1, "decode_tokens_per_s": 0.0}) == "1 generated"
+    assert stats_line({"prompt_tokens": 5, "reused_tokens": 0}) == "5-token prompt"
+    assert stats_line({"generated_tokens": 1, "decode_tokens_per_s": 0.0}) == "1 token"
+    assert stats_line({"finish_reason": "length", "ttft_s": 0.5}) == "TTFT 0.50 s · length limit"
 
 
 def test_json_holds_every_field(store, chat):
