@@ -267,3 +267,15 @@ def test_next_token_key_sits_outside_the_bars(view, rng):
     line = panel.fontMetrics().height()
     rows = len(view.state.top_k[-1])
     assert plot.vb.height() >= rows * line  # a row per candidate at least a line high
+
+
+def test_timeline_key_sits_outside_the_timeline(view, rng):
+    show(view, "timing")
+    run_reply(view, rng, count=3)
+    view.redraw(force=True)
+    timing = view.timing
+    assert timing.timeline.getPlotItem().legend is None  # nothing drawn over the time axis
+    assert [name in timing.phase_key.text() for name in ("tokenize", "prefill", "decode")] == [
+        True
+    ] * 3
+    assert timing.phase_key.isVisible()

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from engine.events import Candidate
 from ui.panels.empty import EmptyState
+from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import NEXT_TOKEN, InternalsState
@@ -49,21 +50,6 @@ EMPTY_MESSAGE = (
 def token_label(text: str) -> str:
     shown = repr(text)[1:-1]
     return shown if shown.strip() else repr(text)
-
-
-def swatch(colour: tuple[int, int, int], text: str) -> str:
-    red, green, blue = colour
-    return f"<span style='color:rgb({red},{green},{blue})'>■</span>&nbsp;{text}"
-
-
-def key_html() -> str:
-    return " &nbsp; ".join(
-        (
-            swatch(PROB_BRUSH, "model probability"),
-            swatch(SAMPLED_BRUSH, "after temperature / top-k / top-p"),
-            swatch(CHOSEN_PROB_BRUSH, "the token chosen"),
-        )
-    )
 
 
 def axis_label(text: str) -> str:
@@ -115,9 +101,13 @@ class NextTokenPanel(QWidget):
         plot.addItem(self.prob_bars)
         plot.addItem(self.sampled_bars)
         # The key sits above the chart: inside it, a legend covered the longest bars.
-        self.key = QLabel(key_html())
-        self.key.setTextFormat(Qt.TextFormat.RichText)
-        self.key.setWordWrap(True)
+        self.key = key_label(
+            (
+                (PROB_BRUSH, "model probability"),
+                (SAMPLED_BRUSH, "after temperature / top-k / top-p"),
+                (CHOSEN_PROB_BRUSH, "the token chosen"),
+            )
+        )
         browse = QHBoxLayout()
         browse.addWidget(QLabel("Step:"))
         browse.addWidget(self.slider, 1)

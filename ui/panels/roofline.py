@@ -86,6 +86,11 @@ def decade_range(values: list[float]) -> tuple[int, int]:
     return math.floor(min(logs) - MARGIN_DECADES), math.ceil(max(logs) + MARGIN_DECADES)
 
 
+def decade_ticks(low: int, high: int, unit: str) -> list[tuple[float, str]]:
+    """(log10 position, label) for each power of ten from 10**low to 10**high."""
+    return [(float(power), si(10.0**power, unit).strip()) for power in range(low, high + 1)]
+
+
 class RooflinePanel(QWidget):
     """The roofline chart, one sentence per phase and how the peaks were measured."""
 
@@ -100,6 +105,8 @@ class RooflinePanel(QWidget):
         plot.setLogMode(x=True, y=True)
         plot.setLabel("bottom", "arithmetic intensity (FLOP per byte moved)")
         plot.setLabel("left", "achieved FLOP/s")
+        for side in ("left", "bottom"):
+            plot.getAxis(side).enableAutoSIPrefix(False)
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setMouseEnabled(x=False, y=False)
         plot.setMenuEnabled(False)
@@ -192,7 +199,11 @@ class RooflinePanel(QWidget):
         if (x, y) == self._range:
             return
         self._range = (x, y)
-        self.plot_widget.getPlotItem().setRange(xRange=x, yRange=y, padding=0)
+        plot = self.plot_widget.getPlotItem()
+        plot.setRange(xRange=x, yRange=y, padding=0)
+        # One labelled tick per decade (pyqtgraph's log ticks crowd 2·10¹ 3·10¹ … together).
+        plot.getAxis("bottom").setTicks([decade_ticks(*x, "")])
+        plot.getAxis("left").setTicks([decade_ticks(*y, "")])
 
     def _draw_roof(self) -> None:
         peaks = self._state.peaks

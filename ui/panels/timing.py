@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 from ui.panels.empty import EmptyState
+from ui.panels.key import key_label
 from ui.panels.ranges import AxisLimit, decimate, growing_curve
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
@@ -109,7 +110,9 @@ class TimingPanel(QWidget):
         layout = QVBoxLayout(content)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(ReadoutBox(self.numbers))
-        layout.addWidget(self._build_timeline(), 2)
+        timeline = self._build_timeline()
+        layout.addWidget(self.phase_key)
+        layout.addWidget(timeline, 2)
         layout.addWidget(self.compare)
         layout.addWidget(self._build_steps(), 3)
         layout.addWidget(self._build_turns(), 3)
@@ -134,13 +137,12 @@ class TimingPanel(QWidget):
         plot.invertY(True)
         plot.setMouseEnabled(x=True, y=False)
         plot.disableAutoRange()
-        legend = plot.addLegend(offset=(-5, 5), colCount=4)
         self.phase_bars: dict[str, pg.BarGraphItem] = {}
         for name, colour in PHASES:
             bar = pg.BarGraphItem(x0=[], y=[], width=[], height=0.6, brush=colour, pen=None)
             plot.addItem(bar)
-            legend.addItem(bar, name)
             self.phase_bars[name] = bar
+        self.phase_key = key_label([(colour, name) for name, colour in PHASES])
         return self.timeline
 
     def _build_steps(self) -> pg.PlotWidget:
