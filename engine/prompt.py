@@ -1,4 +1,5 @@
-"""Render a conversation into prompt token ids with the tokenizer's own chat template."""
+"""Render a conversation into prompt token ids: with the tokenizer's own chat template, or in
+completion mode as the plain text it is, for the model to continue."""
 
 from __future__ import annotations
 
@@ -20,3 +21,19 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message])
     # A base model without a template: a plain transcript it can continue.
     text = "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
     return tokenizer(text)["input_ids"]
+
+
+def encode_completion(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
+    """Token ids of the messages' text joined as written (system prompts left out).
+
+    No template and no role markers: the model sees exactly the text and continues it. A
+    continuation and the text typed after it simply append, so the next prompt extends the
+    cached one. The tokenizer's own special tokens (a BOS, where it adds one) stay.
+    """
+    text = "".join(m.content for m in messages if m.role != "system")
+    return tokenizer(text)["input_ids"]
+
+
+def encoder(completion: bool):
+    """The encoding a generation uses: plain text in completion mode, else the chat template."""
+    return encode_completion if completion else encode_chat

@@ -39,7 +39,7 @@ from engine.events import (
 )
 from engine.loader import LoadedModel
 from engine.peaks import machine_peaks
-from engine.prompt import encode_chat
+from engine.prompt import encoder
 from engine.roofline import ForwardCost, Meter
 from engine.sampling import Sampler
 from engine.settings import GenerationSettings, Message, ProbeSettings
@@ -77,8 +77,8 @@ class ChatSession:
     def cached_tokens(self) -> int:
         return len(self._cached_ids)
 
-    def count_tokens(self, messages: Sequence[Message]) -> int:
-        return len(encode_chat(self.tokenizer, messages))
+    def count_tokens(self, messages: Sequence[Message], completion: bool = False) -> int:
+        return len(encoder(completion)(self.tokenizer, messages))
 
     def generate(
         self,
@@ -126,7 +126,7 @@ class ChatSession:
         """Apply the context policy, keeping room for a reply of up to 1/4 of the window."""
         limit = self.info.max_context
         reserve = min(settings.max_new_tokens, limit // 4) if limit else 0
-        encode = partial(encode_chat, self.tokenizer)
+        encode = partial(encoder(settings.completion), self.tokenizer)
         return context.fit(messages, encode, limit, reserve, settings.context_policy)
 
     def _reply(self, prompt, settings, probes, tally, stream, room, dropped) -> Iterator[Event]:

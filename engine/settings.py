@@ -28,6 +28,9 @@ class GenerationSettings:
     # When the conversation outgrows the context: "drop_oldest" turns (the system prompt
     # stays) or "stop" with a notice.
     context_policy: str = "drop_oldest"
+    # Completion mode: the messages' text is fed as written, without the chat template, and
+    # the model continues it (system prompts are left out: they belong to the template).
+    completion: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
