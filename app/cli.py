@@ -1,4 +1,9 @@
-"""The `glassbox` command: the window (default), `glassbox chat` and `glassbox bench`."""
+"""The `glassbox` command: the window (default), and the subcommands `chat`, `bench`, `peaks`.
+
+One parser, built here: the model options (--model, --device, --dtype, --precision) are
+defined once and shared by the window and every subcommand, so `glassbox --help` lists the
+subcommands and each `glassbox <command> --help` its own options.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +14,82 @@ from pathlib import Path
 
 from engine.settings import PRECISIONS, GenerationSettings, LoadRequest, SettingsError
 
+COMMANDS = ("chat", "bench", "peaks")
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "chat":
+    args = parser().parse_args(argv)
+    if args.command == "chat":
         from app.terminal import run_chat
 
-        return run_chat(chat_parser().parse_args(argv[1:]))
-    if argv and argv[0] == "bench":
+        return run_chat(args)
+    if args.command == "bench":
         from app.bench import run_bench
 
-        return run_bench(bench_parser().parse_args(argv[1:]))
+        return run_bench(args)
+    if args.command == "peaks":
+        return run_peaks(args)
     from app.gui import run_gui
 
     return run_gui(argv)
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="bundled", help="bundled, a hub id, a folder or a .gguf")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    """`glassbox [model options]` opens the window; `glassbox <command> ...` runs a command."""
+    # The commands' copies default to nothing, so `glassbox --model X chat` keeps X too.
+    device, model = device_options(defaults=False), model_options(defaults=False)
+    top = argparse.ArgumentParser(
+        prog="glassbox",
+        description="Chat with a local language model and watch its inference as it happens."
+        " Without a command, opens the window.",
+        parents=[model_options()],
+    )
+    commands = top.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    chat = commands.add_parser(
+        "chat", parents=[model], help="chat in the terminal (JSON lines with --json)",
+        description="Chat in the terminal: the same engine, stats and store as the window.",
+    )  # fmt: skip
+    add_chat_options(chat)
+    bench = commands.add_parser(
+        "bench", parents=[model], help="measure decode speed (JSON with --json)",
+        description="Measure decode speed, prefill and the window's cost.",
+    )  # fmt: skip
+    add_bench_options(bench)
+    peaks = commands.add_parser(
+        "peaks", parents=[device], help="measure this machine's peak FLOP/s and bandwidth",
+        description="The peak FLOP/s (a large matmul) and bytes/s (a large copy) the roofline"
+        " is drawn against; measured once and cached, again with --refresh.",
+    )  # fmt: skip
+    add_peaks_options(peaks)
+    return top
+
+
+def device_options(defaults: bool = True) -> argparse.ArgumentParser:
+    """--device and --dtype: where and in what precision to compute."""
+    options = argparse.ArgumentParser(add_help=False)
+    default = "auto" if defaults else argparse.SUPPRESS
+    options.add_argument("--device", default=default, help="auto, cpu, cuda, cuda:N or mps")
+    options.add_argument("--dtype", default=default, help="auto, float32, bfloat16 or float16")
+    return options
+
+
+def model_options(defaults: bool = True) -> argparse.ArgumentParser:
+    """The model options every command that loads a model takes (with --device and --dtype)."""
+    options = argparse.ArgumentParser(add_help=False, parents=[device_options(defaults)])
+    options.add_argument(
+        "--model",
+        default="bundled" if defaults else argparse.SUPPRESS,
+        help="bundled, a hub id, a folder or a .gguf",
+    )
+    options.add_argument(
         "--precision",
-        default="auto",
+        default="auto" if defaults else argparse.SUPPRESS,
         choices=PRECISIONS,
         help="exact: dequantised weights (the reference); fast: a GGUF's own 4/8-bit weights;"
         " auto: fast where it can run (default)",
     )
+    return options
 
 
 def load_request(args: argparse.Namespace) -> LoadRequest:
@@ -44,11 +98,15 @@ def load_request(args: argparse.Namespace) -> LoadRequest:
     )
 
 
-def chat_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="glassbox chat", description="Chat in the terminal.")
-    add_model_options(parser)
+def add_chat_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", help="answer this one message and exit")
     parser.add_argument("--system", default="", help="system prompt")
+    parser.add_argument(
+        "--complete",
+        action="store_true",
+        help="completion mode: the text is fed as written, without the chat template, and the"
+        " model continues it",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--greedy", action="store_true", help="always pick the likeliest token")
     parser.add_argument("--temperature", type=float, default=0.7)
@@ -66,7 +124,6 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--watch-layers", default="0", help="layers whose attention --trace records: all, 0,14,29"
     )
-    return parser
 
 
 def generation_settings(args: argparse.Namespace) -> GenerationSettings:
@@ -81,12 +138,11 @@ def generation_settings(args: argparse.Namespace) -> GenerationSettings:
         seed=args.seed,
         stop_strings=tuple(args.stop),
         use_cache=not args.no_cache,
+        completion=args.complete,
     )
 
 
-def bench_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="glassbox bench", description="Measure decode speed.")
-    add_model_options(parser)
+def add_bench_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -101,7 +157,39 @@ def bench_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--window", action="store_true", help="only the real window vs headless, real model"
     )
-    return parser
+
+
+def add_peaks_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the peaks as JSON")
+    parser.add_argument("--refresh", action="store_true", help="measure again, even if cached")
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny probe (checks the command, not the machine)"
+    )
+
+
+def run_peaks(args: argparse.Namespace) -> int:
+    """Print the cached peaks for --device/--dtype, measuring them if there are none."""
+    from engine.device import pick_device, pick_dtype
+    from engine.peaks import machine_peaks
+    from engine.serialize import plain
+
+    try:
+        device = pick_device(args.device)
+        # auto: the dtype the default model computes in (the bundled model's fast path: bf16)
+        dtype = "bfloat16" if args.dtype == "auto" and device.type == "cpu" else args.dtype
+        peaks = machine_peaks(device, pick_dtype(device, dtype), args.refresh, args.quick)
+    except (ValueError, RuntimeError) as error:
+        print(f"glassbox peaks: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print_json({**plain(peaks), "ridge_flops_per_byte": peaks.ridge})
+    else:
+        print(
+            f"{peaks.peak_flops_per_s / 1e9:,.1f} GFLOP/s ({peaks.dtype}),"
+            f" {peaks.peak_bytes_per_s / 1e9:,.1f} GB/s: compute-bound above"
+            f" {peaks.ridge:,.1f} FLOP/byte\n{peaks.method}"
+        )
+    return 0
 
 
 def print_json(data: object) -> None:

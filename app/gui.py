@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from app.cli import add_model_options, load_request
+from app.cli import load_request, parser
 
 NO_DISPLAY = "no display found: set DISPLAY, or run `glassbox chat` for the terminal"
 X11_PACKAGES = (
@@ -21,9 +21,8 @@ X11_PACKAGES = (
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="glassbox", description="Chat with a local model.")
-    add_model_options(parser)  # the same --model/--device/--dtype/--precision as every command
-    return parser.parse_args(argv)
+    """The window's options: the same --model/--device/--dtype/--precision as every command."""
+    return parser().parse_args(argv)
 
 
 def display_missing() -> bool:

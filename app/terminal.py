@@ -48,7 +48,8 @@ def run_chat(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(f"glassbox chat: {error}", file=sys.stderr)
         return 2
-    probes = ProbeSettings(attention_layers=layers, top_k=10 if args.trace else 0)
+    # --json and --trace carry each step's next-token candidates; plain text shows none
+    probes = ProbeSettings(attention_layers=layers, top_k=10 if args.trace or args.json else 0)
     history = [Message("system", args.system)] if args.system else []
     store = None if args.no_store else open_store()
     chat_log = ChatLog(store, session.info.name, args.system, settings)
@@ -62,10 +63,13 @@ def run_chat(args: argparse.Namespace) -> int:
 
 def _interactive(session, history, settings, probes, args, chat_log) -> int:
     if not args.json:
-        print(f"{session.info.name} on {session.info.device}. /new starts over, /quit leaves.")
+        mode = " Completion mode: what you type is continued as written." if args.complete else ""
+        print(
+            f"{session.info.name} on {session.info.device}. /new starts over, /quit leaves.{mode}"
+        )
     while True:
         try:
-            line = input("" if args.json else "\nyou> ")
+            line = input("" if args.json else "\ntext> " if args.complete else "\nyou> ")
         except (EOFError, KeyboardInterrupt):
             return 0
         if line.strip() == "/quit":
@@ -87,8 +91,8 @@ def _turn(session, history, text, settings, probes, args, chat_log) -> int:
     chat_log.user(text)
     trace = TraceRecorder(session.info) if args.trace else None
     finished: Finished | None = None
-    if not args.json:
-        print("assistant> " if args.prompt is None else "", end="", flush=True)
+    if not args.json and args.prompt is None:
+        print("model> " if args.complete else "assistant> ", end="", flush=True)
     try:
         with _ctrl_c_cancels(session):
             for event in session.generate(messages, settings, probes):

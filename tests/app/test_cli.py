@@ -152,11 +152,95 @@ def test_trace_has_the_documented_shape(one_shot):
 
 
 def test_every_command_takes_a_precision():
-    from app.cli import bench_parser, chat_parser, load_request
+    from app.cli import load_request, parser
 
-    for parser in (chat_parser(), bench_parser()):
-        assert load_request(parser.parse_args([])).precision == "auto"
-        assert load_request(parser.parse_args(["--precision", "fast"])).precision == "fast"
+    for command in ([], ["chat"], ["bench"]):
+        assert load_request(parser().parse_args(command)).precision == "auto"
+        fast = parser().parse_args([*command, "--precision", "fast"])
+        assert load_request(fast).precision == "fast"
+
+
+def test_model_options_are_one_definition_wherever_they_are_given():
+    from app.cli import load_request, parser
+
+    window = load_request(parser().parse_args(["--model", "a.gguf", "--device", "cpu"]))
+    chat = load_request(parser().parse_args(["chat", "--model", "a.gguf", "--device", "cpu"]))
+    before = load_request(parser().parse_args(["--model", "a.gguf", "--device", "cpu", "chat"]))
+    assert window == chat == before
+    assert before.spec == "a.gguf" and before.device == "cpu" and before.dtype == "auto"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["chat", "--precision", "quick"])  # one validation everywhere
+
+
+def test_help_lists_the_commands():
+    result = run_app("--help")
+    assert result.returncode == 0
+    for command in ("chat", "bench", "peaks"):
+        assert command in result.stdout
+    assert "--model" in result.stdout  # the window's own options
+    chat = run_app("chat", "--help")
+    assert chat.returncode == 0 and "--complete" in chat.stdout and "--model" in chat.stdout
+
+
+def test_peaks_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLASSBOX_CACHE_DIR", str(tmp_path))
+    first = run_app("peaks", "--json", "--quick", "--device", "cpu", "--dtype", "float32")
+    assert first.returncode == 0, first.stderr
+    (peaks,) = json_lines(first.stdout)
+    assert peaks["peak_flops_per_s"] > 0 and peaks["peak_bytes_per_s"] > 0
+    assert peaks["dtype"] == "float32" and peaks["device"] == "cpu"
+    assert "matmul" in peaks["method"] and "cop" in peaks["method"]
+    assert peaks["ridge_flops_per_byte"] == pytest.approx(
+        peaks["peak_flops_per_s"] / peaks["peak_bytes_per_s"]
+    )
+    assert (tmp_path / "peaks.json").is_file()
+    again = json_lines(run_app("peaks", "--json", "--quick", "--device", "cpu",
+                               "--dtype", "float32").stdout)  # fmt: skip
+    assert again == [peaks]  # read back, not measured again
+    fresh = run_app("peaks", "--json", "--quick", "--refresh", "--device", "cpu",
+                    "--dtype", "float32")  # fmt: skip
+    assert json_lines(fresh.stdout)[0] != peaks  # measured again: new timings
+    text = run_app("peaks", "--quick", "--device", "cpu", "--dtype", "float32")
+    assert "GFLOP/s" in text.stdout and "GB/s" in text.stdout
+
+
+def test_peaks_refuse_an_unknown_dtype_in_one_line():
+    result = run_app("peaks", "--quick", "--dtype", "float3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "float3" in result.stderr
+
+
+def test_json_events_and_the_trace_carry_each_phase_roofline(one_shot):
+    events, trace = one_shot
+    keys = {"flops", "bytes", "intensity", "flops_per_s", "bytes_per_s", "bound"}
+    prefill = events[1]
+    assert set(prefill["roofline"]) == keys and prefill["roofline"]["bound"] in (
+        "compute",
+        "memory",
+    )
+    tokens = [e for e in events if e["event"] == "token"]
+    assert tokens[0]["roofline"] is None  # its logits came from the prefill
+    assert all(set(t["roofline"]) == keys for t in tokens[1:])
+    assert trace["prefill"]["roofline"] == prefill["roofline"]
+    assert [s["roofline"] for s in trace["steps"]] == [t["roofline"] for t in tokens]
+    peaks = trace["model"]["peaks"]
+    ridge = peaks["peak_flops_per_s"] / peaks["peak_bytes_per_s"]
+    for phase in [prefill["roofline"], *(t["roofline"] for t in tokens[1:])]:
+        assert phase["intensity"] == pytest.approx(phase["flops"] / phase["bytes"])
+        assert phase["bound"] == ("compute" if phase["intensity"] >= ridge else "memory")
+
+
+def test_complete_continues_the_text_as_written(tiny_folder, tokenizer):
+    result = run_app(
+        "chat", "--model", str(tiny_folder), "--complete", "--prompt", "Once upon a time",
+        "--greedy", "--max-new-tokens", "3", "--json", "--no-store",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stdout)
+    prefill = next(e for e in events if e["event"] == "prefill")
+    assert prefill["prompt_token_ids"] == tokenizer("Once upon a time")["input_ids"]
+    first = next(e for e in events if e["event"] == "token")
+    assert len(first["top_k"]) == 10  # --json shows the next-token candidates
 
 
 def test_fast_precision_on_a_folder_is_one_clear_line(tiny_folder):
