@@ -45,6 +45,7 @@ class ConversationController(QObject):
         sidebar.restore_requested.connect(self._restore)
         sidebar.export_requested.connect(self._export)
         sidebar.search_changed.connect(lambda _: self.refresh())
+        window.settings_panel.completion_toggled.connect(self._set_completion)
         self.refresh()
 
     # -- opening ------------------------------------------------------------------------------
@@ -65,6 +66,7 @@ class ConversationController(QObject):
         )
         self.conversation_id = None  # set_conversation's change signal must not write anything
         self.window.set_conversation([*system, *stored])
+        self.window.settings_panel.set_completion(conversation.completion)
         self.conversation_id, self._saved = conversation_id, stored
         self.store.set_last_opened(conversation_id)
         self.sidebar.set_current(conversation_id)
@@ -158,6 +160,12 @@ class ConversationController(QObject):
         if conversation_id == self.conversation_id:
             self.window.new_chat()
         self.refresh()
+
+    def _set_completion(self, on: bool) -> None:
+        """The open conversation keeps the mode the user switched it to (a new one takes the
+        switch's state when it is created, with the settings)."""
+        if self.conversation_id is not None:
+            self.store.update_conversation(self.conversation_id, completion=on)
 
     def _restore(self, conversation_id: int) -> None:
         self.store.restore(conversation_id)

@@ -68,6 +68,10 @@ MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     );
     """,
+    # 3: completion mode per conversation (text continued as written, no chat template).
+    """
+    ALTER TABLE conversations ADD COLUMN completion INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 OUR_TABLES = frozenset({"conversations", "messages", "app_state"})
@@ -96,6 +100,7 @@ class Conversation:
     system_prompt: str
     settings: dict[str, Any]
     deleted: float | None = None
+    completion: bool = False  # completion mode: the text is continued, no chat template
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,20 +316,26 @@ class ConversationStore:
         model: str | None = None,
         system_prompt: str = "",
         settings: GenerationSettings | Mapping[str, Any] | None = None,
+        completion: bool | None = None,
     ) -> int:
+        """A new conversation; its completion mode is `completion`, else the settings' own."""
         now = self._clock()
+        values = settings_to_dict(settings)
+        if completion is None:
+            completion = bool(values.get("completion", False))
         with self._write() as conn:
             cursor = conn.execute(
                 "INSERT INTO conversations"
-                " (title, created, updated, model, system_prompt, settings)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                " (title, created, updated, model, system_prompt, settings, completion)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     _clean_title(title) or DEFAULT_TITLE,
                     now,
                     now,
                     model,
                     system_prompt,
-                    _dumps(settings_to_dict(settings)),
+                    _dumps(values),
+                    int(completion),
                 ),
             )
         return int(cursor.lastrowid)
@@ -377,14 +388,17 @@ class ConversationStore:
         model: str | None = None,
         system_prompt: str | None = None,
         settings: GenerationSettings | Mapping[str, Any] | None = None,
+        completion: bool | None = None,
     ) -> None:
-        """Change the model, system prompt or settings kept with a conversation (None: keep)."""
+        """Change the model, system prompt, settings or completion mode kept with a
+        conversation (None: keep)."""
         columns: list[str] = []
         values: list[Any] = []
         for column, value in (
             ("model", model),
             ("system_prompt", system_prompt),
             ("settings", None if settings is None else _dumps(settings_to_dict(settings))),
+            ("completion", None if completion is None else int(completion)),
         ):
             if value is not None:
                 columns.append(f"{column} = ?")
@@ -636,6 +650,7 @@ def _conversation(row: sqlite3.Row) -> Conversation:
         system_prompt=row["system_prompt"],
         settings=_loads(row["settings"]),
         deleted=row["deleted"],
+        completion=bool(row["completion"]),
     )
 
 

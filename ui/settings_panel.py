@@ -38,15 +38,25 @@ def _int(low: int, high: int, tip: str) -> QSpinBox:
 
 
 class SettingsPanel(QWidget):
-    """Editable system prompt and sampling controls; `changed` fires on any edit."""
+    """Editable system prompt and sampling controls; `changed` fires on any edit.
+
+    The completion switch belongs to the open conversation: `completion_toggled` fires when
+    the user flips it, so the conversation can keep its mode; `set_completion` shows one.
+    """
 
     changed = Signal()
+    completion_toggled = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._prompt = QPlainTextEdit()
         self._prompt.setPlaceholderText("System prompt (optional): sent first in every request")
         self._prompt.setMaximumHeight(110)
+        self._completion = QCheckBox("Completion mode: continue my text as written")
+        self._completion.setToolTip(
+            "No chat template: the model sees exactly the text you type and continues it, as a"
+            ' base model would (try "Today\'s weather is so"). Kept with this conversation.'
+        )
 
         self._greedy = QCheckBox("Greedy (always the most likely token)")
         self._temperature = _double(
@@ -95,6 +105,7 @@ class SettingsPanel(QWidget):
         form.addRow(self._no_cache)
         form.addRow("When the context is full", self._context_policy)
         layout = QVBoxLayout(self)
+        layout.addWidget(self._completion)
         layout.addWidget(QLabel("System prompt"))
         layout.addWidget(self._prompt)
         layout.addLayout(form)
@@ -103,6 +114,9 @@ class SettingsPanel(QWidget):
     def _connect(self) -> None:
         self._prompt.textChanged.connect(self.changed)
         self._context_policy.currentIndexChanged.connect(self.changed)
+        self._completion.toggled.connect(self._sync_enabled)
+        self._completion.toggled.connect(self.changed)
+        self._completion.clicked.connect(self.completion_toggled)  # the user's flips only
         for box in (self._greedy, self._seed_fixed, self._no_cache):
             box.toggled.connect(self._sync_enabled)
             box.toggled.connect(self.changed)
@@ -117,6 +131,7 @@ class SettingsPanel(QWidget):
             spin.valueChanged.connect(self.changed)
 
     def _sync_enabled(self) -> None:
+        self._prompt.setEnabled(not self._completion.isChecked())  # no template, no system turn
         sampling = not self._greedy.isChecked()
         for widget in (self._temperature, self._top_k, self._top_p, self._seed_fixed):
             widget.setEnabled(sampling)
@@ -137,6 +152,7 @@ class SettingsPanel(QWidget):
             stop_strings=self._stop_strings,
             use_cache=not self._no_cache.isChecked(),
             context_policy=self._context_policy.currentData(),
+            completion=self._completion.isChecked(),
         )
 
     def set_settings(self, settings: GenerationSettings) -> None:
@@ -152,7 +168,15 @@ class SettingsPanel(QWidget):
         self._no_cache.setChecked(not settings.use_cache)
         self._context_policy.setCurrentIndex(self._context_policy.findData(settings.context_policy))
         self._stop_strings = settings.stop_strings
+        self._completion.setChecked(settings.completion)
         self._sync_enabled()
+
+    def completion(self) -> bool:
+        return self._completion.isChecked()
+
+    def set_completion(self, on: bool) -> None:
+        """Show a conversation's mode (not a user's flip: `completion_toggled` stays quiet)."""
+        self._completion.setChecked(on)
 
     def system_prompt(self) -> str:
         return self._prompt.toPlainText().strip()

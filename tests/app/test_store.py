@@ -360,6 +360,23 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(db_path):
         assert "deleted" in columns
 
 
+def test_completion_mode_is_kept_per_conversation_and_old_files_default_to_chat(db_path):
+    make_v1_database(db_path)  # written before completion mode existed
+    with ConversationStore(db_path) as store:
+        assert store.conversation(1).completion is False
+        store.update_conversation(1, completion=True)
+        written = store.create_conversation("Once upon a time", completion=True)
+        from_settings = store.create_conversation("s", settings=GenerationSettings(completion=True))
+        chat = store.create_conversation("chat", settings=GenerationSettings())
+    with ConversationStore(db_path) as store:
+        assert store.conversation(1).completion is True
+        assert store.conversation(written).completion is True
+        assert store.conversation(from_settings).completion is True
+        assert store.conversation(chat).completion is False
+        store.update_conversation(1, completion=False)
+        assert store.conversation(1).completion is False
+
+
 def test_a_failing_migration_leaves_the_previous_version(db_path, monkeypatch):
     make_v1_database(db_path)
     broken = (*MIGRATIONS, "CREATE TABLE extra (x INTEGER); SELECT no_such_function();")
@@ -367,10 +384,10 @@ def test_a_failing_migration_leaves_the_previous_version(db_path, monkeypatch):
     monkeypatch.setattr(store_module, "SCHEMA_VERSION", len(broken))
     with pytest.raises(sqlite3.OperationalError, match="no_such_function"):
         ConversationStore(db_path)
-    # Version 2 was applied and committed; the failed step left nothing; the file stayed put.
+    # Every real step was applied and committed; the failed one left nothing; the file stayed.
     assert aside_files(db_path) == []
     with sqlite3.connect(db_path) as check:
-        assert check.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert check.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
         tables = {row[0] for row in check.execute("SELECT name FROM sqlite_master")}
         assert "extra" not in tables and "app_state" in tables
 
