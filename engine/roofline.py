@@ -39,17 +39,19 @@ class ForwardCost:
     weight_bytes: int  # weights read in full by every pass, in their stored dtype
     row_bytes: int  # embedding bytes looked up per new position
     kv_position_bytes: int  # one position's keys + values in one layer
-    windows: tuple[int | None, ...]  # per layer: sliding window, None for full attention
+    # (window, layers with it); None: full attention. A step loops over these, not layers.
+    windows: tuple[tuple[int | None, int], ...]
     concat_cache: bool  # the cache is rebuilt by concatenation every pass (DynamicCache)
 
     @classmethod
     def of(cls, model: torch.nn.Module, info: ModelInfo) -> ForwardCost:
         """The constants of `model`: Glassbox's GGUF model or a transformers causal LM."""
         shape = getattr(model, "shape", None)
-        windows = tuple(
-            info.sliding_window if layer in info.sliding_layers else None
-            for layer in range(info.layers)
-        )
+        counts: dict[int | None, int] = {}
+        for layer in range(info.layers):
+            window = info.sliding_window if layer in info.sliding_layers else None
+            counts[window] = counts.get(window, 0) + 1
+        windows = tuple(counts.items())
         common = dict(
             layers=info.layers, heads=info.heads, head_dim=info.head_dim, windows=windows,
             kv_position_bytes=2 * info.kv_heads * info.head_dim * info.bytes_per_value,
@@ -59,21 +61,23 @@ class ForwardCost:
         return cls(**common, **_transformers(model), concat_cache=True)
 
     def flops(self, new: int, cached: int) -> int:
+        per_pair = 4 * self.heads * self.head_dim  # q·kᵀ and weights·v: 2 FLOPs a MAC each
         attention = sum(
-            4 * self.heads * self.head_dim * _pairs(new, cached, w) for w in self.windows
+            layers * per_pair * _pairs(new, cached, window) for window, layers in self.windows
         )
         return 2 * self.matmul_params * new + 2 * self.head_params + attention
 
     def bytes(self, new: int, cached: int, with_cache: bool = True) -> int:
         weights = self.weight_bytes + self.row_bytes * new
         positions = 0  # keys+values of one layer read or written, summed over layers
-        for window in self.windows:
+        for window, layers in self.windows:
             kept = cached if window is None else min(cached, window)
-            positions += kept + new  # attention reads the kept cache and the new positions
+            per_layer = kept + new  # attention reads the kept cache and the new positions
             if with_cache:
-                positions += new  # the new positions are written into the cache
+                per_layer += new  # the new positions are written into the cache
                 if self.concat_cache:  # torch.cat reads the old cache and writes it again
-                    positions += 2 * kept
+                    per_layer += 2 * kept
+            positions += layers * per_layer
         return weights + positions * self.kv_position_bytes
 
 

@@ -82,7 +82,7 @@ def test_gpt2_counts_conv1d_projections_and_a_tied_head(tokenizer):
 def test_sliding_layers_attend_within_their_window(tokenizer):
     loaded = make_tiny(tokenizer, "gemma3")  # layer 0 slides over 8 tokens, layer 1 is global
     cost = ForwardCost.of(loaded.model, loaded.info)
-    assert cost.windows == (8, None)
+    assert cost.windows == ((8, 1), (None, 1))
     attention = cost.flops(1, 20) - cost.flops(1, 0) + 4 * 4 * 16 * 2  # both layers' 1 key
     assert attention == 4 * 4 * 16 * (8 + 21)
 
