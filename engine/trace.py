@@ -31,20 +31,9 @@ class TraceRecorder:
             self.finished = event
 
     def to_dict(self) -> dict[str, Any]:
-        info, prefill, done = self.info, self.prefill, self.finished
+        prefill, done = self.prefill, self.finished
         return {
-            "model": {
-                "name": info.name,
-                "layers": info.layers,
-                "heads": info.heads,
-                "kv_heads": info.kv_heads,
-                "head_dim": info.head_dim,
-                "dtype": info.dtype,
-                "device": info.device,
-                "bytes_per_value": info.bytes_per_value,
-                "precision": info.precision,
-                "peaks": plain(info.peaks),
-            },
+            "model": _pick(plain(self.info), MODEL_FIELDS),
             "prompt_token_ids": list(prefill.prompt_token_ids) if prefill else [],
             "generated_token_ids": [t.token_id for t in self.tokens],
             "prefill": _prefill(prefill) if prefill else None,
@@ -56,30 +45,23 @@ class TraceRecorder:
         }
 
 
+# What the trace keeps of each, under the events' own names (engine.serialize writes them).
+MODEL_FIELDS = ("name", "layers", "heads", "kv_heads", "head_dim", "dtype", "device",
+                "bytes_per_value", "precision", "peaks")  # fmt: skip
+PREFILL_FIELDS = ("seconds", "tokenize_s", "processed_tokens", "reused_tokens", "kv_bytes",
+                  "attention", "roofline")  # fmt: skip
+STEP_FIELDS = ("token_id", "seconds", "kv_bytes", "kv_bytes_per_layer", "attention", "top_k",
+               "roofline")  # fmt: skip
+
+
+def _pick(data: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {name: data[name] for name in fields}
+
+
 def _prefill(event: PrefillDone) -> dict[str, Any]:
-    return {
-        "seconds": event.seconds,
-        "tokenize_s": event.tokenize_s,
-        "tokens": event.prompt_tokens,
-        "processed_tokens": event.processed_tokens,
-        "reused_tokens": event.reused_tokens,
-        "kv_bytes": event.kv_bytes,
-        "attention": {str(k): v.tolist() for k, v in event.attention.items()},
-        "roofline": plain(event.roofline),
-    }
+    return {"tokens": event.prompt_tokens, **_pick(plain(event), PREFILL_FIELDS)}
 
 
 def _step(event: Token) -> dict[str, Any]:
-    return {
-        "token_id": event.token_id,
-        "text": event.piece,
-        "seconds": event.seconds,
-        "kv_bytes": event.kv_bytes,
-        "kv_bytes_per_layer": list(event.kv_bytes_per_layer),
-        "attention": {str(k): v.tolist() for k, v in event.attention.items()},
-        "top_k": [
-            {"token_id": c.token_id, "text": c.text, "prob": c.prob, "sampled_prob": c.sampled_prob}
-            for c in event.top_k
-        ],
-        "roofline": plain(event.roofline),
-    }
+    # "text" is the token's own piece (the event's `text` is what the stream released)
+    return {"text": event.piece, **_pick(plain(event), STEP_FIELDS)}
