@@ -11,6 +11,7 @@ from PySide6.QtCore import QPointF, QRectF
 
 from engine.events import Peaks, Roofline
 from tests.ui.test_panels import PER_TOKEN, PROMPT, model_info, prefill, run_reply, token
+from ui.panels import roofline as roofline_panel
 from ui.panels.docks import InternalsView
 from ui.panels.kv_cache import formula_text, human_bytes
 from ui.panels.roofline import DECODE_POINTS, phase_sentence
@@ -279,3 +280,22 @@ def test_timeline_key_sits_outside_the_timeline(view, rng):
         True
     ] * 3
     assert timing.phase_key.isVisible()
+
+
+def test_the_decode_cloud_redraws_on_the_timer_not_per_token(measured, rng, monkeypatch):
+    monkeypatch.setattr(roofline_panel, "CLOUD_INTERVAL_S", 3600.0)
+    view = measured
+    show(view, "roofline")
+    roofline_reply(view, rng, steps=4)
+    panel = view.roofline
+    assert panel.needs_redraw()  # a new reply: at once
+    panel.redraw()
+    drawn = len(panel.decode_points.xData)
+    view.ingest(replace(token(rng, 4), roofline=roofline(2_000_000, 1_000_000, 0.0001)))
+    assert panel.tracker.stale and not panel.needs_redraw()  # a step alone waits its turn
+    view.redraw(force=True)
+    assert len(panel.decode_points.xData) == drawn
+    monkeypatch.setattr(roofline_panel, "CLOUD_INTERVAL_S", 0.0)
+    assert panel.needs_redraw()
+    view.redraw(force=True)
+    assert len(panel.decode_points.xData) == drawn + 1

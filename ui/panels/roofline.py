@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+import time
 
 import numpy as np
 import pyqtgraph as pg
@@ -25,6 +26,9 @@ from ui.panels.state import ROOFLINE, InternalsState
 
 # The decode cloud keeps the latest steps: one symbol each, so a frame's cost stays bounded.
 DECODE_POINTS = 512
+# A new step moves the cloud by a hair: redraw it at most this often (a scatter's setData costs
+# milliseconds); a new reply, a cleared chat or new peaks redraw on the next frame.
+CLOUD_INTERVAL_S = 0.25
 PREFILL_BRUSH = (66, 133, 244)
 DECODE_BRUSH = (52, 168, 83, 110)
 LATEST_DECODE_BRUSH = (52, 168, 83)
@@ -86,6 +90,11 @@ def decade_range(values: list[float]) -> tuple[int, int]:
     return math.floor(min(logs) - MARGIN_DECADES), math.ceil(max(logs) + MARGIN_DECADES)
 
 
+def set_text(label: QLabel, text: str) -> None:
+    if text != label.text():  # a new text lays the readout out again
+        label.setText(text)
+
+
 def decade_ticks(low: int, high: int, unit: str) -> list[tuple[float, str]]:
     """(log10 position, label) for each power of ten from 10**low to 10**high."""
     return [(float(power), si(10.0**power, unit).strip()) for power in range(low, high + 1)]
@@ -100,6 +109,9 @@ class RooflinePanel(QWidget):
         self.tracker = RedrawTracker(state, ROOFLINE)
         self._range: tuple[tuple[int, int], tuple[int, int]] | None = None
         self._roof_key: tuple = ()
+        self._prefills_drawn: tuple = ()
+        self._drawn_at = -math.inf
+        self._drawn_shape: tuple = ()
         self.plot_widget = pg.PlotWidget(title="Roofline")
         plot = self.plot_widget.getPlotItem()
         plot.setLogMode(x=True, y=True)
@@ -147,14 +159,18 @@ class RooflinePanel(QWidget):
     # -- public ----------------------------------------------------------------------------
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale
+        if not self.tracker.stale:
+            return False
+        due = time.monotonic() - self._drawn_at >= CLOUD_INTERVAL_S
+        return due or self._shape() != self._drawn_shape
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
         state = self._state
         trace = state.roofline
-        self.peaks.setText(peaks_sentence(state.peaks))
-        self.phases.setText(self._phases_html())
+        self._drawn_at, self._drawn_shape = time.monotonic(), self._shape()
+        set_text(self.peaks, peaks_sentence(state.peaks))
+        set_text(self.phases, self._phases_html())
         if not state.replies:
             self.pages.set_message(EMPTY_MESSAGE)
         elif trace.empty:
@@ -166,6 +182,11 @@ class RooflinePanel(QWidget):
         self.tracker.drawn(revisions)
 
     # -- drawing ---------------------------------------------------------------------------
+
+    def _shape(self) -> tuple:
+        """What, changed, redraws at once: the trace (a cleared chat), each reply, the peaks."""
+        trace = self._state.roofline
+        return (id(trace), len(trace.prefills), self._state.peaks, len(self._state.replies))
 
     def _phases_html(self) -> str:
         trace, peaks = self._state.roofline, self._state.peaks
@@ -181,7 +202,9 @@ class RooflinePanel(QWidget):
         prefills = [roofline for _turn, roofline in trace.prefills]
         prefill_x = np.array([r.intensity for r in prefills], dtype=np.float64)
         prefill_y = np.array([r.flops_per_s for r in prefills], dtype=np.float64)
-        self.prefill_points.setData(prefill_x, prefill_y)
+        if (id(trace), len(prefills)) != self._prefills_drawn:  # once a reply
+            self._prefills_drawn = (id(trace), len(prefills))
+            self.prefill_points.setData(prefill_x, prefill_y)
         decode_x = trace.decode_intensity.view()[-DECODE_POINTS:]
         decode_y = trace.decode_flops_per_s.view()[-DECODE_POINTS:]
         self.decode_points.setData(decode_x, decode_y)
