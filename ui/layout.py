@@ -295,7 +295,22 @@ def restore(
     window.setGeometry(placed)
     if settings.value(MAXIMIZED_KEY, False, bool):
         window.setWindowState(window.windowState() | Qt.WindowState.WindowMaximized)
-    return window.restoreState(state, version)
+    if not window.restoreState(state, version):
+        return False
+    for dock in window.findChildren(QDockWidget):
+        if dock.isFloating():
+            dock.setGeometry(float_on_screen(dock.geometry(), available, screens))
+    return True
+
+
+def float_on_screen(saved: QRect, available: QRect, screens: Sequence[QRect] = ()) -> QRect:
+    """A floating dock's place: as saved where that still fits, else moved (and shrunk if it
+    must be) onto `available`, so that no panel opens where nobody can see it."""
+    placed = place_saved(saved, available, screens)
+    if placed is not None:
+        return placed
+    size = saved.size().boundedTo(available.size())
+    return place_saved(QRect(saved.topLeft(), size), available) or QRect(available)
 
 
 def screens_available() -> list[QRect]:

@@ -226,3 +226,25 @@ def test_a_layout_that_fits_comes_back_as_it_was(open_window):
     assert again.window.geometry() == QRect(100, 80, 1500, 900)
     tabbed = again.window.tabifiedDockWidgets(again.internals.docks["timing"])
     assert again.internals.docks["attention"] in tabbed
+
+
+def test_a_floating_panel_saved_off_screen_comes_back_onto_it(open_window):
+    screen = SCREENS["1366x768"]
+    first = open_window(screen)
+    dock = first.internals.docks["attention"]
+    dock.setFloating(True)
+    dock.setGeometry(QRect(2400, 1300, 700, 600))  # on a monitor that is gone
+    first.window.close()
+
+    again = open_window(screen)
+    dock = again.internals.docks["attention"]
+    assert dock.isFloating()
+    assert screen.contains(dock.geometry())
+    assert dock.size() == QSize(700, 600)
+
+
+def test_a_floating_panel_too_large_for_the_screen_is_shrunk_onto_it():
+    laptop = SCREENS["1366x768"]
+    placed = layout.float_on_screen(QRect(2400, 1300, 2000, 600), laptop)
+    assert laptop.contains(placed) and placed.size() == QSize(1366, 600)
+    assert layout.float_on_screen(QRect(10, 10, 700, 600), laptop) == QRect(10, 10, 700, 600)
