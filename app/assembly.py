@@ -81,8 +81,8 @@ def _fit_to_screen(
     layout.scroll_when_small(window.settings_dock, horizontal=False)
     window.centralWidget().setMinimumWidth(layout.CHAT_MIN_WIDTH)
     layout.arrange(window, internals.docks, [window.settings_dock, sidebar], available)
-    window.restore_layout(available)  # now that every dock exists, the saved layout can place them
-    layout.KeepFrameOnScreen(window, available)  # the title bar is known once it is shown
+    window.restore_layout(screen)  # now that every dock exists, the saved layout can place them
+    layout.KeepFrameOnScreen(window, screen)  # the title bar is known once it is shown
 
 
 def _connect_engine_notes(window: MainWindow, worker: worker_module.WorkerBase) -> None:

@@ -319,17 +319,18 @@ def screens_available() -> list[QRect]:
 
 class KeepFrameOnScreen(QObject):
     """Once the window is shown with its frame (title bar, borders), which a window manager
-    only adds then, shrink and move it so the frame too lies within the available area."""
+    only adds then, shrink and move it so the frame too lies within the available area
+    (`available`, or that of the screen it was shown on)."""
 
-    def __init__(self, window: QWidget, available: QRect) -> None:
+    def __init__(self, window: QWidget, available: QRect | None = None) -> None:
         super().__init__(window)
-        self._window, self._available = window, QRect(available)
+        self._window, self._available = window, available
         window.installEventFilter(self)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self._window and event.type() == QEvent.Type.Show:
             self._window.removeEventFilter(self)
-            fit_frame(self._window, self._available)
+            fit_frame(self._window, self._available or available_geometry(self._window))
         return False
 
 
