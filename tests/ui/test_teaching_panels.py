@@ -299,3 +299,20 @@ def test_the_decode_cloud_redraws_on_the_timer_not_per_token(measured, rng, monk
     assert panel.needs_redraw()
     view.redraw(force=True)
     assert len(panel.decode_points.xData) == drawn + 1
+
+
+def test_a_lone_heads_top_axis_numbers_keys_whose_words_would_collide(qtbot, view, rng):
+    show(view, "attention", width=480, height=900)
+    long_words = tuple(f"forecast{i}" for i in range(12))
+    view.ingest(replace(prefill(rng, prompt=12), token_texts=long_words))
+    panel = view.attention
+    panel.show_head(0)
+    view.redraw(force=True)
+    qtbot.wait(20)  # the mosaic shown for the first time gets its size: a resize redraws it
+    view.redraw()
+    assert 12 * 12 <= panel.heads_view.size().width() < 12 * 60  # room for rows, not words
+    assert panel.query_axis.isVisible() and panel.key_axis.isVisible()
+    rows = [text for _position, text in panel.query_axis._tickLevels[0]]
+    assert rows == ["forecas…" if len(w) > 8 else w for w in long_words]
+    top = [text for _position, text in panel.key_axis._tickLevels[0]]
+    assert top == [f"#{k}" for k in range(12)]  # words too wide for their columns

@@ -328,6 +328,7 @@ class AttentionPanel(QWidget):
 
     def show_head(self, head: int | None) -> None:
         """One head alone, large, with its tokens; None: every head of the layer again."""
+        self._sync_choices()
         index = 0 if head is None else self.head_choice.findData(head)
         if index >= 0:
             self.head_choice.setCurrentIndex(index)
@@ -514,10 +515,16 @@ class AttentionPanel(QWidget):
         if not readable:
             return
         text = self._state.token_text
-        keys = [(k + 0.5, axis_token(text(k))) for k in range(rows.keys)]
         queries = [(r + 0.5, axis_token(text(int(p)))) for r, p in enumerate(rows.positions)]
-        self.key_axis.setTicks([keys])
         self.query_axis.setTicks([queries])
+        # Across the top, words would run into each other: each key is also a row above (the
+        # same token), so its position is enough there unless every word fits its column.
+        words = [axis_token(text(k)) for k in range(rows.keys)]
+        metrics = self.fontMetrics()
+        column = min(size.width(), size.height() / tile_aspect(rows.rows, rows.keys)) / rows.keys
+        fits = max(metrics.horizontalAdvance(word) for word in words) + 6 <= column
+        labels = words if fits else [f"#{k}" for k in range(rows.keys)]
+        self.key_axis.setTicks([[(k + 0.5, label) for k, label in enumerate(labels)]])
 
     def _on_mosaic_click(self, event) -> None:
         """A click on a head's tile shows it alone; a click on a lone head shows them all."""

@@ -116,12 +116,6 @@ class TimingPanel(QWidget):
         layout.addWidget(self.compare)
         layout.addWidget(self._build_steps(), 3)
         layout.addWidget(self._build_turns(), 3)
-        self.caption = QLabel(
-            "Grey: prompt tokens reused from the KV cache (not recomputed). Blue: tokens "
-            "prefilled now. Later turns only prefill what is new, so their TTFT stays short."
-        )
-        self.caption.setWordWrap(True)
-        layout.addWidget(self.caption)
         self.pages = EmptyState(EMPTY_MESSAGE, content)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(4, 4, 4, 4)
@@ -163,7 +157,15 @@ class TimingPanel(QWidget):
         return self.steps_plot
 
     def _build_turns(self) -> pg.PlotWidget:
-        self.turns_plot = pg.PlotWidget(title="Prompt per turn: reused vs prefilled, and TTFT")
+        self.turns_plot = pg.PlotWidget(
+            title="Prompt per turn: <span style='color:#a0a0a0'>reused from the cache</span>, "
+            "<span style='color:#4285f4'>prefilled</span>, "
+            "<span style='color:#d93025'>TTFT</span>"
+        )
+        self.turns_plot.setToolTip(
+            "Grey: prompt tokens reused from the KV cache (not recomputed). Blue: tokens "
+            "prefilled now. Later turns only prefill what is new, so their TTFT stays short."
+        )
         self.turns_plot.setMinimumHeight(120)
         plot = self.turns_plot.getPlotItem()
         plot.setLabel("left", "prompt tokens")
