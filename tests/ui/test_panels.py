@@ -589,13 +589,19 @@ def test_docks_are_named_and_only_visible_stale_panels_redraw(qtbot, rng):
 def test_clear_forgets_the_conversation(view, rng):
     run_reply(view, rng, count=3)
     view.redraw(force=True)
+    # Everything drawn first, so each check below fails if clearing left it in place.
+    assert len(view.kv_cache.curve.getData()[0]) == 4 and view.next_token.step == 2
+    assert view.attention.overview_image.image is not None and view.attention.slots
+    assert view.timing.step_curve.getData()[0] is not None
     view.clear()
     view.redraw(force=True)
-    x, _y = view.kv_cache.curve.getData()
-    assert x is None or len(x) == 0
+    for curve in (view.kv_cache.curve, view.timing.step_curve):  # drawn empty: no data
+        x, _y = curve.getData()
+        assert x is None or len(x) == 0
     assert view.state.replies == [] and view.state.attention == {}
-    assert view.next_token.step == -1
-    assert view.attention.overview_image.image is None
+    assert view.next_token.step == -1 and view.next_token.tokens.toPlainText() == ""
+    assert view.attention.overview_image.image is None and view.attention.slots == ()
+    assert all(panel.pages.empty for panel in view.panels)
     assert view.state.info is not None and view.state.watched_layers == (0, 1)
 
 
