@@ -30,6 +30,7 @@ SIDE_WIDTH = 260  # settings and conversations
 WIDE_SIDE_WIDTH = 320
 CELL = QSize(540, 420)  # the least room one visible internals panel gets by default
 MAX_ROWS = 2  # panels are wide rather than tall: never more than two cells stacked
+SEPARATORS = 24  # dock separators and margins across the window
 CHROME_HEIGHT = 110  # menu bar, toolbar, status bar and dock titles: not for panels
 FULL_SCREEN_BELOW = 2000  # narrower screens get all their available area, wider ones 90 %
 # The smallest a panel is laid out at; a dock smaller than this scrolls it.
@@ -47,7 +48,7 @@ class Arrangement:
     """Where things go on one screen: computed from its available geometry alone."""
 
     window: QRect
-    side_width: int
+    side_width: int  # 0: no left column, settings and conversations are internals tabs
     side_tabbed: bool  # settings and conversations as two tabs rather than stacked
     internals_width: int
     columns: tuple[tuple[tuple[str, ...], ...], ...]  # columns of cells; a cell is a tab group
@@ -80,6 +81,8 @@ def arrangement(available: QRect, internals: Sequence[str], side_minimum: int = 
     window = first_start_geometry(available)
     compact = is_compact(available)
     side = max(SIDE_WIDTH if compact else WIDE_SIDE_WIDTH, side_minimum)
+    if window.width() < side + CHAT_MIN_WIDTH + PANEL_MINIMUM.width() + SEPARATORS:
+        side = 0  # no room for three columns: the left column's docks join the internals tabs
     rest = window.width() - side
     share = max(round(rest * (0.55 if compact else 0.6)), rest - CHAT_WIDTH)
     internals_width = max(min(share, rest - CHAT_MIN_WIDTH), 0)
@@ -134,13 +137,14 @@ def arrange(
     side_minimum = max((dock.minimumSizeHint().width() for dock in side), default=0)
     plan = arrangement(available, list(internals), side_minimum)
     window.setGeometry(plan.window)
-    _arrange_side(window, side, plan)
     tops = _arrange_internals(window, internals, plan)
+    _arrange_side(window, side, plan, tops[0][0] if tops else None)
     firsts = [column[0] for column in tops]
     if firsts:
         width = plan.internals_width // len(firsts)
-        widths = [plan.side_width] * min(len(side), 1) + [width] * len(firsts)
-        window.resizeDocks([*side[:1], *firsts], widths, Qt.Orientation.Horizontal)
+        left = list(side[:1]) if plan.side_width else []
+        widths = [plan.side_width] * len(left) + [width] * len(firsts)
+        window.resizeDocks([*left, *firsts], widths, Qt.Orientation.Horizontal)
     for column in tops:
         if len(column) > 1:
             height = plan.window.height() // len(column)
@@ -148,7 +152,18 @@ def arrange(
     return plan
 
 
-def _arrange_side(window: QMainWindow, side: Sequence[QDockWidget], plan: Arrangement) -> None:
+def _arrange_side(
+    window: QMainWindow,
+    side: Sequence[QDockWidget],
+    plan: Arrangement,
+    first_cell: QDockWidget | None,
+) -> None:
+    if not plan.side_width and first_cell is not None:
+        for dock in side:
+            window.tabifyDockWidget(first_cell, dock)
+            dock.show()
+        first_cell.raise_()
+        return
     for dock in side:
         window.addDockWidget(LEFT, dock, Qt.Orientation.Vertical)
         dock.show()

@@ -19,6 +19,7 @@ from tests.ui.fakes import FakeBackend
 from ui import layout
 
 SCREENS = {
+    "1024x600": QRect(0, 0, 1024, 600),  # a netbook, or 2048x1200 at twice the scale
     "1280x720": QRect(0, 0, 1280, 720),
     "1366x768": QRect(0, 0, 1366, 768),
     "1920x1080": QRect(0, 0, 1920, 1080),
@@ -93,7 +94,7 @@ def test_the_window_fits_the_screen_and_nothing_overlaps(open_window, size):
     assert screen.contains(window.frameGeometry())
 
     parts = regions(window)
-    assert len(parts) >= 4  # settings, at least one internals dock, chat, status bar
+    assert len(parts) >= 3  # at least one dock, the chat, the status bar
     for (a, rects_a), (b, rects_b) in itertools.combinations(parts.items(), 2):
         for ra, rb in itertools.product(rects_a, rects_b):
             assert not ra.intersects(rb), f"{a} {ra} overlaps {b} {rb} at {size}"
@@ -142,6 +143,14 @@ def test_small_screens_tab_the_internals_large_ones_show_them_all(open_window):
     ]
     large = open_window(SCREENS["3840x2160"], "large.ini")
     assert all(on_screen(d) for d in large.internals.docks.values())
+
+
+def test_too_narrow_for_three_columns_the_settings_become_internals_tabs(open_window):
+    parts = open_window(SCREENS["1024x600"])
+    tabs = parts.window.tabifiedDockWidgets(parts.internals.docks["timing"])
+    assert parts.window.settings_dock in tabs
+    assert parts.window.findChild(QDockWidget, "conversations_dock") in tabs
+    assert on_screen(parts.internals.docks["timing"])
 
 
 @pytest.mark.parametrize("count", range(1, 9))
