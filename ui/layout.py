@@ -261,9 +261,14 @@ def panel_minimum(name: str) -> QSize:
 
 # -- remembered layouts --------------------------------------------------------------------------
 
-GEOMETRY_KEY = "window/normal_geometry"
-MAXIMIZED_KEY = "window/maximized"
-STATE_KEY = "window/state"
+# The latest layout is kept under LATEST, and a copy under a key for the size of the screen
+# it was made on: a laptop plugged into a monitor now and then gets each screen's own back.
+LATEST = "window"
+GEOMETRY, MAXIMIZED, STATE = "normal_geometry", "maximized", "state"
+
+
+def screen_key(available: QRect) -> str:
+    return f"layouts/{available.width()}x{available.height()}"
 
 
 def place_saved(saved: QRect, available: QRect, screens: Sequence[QRect] = ()) -> QRect | None:
@@ -286,10 +291,14 @@ def place_saved(saved: QRect, available: QRect, screens: Sequence[QRect] = ()) -
     return placed
 
 
-def save(window: QMainWindow, settings: QSettings, version: int) -> None:
-    settings.setValue(GEOMETRY_KEY, window.normalGeometry())
-    settings.setValue(MAXIMIZED_KEY, window.isMaximized())
-    settings.setValue(STATE_KEY, window.saveState(version))
+def save(window: QMainWindow, settings: QSettings, version: int, available: QRect) -> None:
+    """Keep the layout as the latest and as that of screens of `available`'s size."""
+    for group in (LATEST, screen_key(available)):
+        settings.beginGroup(group)
+        settings.setValue(GEOMETRY, window.normalGeometry())
+        settings.setValue(MAXIMIZED, window.isMaximized())
+        settings.setValue(STATE, window.saveState(version))
+        settings.endGroup()
     settings.sync()
 
 
@@ -300,15 +309,33 @@ def restore(
     available: QRect,
     screens: Sequence[QRect] = (),
 ) -> bool:
-    """Put the window and its docks back as saved, if that fits; False leaves them untouched."""
-    saved, state = settings.value(GEOMETRY_KEY), settings.value(STATE_KEY)
+    """Put the window and its docks back as last left on a screen of this size, else as last
+    left anywhere, if that fits; False leaves them untouched."""
+    return any(
+        _restore_group(window, settings, group, version, available, screens)
+        for group in (screen_key(available), LATEST)
+    )
+
+
+def _restore_group(
+    window: QMainWindow,
+    settings: QSettings,
+    group: str,
+    version: int,
+    available: QRect,
+    screens: Sequence[QRect],
+) -> bool:
+    settings.beginGroup(group)
+    saved, state = settings.value(GEOMETRY), settings.value(STATE)
+    maximized = settings.value(MAXIMIZED, False, bool)
+    settings.endGroup()
     if not isinstance(saved, QRect) or not isinstance(state, QByteArray):
         return False
     placed = place_saved(saved, available, screens)
     if placed is None:
         return False
     window.setGeometry(placed)
-    if settings.value(MAXIMIZED_KEY, False, bool):
+    if maximized:
         window.setWindowState(window.windowState() | Qt.WindowState.WindowMaximized)
     if not window.restoreState(state, version):
         return False

@@ -287,12 +287,15 @@ class MainWindow(QMainWindow):
     def restore_layout(self, screen: QRect | None = None) -> bool:
         """The layout saved on close, if it still fits `screen` (an available geometry; by
         default the window's screen's). False: it did not, and the current layout stays."""
+        self._fitted_screen = screen  # saved layouts are kept per size of this screen
         available = screen if screen is not None else layout.available_geometry(self)
         screens = layout.screens_available() if screen is None else ()
         return layout.restore(self, self._qsettings, STATE_VERSION, available, screens)
 
     def save_layout(self) -> None:
-        layout.save(self, self._qsettings, STATE_VERSION)
+        screen = self._fitted_screen
+        available = screen if screen is not None else layout.available_geometry(self)
+        layout.save(self, self._qsettings, STATE_VERSION, available)
 
     # -- conversation ----------------------------------------------------------------------------
 

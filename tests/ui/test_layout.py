@@ -213,13 +213,30 @@ def test_a_layout_saved_off_screen_is_moved_onto_it(open_window, tmp_path):
     first.internals.docks["kv_cache"].close()  # a change of the user's own
     first.window.close()
     settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
-    settings.setValue(layout.GEOMETRY_KEY, QRect(2500, 1400, 1200, 700))  # was on a monitor
+    for group in (layout.LATEST, layout.screen_key(screen)):
+        settings.setValue(f"{group}/{layout.GEOMETRY}", QRect(2500, 1400, 1200, 700))
     settings.sync()
 
     again = open_window(screen)
     assert again.window.geometry().size() == QSize(1200, 700)
     assert screen.contains(again.window.frameGeometry())
     assert not again.internals.docks["kv_cache"].isVisible()  # the rest of it was restored
+
+
+def test_each_screen_size_gets_its_own_layout_back(open_window):
+    monitor, laptop = SCREENS["3840x2160"], SCREENS["1366x768"]
+    at_desk = open_window(monitor)
+    at_desk.internals.docks["roofline"].close()
+    at_desk.window.close()
+    on_the_road = open_window(laptop)  # too small for the monitor's layout: this one's default
+    assert not on_the_road.internals.docks["roofline"].isHidden()
+    on_the_road.window.close()
+
+    back = open_window(monitor)  # the monitor's layout, not the laptop's latest
+    assert back.window.geometry().size() == at_desk.window.geometry().size()
+    docks = back.internals.docks
+    assert docks["roofline"].isHidden()
+    assert all(on_screen(dock) for name, dock in docks.items() if name != "roofline")
 
 
 def test_a_layout_that_fits_comes_back_as_it_was(open_window):
