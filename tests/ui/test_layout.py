@@ -24,6 +24,7 @@ SCREENS = {
     "1366x768": QRect(0, 0, 1366, 768),
     "1920x1080": QRect(0, 0, 1920, 1080),
     "3840x2160": QRect(0, 0, 3840, 2160),
+    "1080x1920": QRect(0, 0, 1080, 1920),  # a monitor turned upright
 }
 INTERNALS = ("timing", "kv_cache", "attention", "next_token", "roofline")
 
