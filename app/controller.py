@@ -1,9 +1,10 @@
 """Keep the conversation store in step with the window: every message saved, nothing lost.
 
-The window owns the conversation being shown; this controller mirrors it into SQLite. A reply
-is saved while it streams (about once a second, marked incomplete) and completed with its
-stats when it finishes, so a crash loses at most the last second and never a finished message.
-A reply cut off because the engine process died stays stored incomplete, with what streamed.
+The window's conversation (ui.conversation) announces each change; this controller writes it
+through app.recorder, the rules the terminal chat follows too: a conversation created with its
+first message, each user message committed, a reply saved while it streams (about once a
+second, marked incomplete) and completed with its stats, so a crash loses at most the last
+second and never a finished message. A reply cut off with its engine stays incomplete.
 """
 
 from __future__ import annotations
@@ -15,15 +16,29 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.export import export_conversation, suggested_filename
-from app.jobs import ENGINE_STOPPED
-from app.store import ConversationStore, ReplySaver, settings_to_dict, stats_from_finished
-from engine.events import Failed, Finished, PrefillDone, Token
-from engine.settings import Message
+from app.recorder import ConversationRecorder
+from app.store import ConversationStore, StoredMessage
+from ui.conversation import (
+    Added,
+    Change,
+    Entry,
+    ReplyAbandoned,
+    ReplyEnded,
+    ReplyEvent,
+    Reset,
+    Truncated,
+)
 from ui.conversation_list import ConversationList, ConversationRow
 from ui.main_window import MainWindow
 
 log = logging.getLogger(__name__)
-TITLE_CHARS = 48
+
+
+def entry_of(message: StoredMessage) -> Entry:
+    """A stored message as the conversation holds it."""
+    return Entry(
+        message.role, message.text, message.model, stats=message.stats, complete=message.complete
+    )
 
 
 class ConversationController(QObject):
@@ -32,12 +47,9 @@ class ConversationController(QObject):
     ) -> None:
         super().__init__(window)
         self.window, self.store, self.sidebar = window, store, sidebar
-        self.conversation_id: int | None = None
-        self._saver: ReplySaver | None = None
-        self._engine_stopped = False  # the streaming reply was cut off with its engine
-        self._saved: list[Message] = []  # what the store holds for the open conversation
-        window.conversation_changed.connect(self.sync)
-        window.event_received.connect(self._on_event)
+        # The window keeps a reply that never reached the model (refused) as an empty message.
+        self.recorder = ConversationRecorder(store, keep_unanswered=True)
+        window.conversation_model.subscribe(self._on_change)
         sidebar.open_requested.connect(self.open)
         sidebar.new_requested.connect(window.new_chat)
         sidebar.rename_requested.connect(self._rename)
@@ -47,6 +59,11 @@ class ConversationController(QObject):
         sidebar.search_changed.connect(lambda _: self.refresh())
         window.settings_panel.completion_toggled.connect(self._set_completion)
         self.refresh()
+
+    @property
+    def conversation_id(self) -> int | None:
+        """The open conversation's id in the store (None until its first message)."""
+        return self.recorder.conversation_id
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -59,86 +76,49 @@ class ConversationController(QObject):
         conversation = self.store.conversation(conversation_id)
         if conversation is None:
             return
-        self.flush()
-        stored = [m.as_message() for m in self.store.messages(conversation_id)]
-        system = (
-            [Message("system", conversation.system_prompt)] if conversation.system_prompt else []
-        )
-        self.conversation_id = None  # set_conversation's change signal must not write anything
-        self.window.set_conversation([*system, *stored])
+        entries = [entry_of(m) for m in self.store.messages(conversation_id)]
+        self.window.set_conversation(entries, conversation.system_prompt)  # resets the recorder
         self.window.settings_panel.set_completion(conversation.completion)
-        self.conversation_id, self._saved = conversation_id, stored
+        self.recorder.open(conversation_id)
         self.store.set_last_opened(conversation_id)
         self.sidebar.set_current(conversation_id)
 
     # -- saving -------------------------------------------------------------------------------
 
-    def sync(self) -> None:
-        """Write what changed: messages past the first difference are replaced."""
-        shown = self.window.conversation()
-        if not shown:  # a new chat: the next message starts a new conversation
-            self.flush()
-            self.conversation_id, self._saved = None, []
+    def _on_change(self, change: Change) -> None:
+        """Write what the conversation says happened, as it happens."""
+        if isinstance(change, Reset):  # a new chat: the next message starts a new conversation
+            self.recorder.open(None)
             self.sidebar.set_current(None)
-            return
-        if self.conversation_id is None:
-            self._create(shown[0].content)
-        same = 0
-        while same < min(len(shown), len(self._saved)) and shown[same] == self._saved[same]:
-            same += 1
-        if same < len(self._saved):
-            self.store.truncate(self.conversation_id, same)  # regenerate or edit
-        model = self.window.info.name if self.window.info else None
-        settings = settings_to_dict(self.window.settings_panel.settings())
-        for message in shown[same:]:
-            self.store.add_message(
-                self.conversation_id, message.role, message.content, model=model, settings=settings
-            )
-        self._saved = list(shown)
-        self.refresh()
+        elif isinstance(change, Added):
+            self._add_user(change.entry)
+        elif isinstance(change, Truncated):  # the last reply is regenerated
+            self.recorder.truncate(len(change.entries))
+        elif isinstance(change, ReplyEvent):
+            reply = change.reply
+            self.recorder.record(change.event, model=reply.model, settings=reply.settings)
+        elif isinstance(change, ReplyEnded):
+            self.refresh()
+        elif isinstance(change, ReplyAbandoned):
+            self.recorder.interrupted()
 
-    def _on_event(self, event: object) -> None:
-        if not self.window.replying or self.conversation_id is None:
-            return
-        if isinstance(event, PrefillDone):
-            model = self.window.info.name if self.window.info else None
-            settings = self.window.settings_panel.settings()
-            reply = self.store.begin_reply(self.conversation_id, model, settings)
-            self._saver = ReplySaver(self.store, reply)
-            self._engine_stopped = False
-        elif isinstance(event, Token) and self._saver:
-            self._saver.append(event.text)
-        elif isinstance(event, Failed) and event.error_type == ENGINE_STOPPED:
-            self._engine_stopped = True
-        elif isinstance(event, Finished) and self._saver:
-            if self._engine_stopped:  # kept as on a crash: the text so far, incomplete
-                self._saver.set_text(event.text)
-                self._saver.flush()
-            else:
-                self._saver.finish(stats_from_finished(event), event.text)
-            self._saver, self._engine_stopped = None, False
-            self._saved.append(Message("assistant", event.text))  # now stored
+    def _add_user(self, entry: Entry) -> None:
+        new = self.conversation_id is None
+        system_prompt = self.window.conversation_model.system_prompt
+        self.recorder.add_user(
+            entry.text, model=entry.model, system_prompt=system_prompt, settings=entry.settings
+        )
+        if new:
+            self.store.set_last_opened(self.conversation_id)
+        self.refresh()
 
     def flush(self) -> None:
         """Save the streaming reply's text now (quitting or switching mid-reply)."""
-        if self._saver is not None:
-            self._saver.flush()
-            self._saver = None
+        self.recorder.interrupted()
 
     def close(self) -> None:
         self.flush()
         self.store.close()
-
-    def _create(self, first_message: str) -> None:
-        title = " ".join(first_message.split())[:TITLE_CHARS] or "New chat"
-        self.conversation_id = self.store.create_conversation(
-            title,
-            model=self.window.info.name if self.window.info else None,
-            system_prompt=self.window.settings_panel.system_prompt(),
-            settings=self.window.settings_panel.settings(),
-        )
-        self._saved = []
-        self.store.set_last_opened(self.conversation_id)
 
     # -- the sidebar --------------------------------------------------------------------------
 

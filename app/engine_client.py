@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.engine_process import EngineProcess, EngineSpec
-from app.jobs import ENGINE_STOPPED, ReplyTally
+from app.jobs import ReplyTally
 from app.worker import WorkerBase
-from engine.events import Finished, ModelInfo
+from engine.events import ENGINE_STOPPED, Finished, ModelInfo
 from engine.settings import LoadRequest
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,6 @@ from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSetti
 
 log = logging.getLogger(__name__)
 
-ENGINE_STOPPED = "EngineStopped"  # Failed.error_type of a reply cut off with its engine
 PROGRESS_INTERVAL_S = 0.03  # loaders may report per tensor; the progress bar needs far less
 EVENT_WEIGHT = 1024  # an event's weight in bytes, besides its attention arrays
 

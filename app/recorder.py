@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.jobs import ENGINE_STOPPED
 from app.store import DEFAULT_TITLE, ConversationStore, ReplySaver
-from engine.events import Event, Failed, Finished, PrefillDone, Token
+from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings
 from ui.reply_stats import finished_stats
 

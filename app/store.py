@@ -28,8 +28,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from engine.events import Finished
-from engine.serialize import event_to_dict
 from engine.settings import GenerationSettings, Message
 
 # Each script takes the database from version n to n + 1 (index n). Append, never edit.
@@ -121,16 +119,6 @@ class StoredMessage:
     def as_message(self) -> Message:
         """The message as the chat template takes it."""
         return Message(self.role, self.text)
-
-
-def stats_from_finished(finished: Finished) -> dict[str, Any]:
-    """The numbers of a finished generation, as `finish_reply` stores them.
-
-    The same fields, under the same names, as the `finished` line of `glassbox chat --json`.
-    """
-    stats = event_to_dict(finished)
-    del stats["event"], stats["text"]  # the text is the message itself
-    return stats
 
 
 def settings_to_dict(settings: GenerationSettings | Mapping[str, Any] | None) -> dict[str, Any]:

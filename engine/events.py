@@ -156,10 +156,16 @@ class Token:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """Something went wrong; `Finished(reason="error")` follows with what was generated."""
+    """Something went wrong; `Finished(reason="error")` follows with what was generated.
+
+    `error_type` names the error; ENGINE_STOPPED says the engine process died under the reply.
+    """
 
     message: str
     error_type: str
+
+
+ENGINE_STOPPED = "EngineStopped"  # Failed.error_type of a reply cut off with its engine
 
 
 @dataclass(frozen=True, slots=True)

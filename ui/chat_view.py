@@ -5,20 +5,34 @@ Streamed text is shown at most every STREAM_FRAME_MS, in one edit block: each in
 the reply out and repaints the view, so drawing every token of a fast model costs the GUI
 thread more than the reader gains (a reader does not need more than 10 updates a second).
 When the reply ends, its frame content is replaced once by the rendered Markdown.
-Every message keeps its plain text, which `messages()` returns.
+The view keeps no messages of its own: it draws a ui.conversation.Conversation's changes.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import markdown
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFrameFormat
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
+from engine.events import Token
 from engine.settings import Message
+from ui.conversation import (
+    Added,
+    Change,
+    Conversation,
+    Entry,
+    ReplyAbandoned,
+    ReplyEnded,
+    ReplyEvent,
+    ReplyStarted,
+    Reset,
+    Truncated,
+)
+from ui.reply_stats import stats_line
 from ui.style import ChatColors, chat_colors, document_css
 
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System prompt"}
@@ -56,16 +70,16 @@ class MarkdownRenderer:
         )
 
 
-@dataclass
-class _Entry:
-    message: Message
-    stats: str = ""
-
-
 class ChatView(QTextBrowser):
-    """Read-only chat transcript. Roles: "user", "assistant", "system"."""
+    """Draws a Conversation (its own when none is given) and follows its changes.
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    Roles: "user", "assistant", "system". Notes (`add_note`) are lines outside the
+    conversation, e.g. why a reply failed; they are not messages.
+    """
+
+    def __init__(
+        self, conversation: Conversation | None = None, parent: QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self.setOpenExternalLinks(True)
         self.setUndoRedoEnabled(False)
@@ -73,88 +87,41 @@ class ChatView(QTextBrowser):
         self.document().setDefaultStyleSheet(document_css(self._colors))
         self.document().setDocumentMargin(8)
         self._renderer = MarkdownRenderer(self._colors)
-        self._entries: list[_Entry] = []
         self._reply_cursor: QTextCursor | None = None
         self._reply_start = 0
-        self._reply_parts: list[str] = []  # streamed and shown
         self._pending: list[str] = []  # streamed, shown at the next stream frame
         self._stream_timer = QTimer(self)
         self._stream_timer.setSingleShot(True)
         self._stream_timer.setInterval(STREAM_FRAME_MS)
         self._stream_timer.timeout.connect(self._show_pending)
+        self.conversation = conversation if conversation is not None else Conversation()
+        self.conversation.subscribe(self._on_change)
+        self._redraw(self.conversation.entries)
 
-    # -- public API ----------------------------------------------------------------------------
-
-    def add_message(self, role: str, text: str, stats: str = "") -> None:
-        """Show a complete message (a reloaded conversation, or the user's own)."""
-        self._entries.append(_Entry(Message(role, text), stats))
-        self._draw(self._entries[-1])
-
-    def begin_reply(self) -> None:
-        """Open an assistant message that `append_reply` streams into."""
-        if self._reply_cursor is not None:
-            self.end_reply("".join(self._reply_parts + self._pending))
-        at_bottom = self._at_bottom()
-        cursor = self._end_cursor()
-        cursor.beginEditBlock()
-        self._open_frame(cursor, "assistant")
-        cursor.endEditBlock()
-        self._reply_start = cursor.position()
-        self._reply_cursor = cursor
-        self._reply_parts = []
-        self._follow(at_bottom)
-
-    def append_reply(self, text: str) -> None:
-        """Stream text into the open reply: shown as plain text within STREAM_FRAME_MS."""
-        if self._reply_cursor is None or not text:
-            return
-        self._pending.append(text)
-        if not self._stream_timer.isActive():
-            self._stream_timer.start()
-
-    def flush(self) -> None:
-        """Show the streamed text that waits for the next stream frame now."""
-        self._stream_timer.stop()
-        self._show_pending()
-
-    def end_reply(self, final_text: str, stats_line: str = "") -> None:
-        """Replace the streamed text by `final_text` rendered as Markdown, with a stats line."""
-        if self._reply_cursor is None:
-            self.add_message("assistant", final_text, stats_line)
-            return
-        at_bottom = self._at_bottom()
-        cursor = self._reply_cursor
-        frame_end = cursor.currentFrame().lastPosition()
-        cursor.setPosition(self._reply_start)
-        cursor.setPosition(frame_end, QTextCursor.MoveMode.KeepAnchor)
-        cursor.beginEditBlock()
-        cursor.removeSelectedText()
-        self._write_body(cursor, "assistant", final_text, stats_line)
-        cursor.endEditBlock()
-        self._entries.append(_Entry(Message("assistant", final_text), stats_line))
-        self._reply_cursor = None
-        self._reply_parts = []
-        self._drop_pending()
-        self._follow(at_bottom)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._reply_cursor = None
-        self._reply_parts = []
-        self._drop_pending()
-        super().clear()
+    # -- reading -------------------------------------------------------------------------------
 
     def messages(self) -> list[Message]:
         """The complete messages shown, in order (a reply still streaming is not included)."""
-        return [entry.message for entry in self._entries]
+        return self.conversation.messages()
 
-    def remove_last_message(self) -> Message | None:
-        """Drop the last complete message (Regenerate drops the reply it replaces)."""
-        if not self._entries or self._reply_cursor is not None:
-            return None
-        removed = self._entries.pop().message
-        self._redraw()
-        return removed
+    @property
+    def replying(self) -> bool:
+        return self._reply_cursor is not None
+
+    def reply_text(self) -> str:
+        """The text of the reply streaming in so far, drawn or waiting for its frame."""
+        reply = self.conversation.reply
+        return reply.text if reply is not None and self.replying else ""
+
+    def toPlainText(self) -> str:
+        """The transcript as text, with the streamed text that waits for its frame."""
+        self.flush()
+        return super().toPlainText()
+
+    def flush(self) -> None:
+        """Draw the streamed text that waits for the next stream frame now."""
+        self._stream_timer.stop()
+        self._show_pending()
 
     def add_note(self, text: str, error: bool = False) -> None:
         """A line outside the conversation, e.g. why a reply failed; not part of messages()."""
@@ -169,18 +136,61 @@ class ChatView(QTextBrowser):
         cursor.endEditBlock()
         self._follow(at_bottom)
 
-    @property
-    def replying(self) -> bool:
-        return self._reply_cursor is not None
+    # -- following the conversation ------------------------------------------------------------
 
-    def reply_text(self) -> str:
-        """The plain text streamed into the open reply so far, shown or waiting for its frame."""
-        return "".join(self._reply_parts + self._pending)
+    def _on_change(self, change: Change) -> None:
+        if isinstance(change, Reset | Truncated):
+            self._redraw(change.entries)
+        elif isinstance(change, Added):
+            self._draw(change.entry)
+        elif isinstance(change, ReplyStarted):
+            self._begin_reply()
+        elif isinstance(change, ReplyEvent) and isinstance(change.event, Token):
+            self._append_reply(change.event.text)
+        elif isinstance(change, ReplyEnded):
+            self._end_reply(change.entry)
+        elif isinstance(change, ReplyAbandoned):
+            self.flush()
+            self._reply_cursor = None
 
-    def toPlainText(self) -> str:
-        """The transcript as text, with the streamed text that waits for its frame."""
-        self.flush()
-        return super().toPlainText()
+    def _begin_reply(self) -> None:
+        """Open an assistant message that streamed text goes into."""
+        if self._reply_cursor is not None:
+            self.flush()
+        at_bottom = self._at_bottom()
+        cursor = self._end_cursor()
+        cursor.beginEditBlock()
+        self._open_frame(cursor, "assistant")
+        cursor.endEditBlock()
+        self._reply_start = cursor.position()
+        self._reply_cursor = cursor
+        self._follow(at_bottom)
+
+    def _append_reply(self, text: str) -> None:
+        """Stream text into the open reply: drawn as plain text within STREAM_FRAME_MS."""
+        if self._reply_cursor is None or not text:
+            return
+        self._pending.append(text)
+        if not self._stream_timer.isActive():
+            self._stream_timer.start()
+
+    def _end_reply(self, entry: Entry) -> None:
+        """Replace the streamed text by the reply rendered as Markdown, with its stats line."""
+        if self._reply_cursor is None:
+            self._draw(entry)
+            return
+        at_bottom = self._at_bottom()
+        cursor = self._reply_cursor
+        frame_end = cursor.currentFrame().lastPosition()
+        cursor.setPosition(self._reply_start)
+        cursor.setPosition(frame_end, QTextCursor.MoveMode.KeepAnchor)
+        cursor.beginEditBlock()
+        cursor.removeSelectedText()
+        self._write_body(cursor, entry)
+        cursor.endEditBlock()
+        self._reply_cursor = None
+        self._drop_pending()
+        self._follow(at_bottom)
 
     # -- streaming -----------------------------------------------------------------------------
 
@@ -190,7 +200,6 @@ class ChatView(QTextBrowser):
         text = "".join(self._pending)
         self._drop_pending()
         at_bottom = self._at_bottom()
-        self._reply_parts.append(text)
         self._reply_cursor.beginEditBlock()
         self._reply_cursor.insertText(text)
         self._reply_cursor.endEditBlock()
@@ -202,18 +211,20 @@ class ChatView(QTextBrowser):
 
     # -- drawing -------------------------------------------------------------------------------
 
-    def _draw(self, entry: _Entry) -> None:
+    def _draw(self, entry: Entry) -> None:
         at_bottom = self._at_bottom()
         cursor = self._end_cursor()
         cursor.beginEditBlock()
-        self._open_frame(cursor, entry.message.role)
-        self._write_body(cursor, entry.message.role, entry.message.content, entry.stats)
+        self._open_frame(cursor, entry.role)
+        self._write_body(cursor, entry)
         cursor.endEditBlock()
         self._follow(at_bottom)
 
-    def _redraw(self) -> None:
+    def _redraw(self, entries: Sequence[Entry]) -> None:
+        self._reply_cursor = None
+        self._drop_pending()
         super().clear()
-        for entry in self._entries:
+        for entry in entries:
             self._draw(entry)
 
     def _open_frame(self, cursor: QTextCursor, role: str) -> None:
@@ -236,11 +247,15 @@ class ChatView(QTextBrowser):
         cursor.insertBlock()
         cursor.setCharFormat(QTextCharFormat())
 
-    def _write_body(self, cursor: QTextCursor, role: str, text: str, stats: str) -> None:
-        if role == "assistant":
+    def _write_body(self, cursor: QTextCursor, entry: Entry) -> None:
+        if entry.role == "assistant":
+            text = entry.text
             cursor.insertHtml(self._renderer.render(text) if text.strip() else "<i>(no text)</i>")
         else:
-            cursor.insertText(text, QTextCharFormat())
+            cursor.insertText(entry.text, QTextCharFormat())
+        stats = stats_line(entry.stats)
+        if not entry.complete:
+            stats = " · ".join(part for part in (stats, "incomplete: cut off") if part)
         if stats:
             cursor.insertBlock()
             fmt = QTextCharFormat()

@@ -2,7 +2,8 @@
 
 The window talks to the model only through a backend object (app.worker.GenerationWorker in
 the program, a fake in tests) whose signals arrive in the GUI thread; it never runs model work.
-It owns the conversation as a list of Message; the chat view mirrors it.
+The conversation is a ui.conversation.Conversation the window owns and changes in the order
+things happen; the chat view draws its changes and the store (app.controller) writes them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.events import Failed, Finished, ModelInfo, PrefillDone, Token
+from engine.events import Finished, ModelInfo, PrefillDone
 from engine.settings import (
     GenerationSettings,
     LoadRequest,
@@ -33,8 +34,10 @@ from engine.settings import (
 )
 from ui import layout
 from ui.chat_view import ChatView
+from ui.conversation import Conversation, Entry, ReplyState
 from ui.input_box import EMPTY_MESSAGE, InputBox
 from ui.model_picker import ModelPicker
+from ui.reply_stats import finished_stats, speed_line, stats_line
 from ui.settings_panel import SettingsPanel
 
 STATUS_MS = 6000
@@ -85,26 +88,11 @@ def model_line(info: ModelInfo) -> str:
     return f"{info.name} · {info.device} · {info.precision} {info.dtype} · {params} params"
 
 
-def speed_line(finished: Finished) -> str:
-    return f"TTFT {finished.ttft_s:.2f} s · {finished.decode_tokens_per_s:.1f} tok/s"
-
-
-ENDINGS = {
-    "eos": "",
-    "stop_string": "stop string",
-    "length": "length limit",
-    "cancelled": "stopped",
-    "error": "error",
-    "context_full": "context full",
-}
-
-
-def reply_stats(finished: Finished) -> str:
-    """The small line under a reply: tokens, time to first token, decode speed, why it ended."""
-    parts = [f"{finished.generated_tokens} tokens", speed_line(finished)]
-    if ENDINGS.get(finished.reason):
-        parts.append(ENDINGS[finished.reason])
-    return " · ".join(parts)
+def dropped_line(dropped: int, limit: int) -> str:
+    return (
+        f"The conversation outgrew the context window ({limit:,} tokens): the"
+        f" {dropped} oldest messages were left out of this request."
+    )
 
 
 def prefill_line(event: PrefillDone) -> str:
@@ -116,9 +104,14 @@ def prefill_line(event: PrefillDone) -> str:
 
 
 class MainWindow(QMainWindow):
-    """Signals: `event_received(event)` for every engine event and `events_received(list)` per
-    batch (both GUI thread; internals panels listen here), `conversation_changed()`,
-    `model_changed(ModelInfo)`."""
+    """The chat and its actions. `conversation_model` holds the conversation (the chat view
+    draws it, the store writes it).
+
+    Signals, all in the GUI thread: `events_received(list)` per batch of engine events, the
+    reply's and any other (the internals panels listen here); `event_received(event)` for each
+    of them, before the conversation takes it in (benchmarks and tests listen here);
+    `conversation_changed()` after the user's message, the reply or the chat changed;
+    `chat_reset()`; `model_changed(ModelInfo)`."""
 
     event_received = Signal(object)
     events_received = Signal(object)
@@ -139,19 +132,15 @@ class MainWindow(QMainWindow):
         self.resize(layout.first_start_geometry(layout.available_geometry(self)).size())
         self.backend = backend
         self._qsettings = settings if settings is not None else QSettings()
-        self._conversation: list[Message] = []
+        self.conversation_model = Conversation()
         self._probes = ProbeSettings()
-        self._awaiting = False  # a reply this window shows is streaming
-        self._queued: GenerationSettings | None = None  # sent while the first model loads
         self._loading = 0
-        self._failure: Failed | None = None
-        self._notice = ""  # shown under the reply when it ends
         self._info: ModelInfo | None = backend.info
         self._last_request = LoadRequest()
         self._picker: ModelPicker | None = None
         self._closed = False
 
-        self.chat = ChatView()
+        self.chat = ChatView(self.conversation_model)
         self.input = InputBox()
         self.settings_panel = SettingsPanel()
         self._make_actions()
@@ -301,24 +290,20 @@ class MainWindow(QMainWindow):
 
     def conversation(self) -> list[Message]:
         """The user and assistant messages so far (without the system prompt)."""
-        return list(self._conversation)
+        return self.conversation_model.messages()
 
     def prompt_messages(self) -> list[Message]:
         """What a request sends: the system prompt first when there is one, then the chat."""
-        system = self.settings_panel.system_prompt()
+        system = self.conversation_model.system_prompt
         head = [Message("system", system)] if system else []
-        return head + self._conversation
+        return head + self.conversation()
 
-    def set_conversation(self, messages: Sequence[Message]) -> None:
-        """Show a stored conversation; a leading system message goes to the settings panel."""
+    def set_conversation(self, entries: Sequence[Entry], system_prompt: str = "") -> None:
+        """Show a stored conversation; its system prompt goes to the settings panel."""
         self._abandon_reply()
-        messages = list(messages)
-        if messages and messages[0].role == "system":
-            self.settings_panel.set_system_prompt(messages.pop(0).content)
-        self._conversation = messages
-        self.chat.clear()
-        for message in messages:
-            self.chat.add_message(message.role, message.content)
+        if system_prompt:  # one without keeps the prompt the panel shows
+            self.settings_panel.set_system_prompt(system_prompt)
+        self.conversation_model.load(entries, self.settings_panel.system_prompt())
         self.backend.reset()
         self.chat_reset.emit()
         self.conversation_changed.emit()
@@ -346,8 +331,8 @@ class MainWindow(QMainWindow):
         settings = self._generation_settings()
         if settings is None:
             return False
-        self._conversation.append(Message("user", text))
-        self.chat.add_message("user", text)
+        self.conversation_model.system_prompt = self.settings_panel.system_prompt()
+        self.conversation_model.add_user(text, settings, self._model_name())
         self.conversation_changed.emit()
         return self._reply_when_ready(settings)
 
@@ -357,32 +342,29 @@ class MainWindow(QMainWindow):
         if reason:
             self.show_status(reason)
             return False
-        if not any(m.role == "user" for m in self._conversation):
+        if not self.conversation_model.has_user_message():
             self.show_status("Nothing to regenerate: send a message first.")
             return False
         settings = self._generation_settings()
         if settings is None:
             return False
-        while self._conversation and self._conversation[-1].role == "assistant":
-            self._conversation.pop()
-            self.chat.remove_last_message()
+        self.conversation_model.system_prompt = self.settings_panel.system_prompt()
+        self.conversation_model.drop_last_reply()
         self.conversation_changed.emit()
         return self._reply_when_ready(settings)
 
     def stop(self) -> None:
-        if self._queued is not None:
-            self._queued = None
+        if self.conversation_model.stop_waiting() is not None:
             self.show_status("Stopped: the message waits unanswered.")
             self._update_actions()
-        if self._awaiting:
+        if self.replying:
             self.backend.stop()
             self.show_status("Stopping…")
 
     def new_chat(self) -> None:
         """Empty the chat and forget the session's KV cache."""
         self._abandon_reply()
-        self._conversation.clear()
-        self.chat.clear()
+        self.conversation_model.clear()
         self.backend.reset()
         self.chat_reset.emit()
         self.conversation_changed.emit()
@@ -414,11 +396,11 @@ class MainWindow(QMainWindow):
     # -- replies ---------------------------------------------------------------------------------
 
     def _send_refusal(self) -> str | None:
-        if self._queued is not None:
+        if self.conversation_model.state is ReplyState.WAITING:
             return WAITING
         if self._info is None:
             return None if self._loading else "No model is loaded."
-        if self._awaiting:
+        if self.replying:
             return "A reply is still streaming: press Esc to stop it."
         if self.backend.busy:
             return "The model is busy (loading): wait a moment."
@@ -431,59 +413,54 @@ class MainWindow(QMainWindow):
             self.show_status(str(error))
             return None
 
+    def _model_name(self) -> str | None:
+        return self._info.name if self._info is not None else None
+
     def _reply_when_ready(self, settings: GenerationSettings) -> bool:
         """Start the reply, or, while the first model loads, once it has loaded."""
         if self._info is not None:
             return self._start_reply(settings)
-        self._queued = settings
+        self.conversation_model.wait_for_model(settings)
         self.chat.add_note(WAITING)
         self.show_status(WAITING, 0)
         self._update_actions()
         return True
 
-    def _start_queued(self) -> None:
-        if self._queued is not None and self._info is not None and not self.backend.busy:
-            settings, self._queued = self._queued, None
-            self._start_reply(settings)
+    def _start_waiting_reply(self) -> None:
+        if self._info is not None and not self.backend.busy:
+            settings = self.conversation_model.stop_waiting()
+            if settings is not None:
+                self._start_reply(settings)
 
     def _on_busy_changed(self, busy: bool) -> None:
         self._update_actions()
         if not busy:
-            self._start_queued()
+            self._start_waiting_reply()
 
     def _start_reply(self, settings: GenerationSettings) -> bool:
         if not self.backend.generate(self.prompt_messages(), settings, self._probes):
             self.show_status("The model is busy: try again in a moment.")
             return False
-        self._awaiting = True
-        self._failure = None
-        self.chat.begin_reply()
+        self.conversation_model.start_reply(settings, self._model_name())
         self._update_actions()
         return True
 
     def _abandon_reply(self) -> None:
         """Stop showing the reply in progress; its remaining events only reach the panels."""
-        self._queued = None
-        if self._awaiting:
+        if self.replying:
             self.backend.stop()
-            self._awaiting = False
+        self.conversation_model.abandon_reply()
 
     def _on_events(self, batch: list) -> None:
-        text: list[str] = []
         for event in batch:
-            self.event_received.emit(event)  # listeners (the store) see it before the chat acts
-            if self._awaiting:
-                if isinstance(event, Token):
-                    text.append(event.text)
-                elif isinstance(event, PrefillDone):
-                    self._on_prefill(event)
-                elif isinstance(event, Failed):
-                    self._failure = event
-                elif isinstance(event, Finished):
-                    self.chat.append_reply("".join(text))
-                    text.clear()
-                    self._finish_reply(event)
-        self.chat.append_reply("".join(text))  # one edit block for the whole batch
+            self.event_received.emit(event)
+            if not self.replying:
+                continue  # an abandoned reply's last events: for the panels only
+            self.conversation_model.apply(event)  # the chat view and the store follow it
+            if isinstance(event, PrefillDone):
+                self._on_prefill(event)
+            elif isinstance(event, Finished):
+                self._after_reply(event)
         self.events_received.emit(batch)
 
     def _on_prefill(self, event: PrefillDone) -> None:
@@ -491,34 +468,32 @@ class MainWindow(QMainWindow):
         limit = self._info.max_context if self._info else 0
         self.context_label.setText(f"context {event.prompt_tokens:,} / {limit:,}" if limit else "")
         if event.dropped_messages:
-            # Shown in the chat once the reply ends: a note now would split the streaming block.
-            self._notice = (
-                f"The conversation outgrew the context window ({limit:,} tokens): the"
-                f" {event.dropped_messages} oldest messages were left out of this request."
-            )
-            self.show_status(self._notice, 15000)
+            self.show_status(dropped_line(event.dropped_messages, limit), 15000)
 
     @property
     def replying(self) -> bool:
         """A reply to this window's conversation is streaming."""
-        return self._awaiting
+        return self.conversation_model.replying
 
-    def _finish_reply(self, finished: Finished) -> None:
-        self._awaiting = False
-        self.chat.end_reply(finished.text, reply_stats(finished))
-        self._conversation.append(Message("assistant", finished.text))
-        if self._notice:
-            self.chat.add_note(self._notice)
-            self._notice = ""
+    def _after_reply(self, finished: Finished) -> None:
+        """The reply is in the conversation (and drawn): say how it went."""
+        reply = self.conversation_model.reply
+        prefill = reply.prefill if reply is not None else None
+        if prefill is not None and prefill.dropped_messages:
+            # Noted once the reply has ended: a note while it streams would split its block.
+            limit = self._info.max_context if self._info else 0
+            self.chat.add_note(dropped_line(prefill.dropped_messages, limit))
+        stats = finished_stats(finished)
         if finished.generated_tokens:
-            self.speed_label.setText(speed_line(finished))
-        if self._failure is not None:
-            self.chat.add_note(self._failure.message, error=True)
-            self.show_status(self._failure.message, 15000)
+            self.speed_label.setText(speed_line(stats))
+        failure = reply.failure if reply is not None else None
+        if failure is not None:
+            self.chat.add_note(failure.message, error=True)
+            self.show_status(failure.message, 15000)
         elif finished.reason == "cancelled":
             self.show_status("Stopped.")
         else:
-            self.show_status(f"Done: {reply_stats(finished)}")
+            self.show_status(f"Done: {stats_line(stats)}")
         self.conversation_changed.emit()
         self._update_actions()
 
@@ -545,8 +520,7 @@ class MainWindow(QMainWindow):
         self._loading = max(self._loading - 1, 0)
         self.load_progress.setVisible(self._loading > 0)
         kept = f" Still using {self._info.name}." if self._info is not None else ""
-        if self._queued is not None and self._info is None:
-            self._queued = None
+        if self._info is None and self.conversation_model.stop_waiting() is not None:
             kept += " The message waiting for it was not answered."
         self.show_status(f"Could not load the model: {message}{kept}", 20000)
         if self._picker is not None:
@@ -570,8 +544,9 @@ class MainWindow(QMainWindow):
         reason = self._send_refusal()
         self.input.set_sending_enabled(reason is None, reason or "")
         self.send_action.setEnabled(reason is None)
-        self.stop_action.setEnabled(self._awaiting or self._queued is not None)
-        has_user = any(m.role == "user" for m in self._conversation)
+        waiting = self.conversation_model.state is ReplyState.WAITING
+        self.stop_action.setEnabled(self.replying or waiting)
+        has_user = self.conversation_model.has_user_message()
         self.regenerate_action.setEnabled(reason is None and has_user)
 
     def closeEvent(self, event: QCloseEvent) -> None:
@@ -579,6 +554,6 @@ class MainWindow(QMainWindow):
         if not self._closed:
             self._closed = True
             self.save_layout()
-            self._awaiting = False
+            self.conversation_model.abandon_reply()  # the store keeps what streamed
             self.backend.shutdown()
         event.accept()

@@ -18,14 +18,15 @@ import pytest
 
 from app.chat_log import ChatLog, open_store
 from app.paths import DATABASE_NAME
-from app.store import ConversationStore, stats_from_finished
+from app.store import ConversationStore
 from engine.events import Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings
 from tests.models import make_tiny
+from ui.reply_stats import finished_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 120  # the most any one step below may take on a busy machine
-STATS_KEYS = set(stats_from_finished(Finished("eos", "", 0, 0, 0, 0, 0, 0, 0, 0)))
+STATS_KEYS = set(finished_stats(Finished("eos", "", 0, 0, 0, 0, 0, 0, 0, 0)))
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,7 @@ from PySide6.QtCore import QCoreApplication, QSettings
 from app import assembly
 from app.engine_client import RESTART_NOTE, EngineProcessWorker
 from app.engine_process import EngineSpec, receive_message, send_message
-from app.jobs import ENGINE_STOPPED
-from engine.events import Failed, Finished, PrefillDone, Token, frozen_array
+from engine.events import ENGINE_STOPPED, Failed, Finished, PrefillDone, Token, frozen_array
 from engine.settings import GenerationSettings, LoadRequest, Message
 
 FAKE = EngineSpec(

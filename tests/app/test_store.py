@@ -21,10 +21,10 @@ from app.store import (
     ReplySaver,
     generation_settings,
     set_aside,
-    stats_from_finished,
 )
 from engine.events import Finished
 from engine.settings import GenerationSettings, Message
+from ui.reply_stats import finished_stats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ def test_conversation_and_messages_round_trip(db_path):
         )
         store.add_message(cid, "user", "Plan a day in Rome")
         reply = store.begin_reply(cid, "SmolLM2", settings)
-        store.finish_reply(reply, "Start at the Colosseum.", stats_from_finished(finished()))
+        store.finish_reply(reply, "Start at the Colosseum.", finished_stats(finished()))
 
     with ConversationStore(db_path) as store:
         conversation = store.conversation(cid)

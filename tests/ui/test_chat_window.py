@@ -10,11 +10,12 @@ import pytest
 from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtWidgets import QDockWidget, QLabel
 
-from engine.events import Finished, Token
+from engine.events import Finished, Tally, Token
 from engine.settings import GenerationSettings, LoadRequest, Message
 from engine.synthetic import BROKEN
 from tests.ui.fakes import REPLY
 from ui.chat_view import ChatView
+from ui.conversation import Conversation, Entry
 from ui.main_window import human_count
 from ui.model_picker import ModelPicker
 from ui.settings_panel import SettingsPanel
@@ -319,15 +320,23 @@ def test_settings_panel_builds_valid_settings():
     assert panel.system_prompt() == "Be terse."
 
 
+def token(index: int, text: str) -> Token:
+    return Token(index, 100 + index, text, text, 0.01, 0, ())
+
+
+def finished(text: str, tokens: int) -> Finished:
+    return Tally(started=time.perf_counter(), generated=tokens).finished("eos", text)
+
+
 def test_chat_view_renders_markdown_and_keeps_plain_text(qtbot):
-    view = ChatView()
+    conversation = Conversation()
+    view = ChatView(conversation)
     qtbot.addWidget(view)
     source = (
         "Some *text*.\n\n```python\nif a < b:\n    print('<x>')\n```\n\n"
         "| a | b |\n|---|---|\n| 1 | 2 |"
     )
-    view.add_message("user", "<b>not bold</b>")
-    view.add_message("assistant", source)
+    conversation.load([Entry("user", "<b>not bold</b>"), Entry("assistant", source)])
     assert view.messages() == [Message("user", "<b>not bold</b>"), Message("assistant", source)]
     text = view.toPlainText()
     assert "<b>not bold</b>" in text and "*text*" not in text and "```" not in text
@@ -339,30 +348,43 @@ def test_chat_view_renders_markdown_and_keeps_plain_text(qtbot):
     tables = {type(f).__name__ for f in _frames(view)}
     assert "QTextTable" in tables  # the Markdown table, and the code block's box
 
-    view.remove_last_message()
+    conversation.drop_last_reply()
     assert view.messages() == [Message("user", "<b>not bold</b>")]
     assert "print" not in view.toPlainText()
-    view.clear()
+    conversation.clear()
     assert view.messages() == [] and view.toPlainText() == ""
 
 
 def test_chat_view_streams_into_one_reply(qtbot):
-    view = ChatView()
+    conversation = Conversation()
+    view = ChatView(conversation)
     qtbot.addWidget(view)
-    view.add_message("user", "Hi")
-    view.begin_reply()
+    conversation.add_user("Hi", GenerationSettings(), "tiny")
+    conversation.start_reply(GenerationSettings(), "tiny")
     before = view.document().findBlockByNumber(0).text()
-    for chunk in ("Hel", "lo **wor", "ld**"):
-        view.append_reply(chunk)
+    for index, chunk in enumerate(("Hel", "lo **wor", "ld**")):
+        conversation.apply(token(index, chunk))
     assert view.reply_text() == "Hello **world**"
     assert view.messages() == [Message("user", "Hi")]  # the reply is not complete yet
     assert view.document().findBlockByNumber(0).text() == before
-    view.end_reply("Hello **world**", "3 tokens")
+    conversation.apply(finished("Hello **world**", 3))
     assert view.messages()[-1] == Message("assistant", "Hello **world**")
     cursor = view.document().find("world")
     assert cursor.charFormat().fontWeight() > 400  # rendered bold
     assert "3 tokens" in view.toPlainText() and not view.replying
     assert view.document().find("Hi", 0).position() < cursor.position()
+
+
+def test_a_reloaded_reply_shows_its_stats_and_whether_it_was_cut_off(qtbot):
+    stats = {"generated_tokens": 2, "ttft_s": 0.5, "decode_tokens_per_s": 4.0}
+    conversation = Conversation()
+    view = ChatView(conversation)
+    qtbot.addWidget(view)
+    conversation.load([Entry("user", "Hi"), Entry("assistant", "Hello", stats=stats)])
+    assert "2 tokens · TTFT 0.50 s · 4.0 tok/s" in view.toPlainText()
+    assert "incomplete" not in view.toPlainText()
+    conversation.load([Entry("user", "Hi"), Entry("assistant", "Hel", complete=False)])
+    assert "incomplete: cut off" in view.toPlainText()
 
 
 def _frames(view: ChatView):

@@ -5,8 +5,9 @@ engine, panels, chat, store. The tiny model's context is 256 tokens, so from abo
 turn on the drop-oldest policy leaves early messages out of every request. Between turn 10
 (everything warmed up) and turn 200, resident memory, threads and timers must not grow.
 
-About 60 s here, nearly all of it in the engine: fitting the conversation into the context
-re-tokenizes it once per dropped turn (engine/context.py), about 0.8 s per turn by turn 200.
+About 75 s here (2 cores shared with other work). Fitting the long conversation into the
+context costs a handful of encodings per turn: engine/context.py binary-searches how many of
+the oldest turns to drop.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from app.stall import SOURCE, StallRun, stall_statistics
+from engine.events import Token
+from ui.conversation import Change, ReplyEvent
 from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
 
 TOKENS = 10_000
@@ -19,6 +21,8 @@ TOKENS = 10_000
 # worker bounded its deliveries and the attention rows stopped being reallocated, the longest
 # stall was 0.9-1.7 s. 500 ms leaves a shared CI machine 4x headroom and still catches those.
 MAX_STALL_MS = 500
+# The 99th percentile: 159 ms measured with the machine's load at 7 on its 2 cores.
+MAX_P99_STALL_MS = 300
 
 
 @pytest.fixture
@@ -33,32 +37,36 @@ def test_stall_statistics_are_the_gaps_beyond_the_interval():
     beats = [0.0, 0.005, 0.010, 0.050, 0.055]
     longest, p99 = stall_statistics(beats, 0.005)
     assert math.isclose(longest, 0.035)
-    assert 0.0 < p99 <= longest
+    # Stalls [0, 0, 0.035, 0]: the 99th percentile lies 97% of the way from 0 to 0.035.
+    assert math.isclose(p99, 0.97 * 0.035)
     assert stall_statistics([1.0], 0.005) == (0.0, 0.0)
 
 
 def test_ten_thousand_tokens_keep_the_window_responsive_and_reach_every_panel(run):
     streamed: list[str] = []
-    append_reply = run.window.chat.append_reply
 
-    def record(text: str) -> None:
-        streamed.append(text)
-        append_reply(text)
+    def record(change: Change) -> None:
+        if isinstance(change, ReplyEvent) and isinstance(change.event, Token):
+            streamed.append(change.event.text)
 
-    run.window.chat.append_reply = record
+    run.window.conversation_model.subscribe(record)
     result = run.stream(TOKENS)
     print(f"\n{result}")
 
     assert result["source"] == SOURCE and result["tokens"] == TOKENS
     assert result["longest_stall_ms"] < MAX_STALL_MS
-    assert 0 <= result["p99_stall_ms"] <= result["longest_stall_ms"]
+    assert result["p99_stall_ms"] < MAX_P99_STALL_MS
     assert result["redraws"] > 4 * 10  # the panels kept redrawing while the reply streamed
 
-    # Every token's text reached the chat, in order, and the finished reply is that text.
+    # Every token's text reached the conversation, in order, and the finished reply is that
+    # text, drawn in the chat.
     text = "".join(run.session.token_texts)
     assert len(run.session.token_texts) == TOKENS
     assert "".join(streamed) == text
     assert run.window.conversation()[-1].content == text
+    shown = run.window.chat.toPlainText()
+    tail = " ".join(text.rstrip().splitlines()[-1].split()[-5:])  # within the last paragraph
+    assert shown.rindex(tail) < shown.index(f"{TOKENS} tokens · TTFT")  # then its stats line
 
     # The KV curve ends at the last event's bytes, one point per cache length in the state
     # (the curve draws about two per pixel of them).
@@ -93,5 +101,5 @@ def test_bench_gui_only_reports_the_window_numbers_without_a_model(qapp, capsys)
     assert set(report) == {"gui"}  # no model was loaded or measured
     gui = report["gui"]
     assert gui["source"] == SOURCE and gui["tokens"] == 200
-    for key in ("longest_stall_ms", "p99_stall_ms", "redraws", "seconds"):
-        assert gui[key] >= 0, key
+    assert gui["longest_stall_ms"] < MAX_STALL_MS and gui["redraws"] > 0
+    assert gui["tokens_per_s"] == pytest.approx(200 / gui["seconds"], rel=0.05)

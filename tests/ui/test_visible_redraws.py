@@ -13,9 +13,11 @@ import pytest
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QVBoxLayout, QWidget
 
-from engine.events import Token
+from engine.events import Tally, Token
+from engine.settings import GenerationSettings
 from tests.ui.test_panels import model_info, prefill, token
 from ui.chat_view import ChatView
+from ui.conversation import Conversation
 from ui.panels import docks
 from ui.panels.docks import (
     FRAME_MS,
@@ -242,22 +244,28 @@ def test_a_readout_relays_out_its_panel_only_when_its_height_changes(qtbot):
 
 
 def test_streamed_chat_text_is_drawn_once_per_stream_frame(qtbot):
-    view = ChatView()
+    conversation = Conversation()
+    view = ChatView(conversation)
     qtbot.addWidget(view)
-    view.add_message("user", "Hi")
-    view.begin_reply()
+    conversation.add_user("Hi", GenerationSettings(), None)
+    conversation.start_reply(GenerationSettings(), None)
     edits: list[int] = []
     view.document().contentsChange.connect(lambda _at, _removed, added: edits.append(added))
-    for chunk in ("Hel", "lo ", "world"):
-        view.append_reply(chunk)
+    chunks = iter(enumerate(("Hel", "lo ", "world", "!", " more")))
+
+    def stream(count: int) -> None:
+        for index, text in (next(chunks) for _ in range(count)):
+            conversation.apply(Token(index, index, text, text, 0.01, 0, ()))
+
+    stream(3)
     assert "Hello" not in view.document().toPlainText() and edits == []  # not drawn yet
     assert view.reply_text() == "Hello world"  # but kept
     qtbot.waitUntil(lambda: "Hello world" in view.document().toPlainText(), timeout=2000)
     assert edits == [len("Hello world")]  # one insertion for the three chunks
-    view.append_reply("!")
+    stream(1)
     assert "world!" in view.toPlainText()  # reading the transcript shows what is pending
-    view.append_reply(" more")
-    view.end_reply("Hello world! more", "3 tokens")
+    stream(1)
+    conversation.apply(Tally(started=0.0, generated=5).finished("eos", "Hello world! more"))
     QApplication.processEvents()
     assert view.messages()[-1].content == "Hello world! more"
     assert view.document().toPlainText().count("Hello world! more") == 1
