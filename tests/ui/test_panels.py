@@ -10,6 +10,7 @@ import pytest
 from PySide6.QtCore import QPointF
 from PySide6.QtWidgets import QMainWindow
 
+from engine import synthetic
 from engine.events import Candidate, Failed, Finished, ModelInfo, PrefillDone, Token, frozen_array
 from engine.kv_cache import formula_bytes as kv_formula_bytes
 from ui.panels import attention
@@ -25,24 +26,15 @@ PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * BYTES  # 256 bytes for all layers
 PROMPT = 5
 
 
+TINY = dict(
+    name="tiny", source="folder", layers=LAYERS, heads=HEADS, kv_heads=KV_HEADS,
+    head_dim=HEAD_DIM, parameters=1000, max_context=64, vocab_size=100, bytes_per_value=BYTES,
+)  # fmt: skip
+
+
 def model_info(**changes) -> ModelInfo:
-    values = dict(
-        name="tiny",
-        source="folder",
-        architecture="LlamaForCausalLM",
-        device="cpu",
-        dtype="float32",
-        layers=LAYERS,
-        heads=HEADS,
-        kv_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        parameters=1000,
-        max_context=64,
-        vocab_size=100,
-        bytes_per_value=BYTES,
-    )
-    values.update(changes)
-    return ModelInfo(**values)
+    """A tiny model's shapes, with `changes` applied."""
+    return synthetic.model_info(**(TINY | changes))
 
 
 def causal(rng: np.random.Generator, queries: int, keys: int) -> np.ndarray:
