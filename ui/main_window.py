@@ -37,7 +37,7 @@ from ui.chat_view import ChatView
 from ui.conversation import Conversation, Entry, ReplyState
 from ui.input_box import EMPTY_MESSAGE, InputBox
 from ui.model_picker import ModelPicker
-from ui.reply_stats import finished_stats, speed_line, stats_line
+from ui.reply_stats import finished_stats, prefill_line, speed_line, stats_line
 from ui.settings_panel import SettingsPanel
 
 STATUS_MS = 6000
@@ -92,14 +92,6 @@ def dropped_line(dropped: int, limit: int) -> str:
     return (
         f"The conversation outgrew the context window ({limit:,} tokens): the"
         f" {dropped} oldest messages were left out of this request."
-    )
-
-
-def prefill_line(event: PrefillDone) -> str:
-    reused = f" ({event.reused_tokens} reused from the cache)" if event.reused_tokens else ""
-    return (
-        f"Prefill: {event.processed_tokens} tokens in {event.seconds:.2f} s"
-        f" ({event.tokens_per_s:.0f} tok/s){reused}"
     )
 
 

@@ -1,5 +1,5 @@
-"""A reply's numbers in one line of words, the same wherever they are shown: under the reply in
-the chat, in the status bar, after a reply in the terminal and in a Markdown export.
+"""A reply's numbers in words, the same wherever they are shown: under the reply in the chat,
+in the status bar, after a reply in the terminal and in a Markdown export.
 
 Qt-free (an import contract keeps it so): the terminal and the exports use it without widgets.
 The numbers are read from the mapping the store keeps for a reply (`finished_stats`: the
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.events import Finished
+from engine.events import Finished, PrefillDone
 from engine.serialize import event_to_dict
 
 Stats = Mapping[str, Any]
@@ -62,3 +62,12 @@ def stats_line(stats: Stats) -> str:
     parts.append(speed_line(stats))
     parts.append(ENDINGS.get(stats.get("finish_reason", ""), ""))
     return " · ".join(part for part in parts if part)
+
+
+def prefill_line(event: PrefillDone) -> str:
+    """The prompt's pass, e.g. "Prefill: 12 tokens in 0.05 s (240 tok/s)"."""
+    reused = f" ({event.reused_tokens} reused from the cache)" if event.reused_tokens else ""
+    return (
+        f"Prefill: {event.processed_tokens} tokens in {event.seconds:.2f} s"
+        f" ({event.tokens_per_s:.0f} tok/s){reused}"
+    )
