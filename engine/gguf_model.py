@@ -189,17 +189,10 @@ def _join(build, rows: int) -> quant.Int4Linear:
     return quant.Int4Linear(torch.cat(packed), torch.cat(scales, dim=1), rows)
 
 
-def _row_lookup(qtype: int, columns: int):
-    """raw rows [n, row_bytes] -> float32 [n, columns], for any tensor type."""
-    if qtype in quant.BLOCK_BYTES:
-        return lambda raw: quant.dequantize(raw, qtype)
-    return lambda raw: quant.dense(raw, qtype, columns)
-
-
 def _embedding(file: GGUFFile, shape: LlamaShape) -> Embedding:
     """Rows stay as stored (mapped from the file); a lookup expands only the rows it needs."""
     info = file.tensors["token_embd.weight"]
-    return Embedding(torch.from_numpy(file.raw(info.name)), _row_lookup(info.type, shape.dim))
+    return Embedding(quant.RowReader(torch.from_numpy(file.raw(info.name)), info.type, shape.dim))
 
 
 def _head(file: GGUFFile, shape: LlamaShape) -> Head:
@@ -209,10 +202,9 @@ def _head(file: GGUFFile, shape: LlamaShape) -> Head:
     matmul: half the bytes of the exact Q8_0 split, and the top logits are exact anyway."""
     name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
     info = file.tensors[name]
-    rows = torch.from_numpy(file.raw(name))
-    lookup = _row_lookup(info.type, shape.dim)
-    if rows.shape[0] % 16:  # the int4 kernel's rule
-        return Head(quant.DenseLinear(lookup(rows).to(torch.bfloat16)), rows, lookup)
+    rows = quant.RowReader(torch.from_numpy(file.raw(name)), info.type, shape.dim)
+    if rows.raw.shape[0] % 16:  # the int4 kernel's rule
+        return Head(quant.DenseLinear(rows.all().to(torch.bfloat16)), rows)
     if info.type in (quant.Q4_0, quant.Q4_1):
 
         def build(start: int) -> quant.Int4Linear:
@@ -222,10 +214,12 @@ def _head(file: GGUFFile, shape: LlamaShape) -> Head:
     else:
 
         def build(start: int) -> quant.Int4Linear:
-            chunk = lookup(torch.from_numpy(file.read(name, start, start + ROW_CHUNK)))
-            return quant.Int4Linear.requantized(chunk, torch.bfloat16)
+            chunk = torch.from_numpy(file.read(name, start, start + ROW_CHUNK))
+            return quant.Int4Linear.requantized(
+                quant.dense(chunk, info.type, shape.dim), torch.bfloat16
+            )
 
-    return Head(_join(build, rows.shape[0]), rows, lookup)
+    return Head(_join(build, rows.raw.shape[0]), rows)
 
 
 def _inv_freq(file: GGUFFile, shape: LlamaShape) -> torch.Tensor:

@@ -92,6 +92,9 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(q).reshape(rows, columns))
 
 
+_int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+
 class Int4Linear(torch.nn.Module):
     """y = x·Wᵀ with W held as packed nibbles and a scale and zero per group of 32.
 
@@ -148,17 +151,21 @@ class Int4Linear(torch.nn.Module):
         return sum(b.numel() * b.element_size() for b in (self.packed, self.scales_zeros))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out] in the scales' dtype. A decode step calls this 121 times
+        with [1, in] bf16, so that case runs the kernel and nothing else."""
+        scales_zeros = self.scales_zeros
         shape = x.shape
-        flat = x.reshape(-1, shape[-1]).to(self.scales_zeros.dtype)
-        if flat.shape[0] >= DENSE_ROWS and self.packed.shape[0] % 64 == 0:
-            y = torch.nn.functional.linear(flat, self.dense())
+        if x.dim() != 2:
+            x = x.reshape(-1, shape[-1])
+        if x.dtype != scales_zeros.dtype:
+            x = x.to(scales_zeros.dtype)
+        if x.shape[0] >= DENSE_ROWS and self.packed.shape[0] % 64 == 0:
+            y = torch.nn.functional.linear(x, self.dense())
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat, self.packed, BLOCK, self.scales_zeros
-            )
+            y = _int4_mm(x, self.packed, BLOCK, scales_zeros)
         if y.shape[-1] != self.out_features:  # the two halves of a split Q8_0 weight
             y = y[:, : self.out_features] + y[:, self.out_features :]
-        return y.reshape(*shape[:-1], self.out_features)
+        return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)
 
 
 class DenseLinear(torch.nn.Module):
@@ -183,6 +190,33 @@ def fuse(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 F32, F16, BF16 = 0, 1, 30
+
+
+class RowReader:
+    """Rows of a stored tensor (uint8 [rows, row_bytes], any GGUF type) by index, in float32.
+
+    The embedding reads a row a token and the lm_head 64 a step (llama.Head). Q8_0 rows are
+    read through strided views of their int8 values and f16 scales: four ops, where unpacking
+    through numpy takes a dozen.
+    """
+
+    def __init__(self, raw: torch.Tensor, qtype: int, columns: int) -> None:
+        self.raw, self.qtype, self.columns = raw, qtype, columns
+        if qtype == Q8_0:
+            blocks = raw.view(raw.shape[0], -1, BLOCK_BYTES[Q8_0])
+            self._scales = blocks[..., :2].view(torch.float16)  # [rows, blocks, 1]
+            self._values = blocks[..., 2:].view(torch.int8)  # [rows, blocks, 32]
+
+    def __call__(self, index: torch.Tensor) -> torch.Tensor:
+        """index [n] (int64) -> float32 [n, columns]."""
+        if self.qtype == Q8_0:
+            weights = self._values[index].float().mul_(self._scales[index])
+            return weights.view(-1, self.columns)
+        return dense(self.raw[index], self.qtype, self.columns)
+
+    def all(self) -> torch.Tensor:
+        """Every row, in float32 [rows, columns]."""
+        return dense(self.raw, self.qtype, self.columns)
 
 
 def dense(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:

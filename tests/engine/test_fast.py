@@ -108,6 +108,37 @@ def test_q8_0_splits_exactly_into_two_int4_halves(rows):
     torch.testing.assert_close(linear.dense(), reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0, F16])
+def test_row_reader_reads_the_dequantised_rows(kind):
+    import gguf
+
+    weights = np.random.default_rng(1).standard_normal((40, 128), dtype=np.float32)
+    qtype = gguf.GGMLQuantizationType[kind]
+    raw = torch.from_numpy(gguf.quants.quantize(weights, qtype))
+    reference = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), qtype))
+    rows = quant.RowReader(raw.view(torch.uint8).reshape(40, -1), int(qtype), 128)
+    index = torch.tensor([3, 0, 39, 3])
+    torch.testing.assert_close(rows(index), reference[index], rtol=0, atol=1e-6)
+    torch.testing.assert_close(rows.all(), reference, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, engine.llama.ROPE_MATRIX_ROWS, 40])
+def test_rope_equals_the_rotate_half_formula(n):
+    """The per-position rotation matrices (short passes) and the elementwise form (long ones)
+    against RoPE as transformers writes it: x·cos + rotate_half(x)·sin, in float32."""
+    d, start = 64, 1000
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    x = torch.randn(n, 12, d).bfloat16()
+    angles = torch.outer(torch.arange(start, start + n).float(), inv_freq)
+    angles = torch.cat([angles, angles], -1)[:, None]
+    xf = x.float()
+    rotated = torch.cat([-xf[..., d // 2 :], xf[..., : d // 2]], -1)
+    expected = (xf * angles.cos() + rotated * angles.sin()).bfloat16()
+    rope = engine.llama.Rope(inv_freq, start, n)
+    assert (rope.matrix is not None) == (n <= engine.llama.ROPE_MATRIX_ROWS)
+    torch.testing.assert_close(rope(x), expected, rtol=0, atol=0)
+
+
 # -- the file reader ---------------------------------------------------------------------------
 
 
