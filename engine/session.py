@@ -7,6 +7,11 @@
 The session keeps the KV cache and the token ids it holds between turns: a prompt that extends
 them is prefilled from where the cache ends; an edited history is cropped back to the longest
 common prefix (or rebuilt). Cancel is a flag checked between steps.
+
+The loop in `_reply`, in the style of gpt-fast: `prefill` runs the prompt's uncached part,
+then per token the sampler picks from the last pass's logits and `decode_one_token` runs that
+token; each pass is a `Forward` (logits, attention probe, positions run and cached), timed on
+its own and placed on the roofline (engine/roofline.py) against the machine's peaks.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -33,6 +38,7 @@ from engine.events import (
     FinishReason,
     Peaks,
     PrefillDone,
+    Roofline,
     Tally,
     Token,
     frozen_array,
@@ -129,66 +135,98 @@ class ChatSession:
         encode = partial(encoder(settings.completion), self.tokenizer)
         return context.fit(messages, encode, limit, reserve, settings.context_policy)
 
-    def _reply(self, prompt, settings, probes, tally, stream, room, dropped) -> Iterator[Event]:
+    def _reply(
+        self,
+        prompt: list[int],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+        tally: Tally,
+        stream: TextStream,
+        room: int | None,
+        dropped: int,
+    ) -> Iterator[Event]:
+        """Prefill, then sample and decode one token at a time until a stop reason."""
         budget = settings.max_new_tokens if room is None else min(settings.max_new_tokens, room)
         sampler = Sampler(settings, self.device)
         clock = Stopwatch(self.device)
-        history = torch.tensor(prompt, device=self.device)
+        history = torch.tensor(prompt, device=self.device)  # [T]: prompt + tokens so far
 
         clock.start()
-        if settings.use_cache:
+        forward = self.prefill(prompt, settings.use_cache, probes)
+        tally.prefill_s, tally.reused_tokens = clock.stop(), forward.cached
+        yield self._prefill_event(prompt, forward, tally, probes, dropped)
+
+        reason: FinishReason | None = None
+        step_s = tally.prefill_s  # token 0's latency starts with the prefill
+        for index in range(budget):
+            clock.start()
+            probs = sampler.distribution(forward.logits, history)  # [vocab]
+            token_id = int(sampler.choose(probs))
+            reason = self._stop_reason(token_id, index, budget, settings)
+            token = self._token_event(index, token_id, forward, probs, probes, stream, reason)
+            step_s += clock.stop()
+            _count(tally, index, step_s)
+            roofline = self._roofline(forward, step_s) if index > 0 else None
+            yield replace(token, seconds=step_s, roofline=roofline)
+            reason = self._after_token(reason, stream)
+            if reason is not None:
+                break
+            clock.start()
+            history = torch.cat([history, history.new_tensor([token_id])])  # [T + 1]
+            forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
+            step_s = clock.stop()
+        yield tally.finished(reason or "length", stream.text)
+
+    def prefill(self, prompt: list[int], use_cache: bool, probes: ProbeSettings) -> Forward:
+        """One pass over the prompt's uncached part (all of it without a cache)."""
+        if use_cache:
             reused = self._reuse_cache(prompt)
         else:  # teaching mode: no cache at all, every step re-reads the whole sequence
             self.reset()
             reused = 0
-        cache = self._cache
+        ids = torch.tensor([prompt[reused:]], device=self.device)  # [1, n]
         probe = self._probe(probes, rows=min(probes.prefill_rows, len(prompt) - reused))
-        logits = self.decoder.forward(history[None, reused:], cache, probe)
-        tally.prefill_s, tally.reused_tokens = clock.stop(), reused
-        self._cached_ids = list(prompt) if settings.use_cache else []
-        roofline = self.meter.measure(
-            len(prompt) - reused, reused, tally.prefill_s, cache is not None
-        )
-        prefill = self._prefill_event(prompt, reused, tally, probe, probes)
-        yield replace(prefill, dropped_messages=dropped, roofline=roofline)
+        logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
+        self._cached_ids = list(prompt) if use_cache else []
+        return Forward(logits, probe, new=len(prompt) - reused, cached=reused, with_cache=use_cache)
 
-        reason: FinishReason = "length"
-        step_s = tally.prefill_s
-        forward: tuple[int, int] | None = None  # (new, cached) of the pass behind the logits
-        for index in range(budget):
-            clock.start()
-            probs = sampler.distribution(logits, history)
-            token_id = int(sampler.choose(probs))
-            eos = token_id in self.eos_ids and not settings.ignore_eos
-            last = eos or index + 1 == budget or self._cancel.is_set()
-            event = self._token_event(index, token_id, logits, probs, probe, probes, stream, last)
-            step_s += clock.stop()
-            if index == 0:
-                tally.ttft_s = tally.tokenize_s + step_s
-            else:
-                tally.decode_s += step_s
-            tally.generated = index + 1
-            roofline = self.meter.measure(*forward, step_s, settings.use_cache) if forward else None
-            yield replace(event, seconds=step_s, roofline=roofline)
-            if eos:
-                reason = "eos"
-            elif stream.stopped:
-                reason = "stop_string"
-            elif self._cancel.is_set():
-                reason = "cancelled"
-            elif index + 1 < budget:
-                clock.start()
-                history = torch.cat([history, history.new_tensor([token_id])])
-                probe = self._probe(probes, rows=1)
-                step_ids = history[None, -1:] if settings.use_cache else history[None, :]
-                forward = (step_ids.shape[1], len(history) - step_ids.shape[1])
-                logits = self.decoder.forward(step_ids, cache, probe)
-                if settings.use_cache:
-                    self._cached_ids.append(token_id)
-                step_s = clock.stop()
-                continue
-            break
-        yield tally.finished(reason, stream.text)
+    def decode_one_token(
+        self, token_id: int, history: torch.Tensor, use_cache: bool, probes: ProbeSettings
+    ) -> Forward:
+        """One pass for `token_id`, the last of `history` [T] (without a cache: all T again)."""
+        ids = history[None, -1:] if use_cache else history[None, :]  # [1, 1] or [1, T]
+        probe = self._probe(probes, rows=1)
+        logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
+        if use_cache:
+            self._cached_ids.append(token_id)
+        new = ids.shape[1]
+        return Forward(logits, probe, new=new, cached=len(history) - new, with_cache=use_cache)
+
+    def _stop_reason(
+        self, token_id: int, index: int, budget: int, settings: GenerationSettings
+    ) -> FinishReason | None:
+        """Why the reply ends with this token, as far as is known before its text streams."""
+        if token_id in self.eos_ids and not settings.ignore_eos:
+            return "eos"
+        if self._cancel.is_set():
+            return "cancelled"
+        if index + 1 == budget:
+            return "length"
+        return None
+
+    def _after_token(self, reason: FinishReason | None, stream: TextStream) -> FinishReason | None:
+        """The reason, once the token's text has streamed (a stop string) and its event was
+        handled (Stop may have been pressed meanwhile)."""
+        if reason == "eos":
+            return reason
+        if stream.stopped:
+            return "stop_string"
+        if self._cancel.is_set():
+            return "cancelled"
+        return reason
+
+    def _roofline(self, forward: Forward, seconds: float) -> Roofline:
+        return self.meter.measure(forward.new, forward.cached, seconds, forward.with_cache)
 
     def _reuse_cache(self, prompt: list[int]) -> int:
         """Make the cache hold a prefix of `prompt`; return how many tokens it holds."""
@@ -214,33 +252,52 @@ class ChatSession:
 
     # -- events -----------------------------------------------------------------------------
 
-    def _prefill_event(self, prompt, reused, tally, probe, probes) -> PrefillDone:
+    def _prefill_event(
+        self,
+        prompt: list[int],
+        forward: Forward,
+        tally: Tally,
+        probes: ProbeSettings,
+        dropped: int,
+    ) -> PrefillDone:
         per_layer = self._cache.layer_bytes() if self._cache is not None else ()
         return PrefillDone(
             prompt_tokens=len(prompt),
-            reused_tokens=reused,
-            processed_tokens=len(prompt) - reused,
+            reused_tokens=forward.cached,
+            processed_tokens=forward.new,
             tokenize_s=tally.tokenize_s,
             seconds=tally.prefill_s,
             kv_bytes=sum(per_layer),
             kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
             prompt_token_ids=tuple(prompt),
             token_texts=tuple(self._piece(i) for i in prompt) if probes.attention_layers else (),
-            attention=_attention(probe, squeeze=False),
+            attention=_attention(forward.probe, squeeze=False),
+            dropped_messages=dropped,
+            roofline=self._roofline(forward, tally.prefill_s),
         )
 
-    def _token_event(self, index, token_id, logits, probs, probe, probes, stream, last) -> Token:
+    def _token_event(
+        self,
+        index: int,
+        token_id: int,
+        forward: Forward,
+        probs: torch.Tensor,
+        probes: ProbeSettings,
+        stream: TextStream,
+        reason: FinishReason | None,
+    ) -> Token:
+        """The token as sampled; `seconds` and `roofline` are filled in once it is timed."""
         per_layer = self._cache.layer_bytes() if self._cache is not None else ()
         return Token(
             index=index,
             token_id=token_id,
-            text=stream.push(token_id, last),
+            text=stream.push(token_id, last=reason is not None),
             piece=self._piece(token_id),
             seconds=0.0,
             kv_bytes=sum(per_layer),
             kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
-            attention=_attention(probe, squeeze=True) if index > 0 else {},
-            top_k=self._top_k(logits, probs, probes.top_k),
+            attention=_attention(forward.probe, squeeze=True) if index > 0 else {},
+            top_k=self._top_k(forward.logits, probs, probes.top_k),
         )
 
     def _top_k(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> tuple[Candidate, ...]:
@@ -267,6 +324,26 @@ class ChatSession:
         self.reset()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """One forward pass: the last position's logits, and what the probes and roofline need."""
+
+    logits: torch.Tensor  # [vocab] float32
+    probe: AttentionProbe | None  # the attention it recorded
+    new: int  # positions run now
+    cached: int  # positions read from the cache (0 without one)
+    with_cache: bool
+
+
+def _count(tally: Tally, index: int, step_s: float) -> None:
+    """Token 0 closes the time to first token; every later one is a decode step."""
+    if index == 0:
+        tally.ttft_s = tally.tokenize_s + step_s
+    else:
+        tally.decode_s += step_s
+    tally.generated = index + 1
 
 
 def _peaks(device: torch.device, dtype: str) -> Peaks | None:
