@@ -72,7 +72,7 @@ def machine_peaks(
 def measure(device: torch.device, dtype: torch.dtype, size: ProbeSize | None = None) -> Peaks:
     """Probe peak FLOP/s (a square matmul in `dtype`) and bytes/s (a copy) on `device`."""
     size = size or (FULL_CPU if device.type == "cpu" else FULL_GPU)
-    n = size.matmul
+    n = _matmul_side(size.matmul, device, dtype)
     matmul_s = _matmul_seconds(n, device, dtype, size.seconds)
     copy_s, moved = _copy_seconds(size.copy_bytes, device, size.seconds)
     name = _dtype_name(dtype)
@@ -102,6 +102,22 @@ def machine_key(device: torch.device, dtype: torch.dtype) -> str:
             f"torch={torch.__version__}",
         )
     )
+
+
+def _matmul_side(largest: int, device: torch.device, dtype: torch.dtype) -> int:
+    """The matmul side to time: doubled from 256 while one product takes under 50 ms, so a
+    machine slow in `dtype` (bf16 without hardware support) still probes in about a second."""
+    n = min(256, largest)
+    while n < largest:
+        a = torch.ones(n, n, device=device, dtype=dtype)
+        synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, a)
+        synchronize(device)
+        if time.perf_counter() - start > 0.05:
+            break
+        n *= 2
+    return n
 
 
 def _matmul_seconds(n: int, device: torch.device, dtype: torch.dtype, at_least_s: float) -> float:
