@@ -31,6 +31,9 @@ def run_chat(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(f"glassbox chat: {error}", file=sys.stderr)
         return 2
+    if args.complete and args.system:  # a system turn belongs to the chat template
+        print("glassbox chat: --system has no place in --complete mode", file=sys.stderr)
+        return 2
     if args.prompt is not None and not args.prompt.strip():  # say so before a long load
         print("glassbox chat: the message is empty", file=sys.stderr)
         return 2

@@ -260,6 +260,12 @@ def test_negative_temperature_is_a_usage_error(tiny_folder):
     assert_clean_error(result, 2, "temperature", "-1")
 
 
+def test_a_system_prompt_in_completion_mode_is_a_usage_error(tiny_folder):
+    result = run_app("chat", "--model", str(tiny_folder), "--complete", "--system", "Be kind.",
+                     "--prompt", "Once")  # fmt: skip
+    assert_clean_error(result, 2, "--system", "--complete")
+
+
 def test_empty_prompt_is_refused_before_loading(tiny_folder):
     result = run_app("chat", "--model", str(tiny_folder), "--prompt", "", "--greedy")
     assert_clean_error(result, 2, "empty")
