@@ -20,6 +20,7 @@ import torch
 from engine import quant
 from engine.gguf_file import GGUFFile
 from engine.llama import Attention, Block, Embedding, FeedForward, GGUFLlama, Head, LlamaShape
+from engine.pack_cache import PackCache
 
 log = logging.getLogger(__name__)
 
@@ -91,27 +92,44 @@ def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
 # -- the quantised model ---------------------------------------------------------------------
 
 
-def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLlama:
-    """GGUFLlama with int4/int8 weights repacked from the file (others dequantised to bf16)."""
+def build_fast(
+    file: GGUFFile, progress: TensorProgress | None = None, packs: PackCache | None = None
+) -> GGUFLlama:
+    """GGUFLlama with int4 weights repacked from the file (others dequantised to bf16); with
+    `packs`, the repacked weights come from (and go to) the cache folder's pack."""
     shape = read_shape(file)
     names = list(file.tensors)
     done = [0]
     dense_types: set[str] = set()
 
-    def take(*parts: str) -> torch.Tensor:
-        done[0] += len(parts)
+    def advance(tensors: int) -> None:
+        done[0] += tensors
         if progress is not None:
             progress(done[0], len(names))
+
+    def take(*parts: str) -> torch.Tensor:
+        advance(len(parts))
         return torch.cat([raw_rows(file, shape, p) for p in parts])
 
     def linear(*parts: str) -> torch.nn.Module:
         types = {file.tensors[p].type for p in parts}
-        raw = take(*parts)
         qtype = types.pop() if len(types) == 1 else None
-        if qtype in quant.BLOCK_BYTES and raw.shape[0] % 16 == 0:  # the kernel's rule
+        rows = sum(file.tensors[p].shape[0] for p in parts)
+        if qtype not in quant.BLOCK_BYTES or rows % 16:  # % 16: the kernel's rule
+            dense_types.update(file.tensors[p].type_name for p in parts)
+            advance(len(parts))
+            return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
+
+        def build() -> quant.Int4Linear:
+            raw = take(*parts)
             return _chunked(raw, lambda r: quant.Int4Linear.from_blocks(r, qtype, torch.bfloat16))
-        dense_types.update(file.tensors[p].type_name for p in parts)
-        return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
+
+        if packs is None:
+            return build()
+        before = done[0]
+        built = packs.linear(parts[0], rows, file.tensors[parts[0]].shape[-1], build)
+        advance(len(parts) - (done[0] - before))  # a stored linear read nothing: count it
+        return built
 
     def vector(name: str) -> torch.Tensor:
         info = file.tensors[name]
@@ -134,8 +152,8 @@ def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLl
         norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
         blocks.append(Block(attention, feed_forward, norms, shape.eps))
         release_freed_memory()
-    output = _head(file, shape)
-    done[0] += 1
+    output = _head(file, shape, packs)
+    advance(1)
     embedding = _embedding(file, shape)
     norm = vector("output_norm.weight")
     if dense_types:
@@ -143,6 +161,8 @@ def build_fast(file: GGUFFile, progress: TensorProgress | None = None) -> GGUFLl
                  ", ".join(sorted(dense_types)))  # fmt: skip
     model = GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape)).eval()
     release_freed_memory()
+    if packs is not None:
+        packs.save()
     return model
 
 
@@ -195,7 +215,7 @@ def _embedding(file: GGUFFile, shape: LlamaShape) -> Embedding:
     return Embedding(quant.RowReader(torch.from_numpy(file.raw(info.name)), info.type, shape.dim))
 
 
-def _head(file: GGUFFile, shape: LlamaShape) -> Head:
+def _head(file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None) -> Head:
     """The lm_head (the embedding when tied): 4-bit for the matmul, the file's rows (mapped)
     for the exact recomputation of the top logits. Q4 rows are repacked as they are; other
     types (Q8_0, the embedding of the bundled model) are requantised to 4 bits for the bulk
@@ -219,7 +239,11 @@ def _head(file: GGUFFile, shape: LlamaShape) -> Head:
                 quant.dense(chunk, info.type, shape.dim), torch.bfloat16
             )
 
-    return Head(_join(build, rows.raw.shape[0]), rows)
+    vocab = rows.raw.shape[0]
+    if packs is None:
+        return Head(_join(build, vocab), rows)
+    bulk = packs.linear(f"{name} (4-bit bulk)", vocab, shape.dim, lambda: _join(build, vocab))
+    return Head(bulk, rows)
 
 
 def _inv_freq(file: GGUFFile, shape: LlamaShape) -> torch.Tensor:

@@ -10,7 +10,8 @@ Which path a model takes:
   safetensors copy in the cache folder;
 - a hub id or a folder: transformers, exact.
 A GGUF's tokenizer is converted once and kept (tokenizer.json and its chat template, a few MB)
-in the cache folder, keyed by the file, so later starts load it in its fast form at once.
+in the cache folder, keyed by the file, so later starts load it in its fast form at once; so
+are the fast path's repacked 4-bit weights (engine/pack_cache.py), mapped back in at once.
 Every failure becomes a `ModelLoadError` whose message a user can act on.
 """
 
@@ -35,6 +36,7 @@ from engine.events import ModelInfo
 from engine.gguf_file import GGUFError, GGUFFile
 from engine.gguf_model import Unsupported, build_exact, build_fast, read_shape
 from engine.lean_tokenizer import LeanTokenizer
+from engine.pack_cache import PackCache, pack_path
 from engine.settings import LoadRequest
 
 if TYPE_CHECKING:  # transformers is imported only on the paths that need it
@@ -142,7 +144,9 @@ def _load_gguf(path, name, source, request, device, dtype, cache, report) -> Loa
     tokenizer = gguf_tokenizer(path, cache, report, lean=precision == "fast")
     try:
         if precision == "fast":
-            model = build_fast(file, _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97))
+            packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
+            progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
+            model = build_fast(file, progress, packs)
             return LoadedModel(model, _with_pad(tokenizer), describe_fast(model, name, source))
         model = build_exact(file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9))
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:

@@ -17,6 +17,7 @@ from engine.events import Token
 from engine.gguf_file import GGUFError, GGUFFile
 from engine.kv_buffer import KVBuffer
 from engine.loader import LoadedModel, describe_fast
+from engine.pack_cache import FORMAT, PackCache, pack_path
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from tests.gguf_files import F16, F32, Q4_0, Q4_1, Q8_0, write_gguf
@@ -209,6 +210,76 @@ def test_fast_model_follows_the_exact_model_of_the_same_file(
     for position in range(20, 24):
         step = fast.forward(ids[:, position : position + 1], cache, None)
         assert (step - expected[position]).abs().max() < scale
+
+
+# -- the packed weights kept in the cache folder -------------------------------------------------
+
+
+def int4_linears(model) -> dict[str, quant.Int4Linear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, quant.Int4Linear)}
+
+
+def assert_same_weights(model, reference) -> None:
+    linears, expected = int4_linears(model), int4_linears(reference)
+    assert linears.keys() == expected.keys() and linears
+    for name, linear in linears.items():
+        assert torch.equal(linear.packed, expected[name].packed), name
+        assert torch.equal(linear.scales_zeros, expected[name].scales_zeros), name
+        assert linear.out_features == expected[name].out_features
+
+
+def packs_for(path: Path, folder: Path) -> PackCache:
+    return PackCache(pack_path(folder, path.stem, "key"), path.stem)
+
+
+def test_packed_weights_are_kept_and_equal_a_fresh_repack(written, tmp_path):
+    _, path = written
+    file = GGUFFile(path)
+    fresh = gguf_model.build_fast(file)
+    first = packs_for(path, tmp_path)
+    gguf_model.build_fast(file, packs=first)
+    assert first.missed and first.path.is_file()  # nothing stored yet: built, then written
+    again = packs_for(path, tmp_path)
+    model = gguf_model.build_fast(file, packs=again)
+    assert not again.missed  # every int4 weight came from the pack
+    assert_same_weights(model, fresh)
+    ids = torch.randint(0, 49152, (1, 12))
+    torch.testing.assert_close(model.forward(ids, None, None), fresh.forward(ids, None, None))
+
+
+def test_a_damaged_pack_is_ignored_and_written_anew(written, tmp_path):
+    _, path = written
+    file = GGUFFile(path)
+    gguf_model.build_fast(file, packs=packs_for(path, tmp_path))
+    pack = packs_for(path, tmp_path).path
+    pack.write_bytes(pack.read_bytes()[: pack.stat().st_size // 2])  # truncated
+    damaged = packs_for(path, tmp_path)
+    model = gguf_model.build_fast(file, packs=damaged)
+    assert damaged.missed
+    assert_same_weights(model, gguf_model.build_fast(file))
+    assert packs_for(path, tmp_path).stored.keys() == damaged.entries.keys()  # written anew
+
+
+def test_a_pack_entry_that_does_not_fit_is_repacked(written, tmp_path):
+    """An entry of the wrong shape (another model's, say) is rebuilt from the file."""
+    _, path = written
+    file = GGUFFile(path)
+    gguf_model.build_fast(file, packs=packs_for(path, tmp_path))
+    pack = packs_for(path, tmp_path).path
+    entries = torch.load(pack, weights_only=True)
+    name = next(iter(entries))
+    entries[name]["packed"] = entries[name]["packed"][:, :-1].clone()
+    torch.save(entries, pack)
+    stale = packs_for(path, tmp_path)
+    model = gguf_model.build_fast(file, packs=stale)
+    assert stale.missed
+    assert_same_weights(model, gguf_model.build_fast(file))
+
+
+def test_a_pack_is_named_by_the_file_torch_and_format(tmp_path):
+    a = pack_path(tmp_path, "model.Q4_1", "aaaa")
+    assert a != pack_path(tmp_path, "model.Q4_1", "bbbb")  # another file (or a modified one)
+    assert torch.__version__.replace("+", "-") in a.name and a.name.endswith(f"-v{FORMAT}.pt")
 
 
 # -- the probes against an eager forward of the same fast model ----------------------------------

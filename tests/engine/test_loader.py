@@ -220,7 +220,8 @@ def test_load_folder_in_an_explicit_dtype(tiny_folder, tmp_path):
 
 @pytest.mark.bundled
 def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
-    """Both precisions read the GGUF itself; the tokenizer is converted once and kept."""
+    """Both precisions read the GGUF itself; the tokenizer is converted once and kept, and so
+    are the fast path's 4-bit weights as its kernels read them."""
     stages: list[tuple[str, float]] = []
     exact = load_model(
         LoadRequest(spec="bundled", device="cpu", precision="exact"),
@@ -244,6 +245,11 @@ def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
     assert not any("Converting" in stage for stage, _ in stages)
     assert list((tmp_path / "tokenizers").iterdir()) == kept
     assert (exact.info.precision, fast.info.precision) == ("exact", "fast")  # auto -> fast
+    packs = list((tmp_path / "packed").iterdir())  # the fast path's repacked 4-bit weights
+    assert len(packs) == 1 and packs[0].stat().st_size < 100 * 2**20  # float32 would be 540 MB
+    written_at = packs[0].stat().st_mtime_ns
+    load_model(LoadRequest(spec="bundled", device="cpu"), cache_dir=tmp_path)
+    assert packs[0].stat().st_mtime_ns == written_at  # read back, not repacked
     assert exact.info.architecture == "LlamaForCausalLM"
     assert exact.info.source == fast.info.source == "bundled"
     for field in ("layers", "heads", "kv_heads", "head_dim", "vocab_size", "max_context",
