@@ -12,6 +12,7 @@ from PySide6.QtCore import QPointF, QRectF
 from engine.events import Peaks, Roofline
 from tests.ui.test_panels import PER_TOKEN, PROMPT, model_info, prefill, run_reply, token
 from ui.panels import roofline as roofline_panel
+from ui.panels.attention import label_step
 from ui.panels.docks import InternalsView
 from ui.panels.kv_cache import formula_text, human_bytes
 from ui.panels.roofline import DECODE_POINTS, phase_sentence
@@ -248,6 +249,8 @@ def test_overview_shows_every_head_and_says_what_its_colour_means(view, rng):
     plot = panel.overview.getPlotItem()
     (x_low, x_high), _y = plot.vb.viewRange()
     assert x_low <= 0 and x_high >= 4  # all four heads in view
+    heads = [text for _position, text in plot.getAxis("bottom")._tickLevels[0]]
+    assert heads == ["0", "1", "2", "3"]  # each head labelled
     assert plot.vb.sceneBoundingRect().right() <= panel.overview.width()
     caption = panel.overview_caption.text()
     assert caption.startswith("Colour: mean max weight") and "strongest key" in caption
@@ -316,3 +319,9 @@ def test_a_lone_heads_top_axis_numbers_keys_whose_words_would_collide(qtbot, vie
     assert rows == ["forecas…" if len(w) > 8 else w for w in long_words]
     top = [text for _position, text in panel.key_axis._tickLevels[0]]
     assert top == [f"#{k}" for k in range(12)]  # words too wide for their columns
+
+
+def test_overview_labels_thin_out_rather_than_collide():
+    assert label_step(9, 400, 20) == 1  # 44 px a head: every label
+    assert label_step(32, 300, 20) == 3  # 9 px a head: every third
+    assert label_step(0, 300, 20) == 1

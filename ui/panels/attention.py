@@ -170,6 +170,13 @@ def axis_token(text: str) -> str:
     return shown[: TOKEN_LABEL_CHARACTERS - 1] + "…"
 
 
+def label_step(count: int, pixels: float, label_pixels: float) -> int:
+    """Label every `step`-th of `count` cells spread over `pixels` so labels do not collide."""
+    if count <= 0 or pixels <= 0:
+        return 1
+    return max(math.ceil(label_pixels / (pixels / count)), 1)
+
+
 def tile_aspect(rows: int, keys: int) -> float:
     """A tile's height / width on screen: its rows / keys, but never flatter than FLATTEST_TILE."""
     return min(max(rows / max(keys, 1), FLATTEST_TILE), 1.0)
@@ -301,6 +308,7 @@ class AttentionPanel(QWidget):
         self.overview_caption = QLabel("")
         self.overview_caption.setWordWrap(True)
         self.overview.scene().sigMouseClicked.connect(self._on_overview_click)
+        plot.vb.sigResized.connect(self._on_overview_resized)
 
     # -- public ----------------------------------------------------------------------------
 
@@ -581,14 +589,26 @@ class AttentionPanel(QWidget):
             f"{MEANINGS[measure]}. Dark {low:.3g}, bright {high:.3g}. Click a cell to open "
             "that head."
         )
-        if (layers, heads) != self._overview_key:  # ticks and range change with the shape only
-            self._overview_key = (layers, heads)
+        # Label every head (layer) when there is room, every other (or fewer) when narrow:
+        # labels drawn on top of each other read as none.
+        box = self.overview.getPlotItem().vb.size()
+        line = self.fontMetrics().height()
+        head_step = label_step(heads, box.width(), self.fontMetrics().horizontalAdvance("00 "))
+        layer_step = label_step(len(layers), box.height(), line)
+        key = (layers, heads, head_step, layer_step)
+        if key != self._overview_key:  # ticks and range change with the shape only
+            self._overview_key = key
             plot = self.overview.getPlotItem()
             self.overview_image.setRect(QRectF(0, 0, heads, len(layers)))
             plot.setRange(xRange=(0, heads), yRange=(0, len(layers)), padding=0)
-            ticks = [(i + 0.5, str(layer)) for i, layer in enumerate(layers)]
+            ticks = [(i + 0.5, str(layers[i])) for i in range(0, len(layers), layer_step)]
             plot.getAxis("left").setTicks([ticks])
-            plot.getAxis("bottom").setTicks([[(h + 0.5, str(h)) for h in range(heads)]])
+            head_ticks = [(h + 0.5, str(h)) for h in range(0, heads, head_step)]
+            plot.getAxis("bottom").setTicks([head_ticks])
+
+    def _on_overview_resized(self) -> None:
+        if self._overview_key:  # the labels that fit may have changed
+            self.tracker.mark()
 
     def overview_cell(self, scene_position: QPointF) -> tuple[int, int] | None:
         """The (layer, head) under a scene position of the overview, if any."""
