@@ -35,3 +35,21 @@ def test_opening_another_conversation_clears_the_panels(qtbot, build, tiny_loade
     parts.internals.redraw(force=True)
     assert parts.internals.state.replies == []
     assert parts.internals.timing.pages.empty
+
+
+def test_the_roofline_dock_shows_a_real_engines_counts(qtbot, build, tiny_loader, monkeypatch):
+    from engine.events import PrefillDone, Token
+    from ui.panels import roofline
+
+    monkeypatch.setattr(roofline, "CLOUD_INTERVAL_S", 0.0)  # every frame draws the latest step
+    parts = build(tiny_loader)
+    events = send_and_wait(qtbot, parts, "Hello there")
+    prefill = next(e for e in events if isinstance(e, PrefillDone))
+    steps = [e.roofline for e in events if isinstance(e, Token) and e.roofline is not None]
+    assert prefill.roofline is not None and steps
+    panel = parts.internals.roofline
+    assert not panel.pages.empty
+    assert list(panel.prefill_points.xData) == [prefill.roofline.intensity]
+    assert list(panel.decode_points.xData) == [r.intensity for r in steps]
+    assert list(panel.decode_points.yData) == [r.flops_per_s for r in steps]
+    assert f"decode: {steps[-1].intensity:.3g} FLOP/byte" in panel.phases.text()
