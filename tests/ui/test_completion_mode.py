@@ -28,6 +28,7 @@ def send(qtbot, parts, text: str) -> PrefillDone:
     parts.window.event_received.connect(events.append)
     assert parts.window.send(text)
     qtbot.waitUntil(lambda: any(isinstance(e, Finished) for e in events), timeout=30000)
+    qtbot.waitUntil(lambda: not parts.worker.busy, timeout=30000)  # ready for the next one
     parts.window.event_received.disconnect(events.append)
     return next(e for e in events if isinstance(e, PrefillDone))
 
