@@ -1,4 +1,5 @@
-"""The panels show the chat on screen: a new chat, or another conversation opened, clears them."""
+"""The panels follow the chat on screen: a new chat, or another conversation opened, clears
+them; the roofline dock shows what a real engine counted."""
 
 from __future__ import annotations
 
