@@ -9,8 +9,14 @@ The default arrangement (Qt Creator and napari are the models):
 - the internals docks on the right in a grid of cells, as many cells as the room allows at
   about CELL each, the docks without a cell of their own tabbed into the cells: on a laptop
   every internals panel is a tab of one dock area, on a 4K monitor all of them are visible;
+- too narrow for three columns (a netbook, a large scale factor), settings and conversations
+  become tabs beside the internals panels;
 - every dock's content scrolls once its dock is smaller than the panel's minimum, so docks
   never overlap whatever the user does with the separators.
+
+A layout the user left is remembered per screen size and restored only where it fits: one
+made for a larger screen gives way to this screen's default, one off screen (its monitor
+unplugged) is moved onto it, and so is a floating panel.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from PySide6.QtCore import QByteArray, QEvent, QObject, QRect, QSettings, QSize, Qt
+from PySide6.QtCore import QByteArray, QEvent, QObject, QRect, QSettings, QSize, Qt, QTimer
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QStyle, QWidget
 
@@ -360,9 +366,12 @@ def screens_available() -> list[QRect]:
 
 
 class KeepFrameOnScreen(QObject):
-    """Once the window is shown with its frame (title bar, borders), which a window manager
-    only adds then, shrink and move it so the frame too lies within the available area
-    (`available`, or that of the screen it was shown on)."""
+    """Once the window is shown with its frame (title bar, borders), shrink and move it so the
+    frame too lies within the available area (`available`, or that of the screen it was shown
+    on). An X11 window manager adds the frame only some time after the window is shown, so
+    the frame is checked again a little later."""
+
+    RECHECK_MS = (0, 300, 1000)
 
     def __init__(self, window: QWidget, available: QRect | None = None) -> None:
         super().__init__(window)
@@ -372,8 +381,13 @@ class KeepFrameOnScreen(QObject):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self._window and event.type() == QEvent.Type.Show:
             self._window.removeEventFilter(self)
-            fit_frame(self._window, self._available or available_geometry(self._window))
+            self.fit()
+            for delay in self.RECHECK_MS:
+                QTimer.singleShot(delay, self, self.fit)
         return False
+
+    def fit(self) -> None:
+        fit_frame(self._window, self._available or available_geometry(self._window))
 
 
 def fit_frame(window: QWidget, available: QRect) -> None:
