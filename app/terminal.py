@@ -44,8 +44,8 @@ def run_chat(args: argparse.Namespace) -> int:
         print(f"glassbox chat: {error}", file=sys.stderr)
         return 1
     session = ChatSession(loaded)
-    if args.json:  # which model and precision the following events come from
-        print_json({"event": "model", **plain(loaded.info)})
+    if args.json:  # which model, precision and peaks the following events come from
+        print_json({"event": "model", **plain(session.info)})
     try:
         layers = parse_layers(args.watch_layers, loaded.info.layers) if args.trace else ()
     except SettingsError as error:

@@ -80,6 +80,7 @@ def test_json_lines_are_events(one_shot):
     model, events = events[0], events[1:]
     assert model["event"] == "model" and model["precision"] == "exact"  # a folder runs exact
     assert model["layers"] == 3 and model["bytes_per_value"] == 4
+    assert model["peaks"]["peak_flops_per_s"] > 0 and model["peaks"]["dtype"] == "float32"
     kinds = [e["event"] for e in events]
     assert kinds[0] == "prefill" and kinds[-1] == "finished"
     assert set(kinds[1:-1]) == {"token"}
