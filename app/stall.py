@@ -138,15 +138,16 @@ class StallRun:
         _run_until(lambda: not any(p.needs_redraw() for p in panels), 10.0)  # the last frame
         heartbeat.stop()
         longest, p99 = stall_statistics(beats, heartbeat_ms / 1000)
+        tokens = self.finished.generated_tokens if self.finished is not None else 0
         return {
             "source": SOURCE,
-            "tokens": self.finished.generated_tokens,
+            "tokens": tokens,
             "longest_stall_ms": round(longest * 1000, 1),
             "p99_stall_ms": round(p99 * 1000, 1),
             "redraws": sum(self.redraws.values()),
             "redraws_per_panel": dict(self.redraws),
             "seconds": round(streamed_s, 2),
-            "tokens_per_s": round(self.finished.generated_tokens / streamed_s, 1),
+            "tokens_per_s": round(tokens / streamed_s, 1),
             "largest_batch": self.largest_batch,
             "heartbeat_ms": heartbeat_ms,
             "watched_layers": list(self.window.probe_settings().attention_layers),
@@ -242,7 +243,6 @@ def _quiet_offscreen(_kind: Any, _context: Any, message: str) -> None:
 __all__ = [
     "SOURCE",
     "StallRun",
-    "SyntheticSession",
     "float_docks",
     "measure_gui_stall",
     "stall_statistics",

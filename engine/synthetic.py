@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from itertools import cycle, islice
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ PASSAGE = (
 )
 
 
-def model_info(**changes: object) -> ModelInfo:
+def model_info(**changes: Any) -> ModelInfo:
     """The bundled model's shapes, with `changes` (any ModelInfo field) applied."""
     return replace(BUNDLED_SHAPES, **changes)
 

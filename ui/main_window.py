@@ -8,7 +8,7 @@ things happen; the chat view draws its changes and the store (app.controller) wr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from PySide6.QtCore import QRect, QSettings, Qt, Signal
@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.events import Finished, ModelInfo, PrefillDone
+from engine.events import Event, Finished, ModelInfo, PrefillDone
 from engine.settings import (
     GenerationSettings,
     LoadRequest,
@@ -147,7 +147,13 @@ class MainWindow(QMainWindow):
 
     # -- construction ----------------------------------------------------------------------------
 
-    def _action(self, text: str, shortcut: str | QKeySequence | None, slot, tip: str) -> QAction:
+    def _action(
+        self,
+        text: str,
+        shortcut: str | QKeySequence | QKeySequence.StandardKey | None,
+        slot: Callable[[], object],
+        tip: str,
+    ) -> QAction:
         action = QAction(text, self)
         if shortcut is not None:
             action.setShortcut(QKeySequence(shortcut))
@@ -443,7 +449,7 @@ class MainWindow(QMainWindow):
             self.backend.stop()
         self.conversation_model.abandon_reply()
 
-    def _on_events(self, batch: list) -> None:
+    def _on_events(self, batch: list[Event]) -> None:
         for event in batch:
             self.event_received.emit(event)
             if not self.replying:
