@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -189,7 +190,7 @@ def _default_cache_dir() -> Path:
     return default_cache_dir()
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):  # none yet, or unreadable: measure again
@@ -197,7 +198,7 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: Path, data: dict) -> None:
+def _write(path: Path, data: dict[str, Any]) -> None:
     """Replace the file in one step, so a reader never sees half of it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

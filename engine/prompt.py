@@ -3,7 +3,7 @@ completion mode as the plain text it is, for the model to continue."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from engine.settings import Message
@@ -17,10 +17,12 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message])
     dicts = [m.as_dict() for m in messages]
     if tokenizer.chat_template:
         text = tokenizer.apply_chat_template(dicts, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
     # A base model without a template: a plain transcript it can continue.
     text = "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
-    return tokenizer(text)["input_ids"]
+    ids = tokenizer(text)["input_ids"]
+    return ids
 
 
 def encode_completion(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
@@ -31,9 +33,13 @@ def encode_completion(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mes
     cached one. The tokenizer's own special tokens (a BOS, where it adds one) stay.
     """
     text = "".join(m.content for m in messages if m.role != "system")
-    return tokenizer(text)["input_ids"]
+    ids: list[int] = tokenizer(text)["input_ids"]
+    return ids
 
 
-def encoder(completion: bool):
+Encoder = Callable[["PreTrainedTokenizerBase", Sequence[Message]], list[int]]
+
+
+def encoder(completion: bool) -> Encoder:
     """The encoding a generation uses: plain text in completion mode, else the chat template."""
     return encode_completion if completion else encode_chat
