@@ -21,10 +21,35 @@ compute-bound when its intensity is right of the ridge point (peak FLOP/s / peak
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import torch
 
-from engine.events import ModelInfo, Peaks, Roofline
+from engine.events import Bound, ModelInfo, Peaks, Roofline
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from engine.llama import GGUFLlama
+
+
+class _Shape(TypedDict):
+    """ForwardCost's fields that every kind of model fills from its ModelInfo."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    windows: tuple[tuple[int | None, int], ...]
+    kv_position_bytes: int
+
+
+class _Weights(TypedDict):
+    """ForwardCost's fields counted from the model's own weights."""
+
+    matmul_params: int
+    head_params: int
+    weight_bytes: int
+    row_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +77,16 @@ class ForwardCost:
             window = info.sliding_window if layer in info.sliding_layers else None
             counts[window] = counts.get(window, 0) + 1
         windows = tuple(counts.items())
-        common = dict(
+        common = _Shape(
             layers=info.layers, heads=info.heads, head_dim=info.head_dim, windows=windows,
             kv_position_bytes=2 * info.kv_heads * info.head_dim * info.bytes_per_value,
         )  # fmt: skip
+        # Told apart by duck type, so that counting a model never imports the other kind.
         if shape is not None and hasattr(model, "weight_bytes"):
-            return cls(**common, **_gguf_llama(model), concat_cache=False)
-        return cls(**common, **_transformers(model), concat_cache=True)
+            gguf = cast("GGUFLlama", model)
+            return cls(**common, **_gguf_llama(gguf), concat_cache=False)
+        causal_lm = cast("PreTrainedModel", model)
+        return cls(**common, **_transformers(causal_lm), concat_cache=True)
 
     def flops(self, new: int, cached: int) -> int:
         per_pair = 4 * self.heads * self.head_dim  # q·kᵀ and weights·v: 2 FLOPs a MAC each
@@ -108,7 +136,7 @@ def roofline(flops: int, moved: int, seconds: float, ridge: float | None) -> Roo
     """The pass's point: intensity and achieved rates from its measured `seconds`."""
     intensity = flops / moved if moved else 0.0
     rate = 1.0 / seconds if seconds > 0 else 0.0
-    bound = "compute" if ridge is not None and intensity >= ridge else "memory"
+    bound: Bound = "compute" if ridge is not None and intensity >= ridge else "memory"
     return Roofline(
         flops=flops, bytes=moved, intensity=intensity,
         flops_per_s=flops * rate, bytes_per_s=moved * rate, bound=bound,
@@ -122,7 +150,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _gguf_llama(model) -> dict[str, int]:
+def _gguf_llama(model: GGUFLlama) -> _Weights:
     """engine.llama.GGUFLlama: packed 4/8-bit weights (with their scales) as the kernels read
     them; the embedding and the head's exact candidates are looked up row by row."""
     s = model.shape
@@ -130,7 +158,7 @@ def _gguf_llama(model) -> dict[str, int]:
     per_layer = s.dim * (q_out + 2 * kv_out) + q_out * s.dim + 3 * s.dim * s.ffn
     head = model.output
     head_row = head.rows.shape[1] * head.rows.element_size()
-    return dict(
+    return _Weights(
         matmul_params=s.layers * per_layer,
         head_params=s.vocab * s.dim + head.candidates * s.dim,
         weight_bytes=model.weight_bytes() + head.candidates * head_row,
@@ -138,27 +166,32 @@ def _gguf_llama(model) -> dict[str, int]:
     )
 
 
-def _transformers(model: torch.nn.Module) -> dict[str, int]:
+def _transformers(model: PreTrainedModel) -> _Weights:
     """A transformers causal LM: every 2-D projection (Linear, GPT-2's Conv1D) multiplies each
     position; embeddings are looked up per position; a tied head reads the embedding whole."""
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # unannotated upstream
     embeddings = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     embedding_ids = {id(m.weight) for m in embeddings}
     matmul = sum(
-        m.weight.numel()
+        _weight(m).numel()
         for m in model.modules()
         if m is not head and _is_projection(m) and id(m.weight) not in embedding_ids
     )
     looked_up = sum(m.weight.shape[1] * m.weight.element_size() for m in embeddings)
     read_whole = sum(_nbytes(p) for p in model.parameters() if id(p) not in embedding_ids)
     if head is not None and id(head.weight) in embedding_ids:  # tied: the head reads it all
-        read_whole += _nbytes(head.weight)
-    return dict(
+        read_whole += _nbytes(_weight(head))
+    return _Weights(
         matmul_params=matmul,
-        head_params=head.weight.numel() if head is not None else 0,
+        head_params=_weight(head).numel() if head is not None else 0,
         weight_bytes=read_whole,
         row_bytes=looked_up,
     )
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    """A layer's weight: nn.Module's attribute lookup is typed as "a tensor or a module"."""
+    return cast(torch.Tensor, module.weight)
 
 
 def _is_projection(module: torch.nn.Module) -> bool:
