@@ -7,7 +7,9 @@ model's own numbers: attention from its q and k, logits from its lm_head, bytes 
 
 Shapes: B = 1 always, so the residual stream is [n, dim]; n = new positions; T = positions
 in the cache after this pass. A decode step is ~40 small ops per layer, each costing a few
-microseconds of dispatch here, so the code below counts ops (see Rope, rms_norm, Head).
+microseconds of dispatch here, so the code below counts ops (see Rope, rms_norm, Head), and
+calls submodules through `.forward`: nn.Module.__call__'s hook checks, ~210 calls a step,
+measured 7-13% of a decode step's CPU time (no hooks are ever set on this model).
 """
 
 from __future__ import annotations
@@ -40,12 +42,9 @@ class LlamaShape:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """float32 [n, dim] -> RMS-normalised and scaled in float32, out in bf16.
-
-    Spelled out: F.rms_norm is a composite of more ops on the CPU (31 against 26 µs here)."""
-    squares = (x * x).sum(-1, keepdim=True)
-    scale = torch.rsqrt(torch.add(squares, eps * x.shape[-1]).div_(x.shape[-1]))
-    return torch.mul(x, scale).mul_(weight).to(torch.bfloat16)
+    """float32 [n, dim] -> RMS-normalised and scaled in float32 (one fused op), out in bf16.
+    (Spelled out in fewer elementwise ops it measured 26 against 22 µs of CPU time.)"""
+    return F.rms_norm(x, weight.shape, weight, eps).to(torch.bfloat16)
 
 
 # Up to this many new positions, RoPE is one batched matmul with a rotation matrix per position
@@ -118,7 +117,7 @@ class Attention(nn.Module):
 
     def forward(self, x, rope: Rope, layer: int, cache: KVBuffer | None, start: int, probe):
         n, d = x.shape[0], self.head_dim
-        qkv = self.qkv(x)  # [n, (h + 2·kv_h)·d]
+        qkv = self.qkv.forward(x)  # [n, (h + 2·kv_h)·d]
         if self.bias is not None:
             qkv = qkv + self.bias
         qk_heads = self.heads + self.kv_heads
@@ -130,7 +129,7 @@ class Attention(nn.Module):
         if probe is not None and probe.wants(layer):
             probe.weights[layer] = attention_weights(q, k, None, d**-0.5, probe.rows)
         y = attend(q, k, v, start)  # [1, h, n, d]
-        return self.out(y[0].transpose(0, 1).reshape(n, self.heads * d))
+        return self.out.forward(y[0].transpose(0, 1).reshape(n, self.heads * d))
 
 
 class FeedForward(nn.Module):
@@ -139,8 +138,8 @@ class FeedForward(nn.Module):
         self.gate_up, self.down, self.ffn = gate_up, down, ffn  # gate and up fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.ffn, dim=-1)
-        return self.down(F.silu(gate) * up)
+        gate, up = self.gate_up.forward(x).split(self.ffn, dim=-1)
+        return self.down.forward(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -153,8 +152,8 @@ class Block(nn.Module):
 
     def forward(self, x, rope: Rope, layer, cache, start, probe) -> torch.Tensor:
         h = rms_norm(x, self.attention_norm, self.eps)
-        x = x + self.attention(h, rope, layer, cache, start, probe)
-        return x + self.feed_forward(rms_norm(x, self.ffn_norm, self.eps))
+        x = x + self.attention.forward(h, rope, layer, cache, start, probe)
+        return x + self.feed_forward.forward(rms_norm(x, self.ffn_norm, self.eps))
 
 
 class Embedding(nn.Module):
@@ -186,7 +185,7 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, dim] (bf16) -> logits [n, vocab] float32."""
-        logits = self.bulk(x)
+        logits = self.bulk.forward(x)
         top = logits.topk(self.candidates, dim=-1, sorted=False).indices  # [n, c]
         weights = self.lookup(top.reshape(-1)).view(*top.shape, -1)  # [n, c, dim]
         exact = (weights @ x.float()[..., None])[..., 0]  # [n, c]
@@ -229,14 +228,14 @@ class GGUFLlama(nn.Module):
         if cache is not None:
             cache.reserve(start + n)
         rope = Rope(self.inv_freq, start, n)
-        x = self.embedding(ids)  # [n, dim] float32
+        x = self.embedding.forward(ids)  # [n, dim] float32
         for layer, block in enumerate(self.blocks):
-            x = block(x, rope, layer, cache, start, probe)
+            x = block.forward(x, rope, layer, cache, start, probe)
         if cache is not None:
             cache.length = start + n
         if not every_position:
             x = x[-1:]
-        logits = self.output(rms_norm(x, self.norm, self.shape.eps))
+        logits = self.output.forward(rms_norm(x, self.norm, self.shape.eps))
         return logits if every_position else logits[-1]
 
     def weight_bytes(self) -> int:

@@ -127,6 +127,7 @@ def test_row_reader_reads_the_dequantised_rows(kind):
 def test_rope_equals_the_rotate_half_formula(n):
     """The per-position rotation matrices (short passes) and the elementwise form (long ones)
     against RoPE as transformers writes it: x·cos + rotate_half(x)·sin, in float32."""
+    torch.manual_seed(0)
     d, start = 64, 1000
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
     x = torch.randn(n, 12, d).bfloat16()
@@ -137,7 +138,9 @@ def test_rope_equals_the_rotate_half_formula(n):
     expected = (xf * angles.cos() + rotated * angles.sin()).bfloat16()
     rope = engine.llama.Rope(inv_freq, start, n)
     assert (rope.matrix is not None) == (n <= engine.llama.ROPE_MATRIX_ROWS)
-    torch.testing.assert_close(rope(x), expected, rtol=0, atol=0)
+    # float32 either way; a fused multiply-add can round an element 1 ulp apart, which now and
+    # then moves its bf16 rounding by one step
+    torch.testing.assert_close(rope(x).float(), expected.float(), rtol=2**-7, atol=1e-6)
 
 
 # -- the file reader ---------------------------------------------------------------------------
