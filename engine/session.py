@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import cast
 
 import torch
 
@@ -32,6 +33,7 @@ from engine.decoder import Cache, decoder_for
 from engine.detokenize import TextStream
 from engine.device import Stopwatch
 from engine.events import (
+    Attention,
     Candidate,
     Event,
     Failed,
@@ -133,7 +135,9 @@ class ChatSession:
         limit = self.info.max_context
         reserve = min(settings.max_new_tokens, limit // 4) if limit else 0
         encode = partial(encoder(settings.completion), self.tokenizer)
-        return context.fit(messages, encode, limit, reserve, settings.context_policy)
+        # GenerationSettings has checked the policy's value; its field is typed as a plain str.
+        policy = cast(context.Policy, settings.context_policy)
+        return context.fit(messages, encode, limit, reserve, policy)
 
     def _reply(
         self,
@@ -311,7 +315,8 @@ class ChatSession:
         )
 
     def _piece(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+        # One list of ids decodes to one string (the stub also allows a batch's list).
+        return cast(str, self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
 
     def _eos_ids(self) -> frozenset[int]:
         generation = getattr(self.model, "generation_config", None)
@@ -354,7 +359,7 @@ def _peaks(device: torch.device, dtype: str) -> Peaks | None:
         return None
 
 
-def _attention(probe: AttentionProbe | None, squeeze: bool) -> dict:
+def _attention(probe: AttentionProbe | None, squeeze: bool) -> Attention:
     if probe is None:
         return {}
     return {
