@@ -14,8 +14,9 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -27,6 +28,12 @@ from engine.prompt import encode_chat
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
+if TYPE_CHECKING:
+    from transformers import GenerationMixin, PreTrainedModel
+
+    from engine.llama import GGUFLlama
+
+
 PROMPT = "Explain in a few paragraphs how a transformer language model generates text."
 VIEW_ON = ProbeSettings(attention_layers=(0,), top_k=10)  # what the window asks for by default
 PREFILL_TOKENS = 500
@@ -37,10 +44,13 @@ STEPS = 16  # decode steps timed at each context length
 def generate_decode_rate(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
     """model.generate's decode tokens/s: (N - 1) tokens over time(N tokens) - time(1 token)."""
 
+    model = cast("GenerationMixin", loaded.model)  # the exact model: a transformers causal LM
+
     def timed(n: int) -> float:
         synchronize(ids.device)
         start = time.perf_counter()
-        loaded.model.generate(
+        # transformers types generate's `self` as a Protocol its own models do not satisfy
+        model.generate(  # type: ignore[misc]
             ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
             pad_token_id=loaded.tokenizer.pad_token_id,
         )  # fmt: skip
@@ -51,10 +61,13 @@ def generate_decode_rate(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int
     return (new_tokens - 1) / max(full - first, 1e-9)
 
 
-def engine_run(session: ChatSession, messages, new_tokens: int, probes: ProbeSettings) -> Finished:
+def engine_run(
+    session: ChatSession, messages: Sequence[Message], new_tokens: int, probes: ProbeSettings
+) -> Finished:
     session.reset()
     settings = GenerationSettings(greedy=True, max_new_tokens=new_tokens, ignore_eos=True)
     *_, finished = session.generate(messages, settings, probes)
+    assert isinstance(finished, Finished)  # a generation always ends with its Finished
     return finished
 
 
@@ -69,7 +82,8 @@ def run(
     """`loaded` is the exact model (the one `generate` runs); `fast` the same GGUF in fast
     precision, if it can run; `gguf_path` the file llama.cpp reads, if installed."""
     messages = [Message("user", PROMPT)]
-    ids = torch.tensor([encode_chat(loaded.tokenizer, messages)], device=loaded.model.device)
+    exact = cast("PreTrainedModel", loaded.model)  # `generate` runs it: a transformers model
+    ids = torch.tensor([encode_chat(loaded.tokenizer, messages)], device=exact.device)
     sessions = {"engine": ChatSession(loaded)}
     if fast is not None:
         sessions["fast"] = ChatSession(fast)
@@ -79,8 +93,8 @@ def run(
         "generate": lambda: generate_decode_rate(loaded, ids, new_tokens)
     }
     for name, session in sessions.items():
-        variants[name] = lambda s=session: engine_run(s, messages, new_tokens, ProbeSettings.off())
-        variants[f"{name}_view_on"] = lambda s=session: engine_run(s, messages, new_tokens, VIEW_ON)
+        variants[name] = partial(engine_run, session, messages, new_tokens, ProbeSettings.off())
+        variants[f"{name}_view_on"] = partial(engine_run, session, messages, new_tokens, VIEW_ON)
     if llama is not None:
         variants["llama_cpp"] = lambda: llama(new_tokens)
 
@@ -156,7 +170,7 @@ def long_context_cost(fast: LoadedModel, context: int) -> dict[str, Any]:
     grows with the context, t_long / t_short ≈ (weights + KV long) / (weights + KV short).
     """
     decoder = decoder_for(fast.model)
-    weights = fast.model.weight_bytes()
+    weights = cast("GGUFLlama", fast.model).weight_bytes()  # the fast path: Glassbox's model
     ids = _filler(fast, context)
     out: dict[str, Any] = {"weight_bytes": weights}
     for name, length in (("short", 40), ("long", context)):
@@ -198,7 +212,7 @@ def peak_rss_mb() -> float:
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def _llama_cpp(path: str, prompt: list[int]):
+def _llama_cpp(path: str, prompt: list[int]) -> Callable[[int], float] | None:
     """A decode-rate function for llama.cpp on the same file, or None if not installed."""
     if importlib.util.find_spec("llama_cpp") is None:
         return None

@@ -9,12 +9,15 @@ wrapped by `TransformersDecoder`, with its DynamicCache behind `TransformersCach
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
 from engine import kv_cache
 from engine.attention_probe import PROBE_KWARG, AttentionProbe
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel
 
 
 class Cache(Protocol):
@@ -37,7 +40,7 @@ class Decoder(Protocol):
 class TransformersCache:
     """A transformers DynamicCache (it concatenates per step; the exact reference path)."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner: DynamicCache) -> None:
         self.inner = inner
 
     def layer_bytes(self) -> tuple[int, ...]:
@@ -50,7 +53,7 @@ class TransformersCache:
 class TransformersDecoder:
     """A transformers causal LM behind the Decoder interface (attention through the probe)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.device = next(model.parameters()).device
 
@@ -61,18 +64,20 @@ class TransformersDecoder:
 
     @torch.inference_mode()
     def forward(
-        self, ids: torch.Tensor, cache: TransformersCache | None, probe: AttentionProbe | None
+        self, ids: torch.Tensor, cache: Cache | None, probe: AttentionProbe | None
     ) -> torch.Tensor:
         """One pass over `ids` [1, n] (the prompt, or one new token); the last position's logits."""
         extra = {PROBE_KWARG: probe} if probe is not None else {}
-        inner = cache.inner if cache is not None else None
+        # The cache is one this decoder's new_cache made: a session never mixes decoders.
+        inner = cast(TransformersCache, cache).inner if cache is not None else None
         out = self.model(input_ids=ids, past_key_values=inner, use_cache=cache is not None,
                          logits_to_keep=1, **extra)  # fmt: skip
-        return out.logits[0, -1].float()
+        logits: torch.Tensor = out.logits[0, -1]
+        return logits.float()
 
 
 def decoder_for(model: torch.nn.Module) -> Decoder:
     """The model itself if it is Glassbox's own, else a wrapper around the transformers model."""
     if hasattr(model, "new_cache"):
         return model  # type: ignore[return-value]
-    return TransformersDecoder(model)
+    return TransformersDecoder(cast("PreTrainedModel", model))

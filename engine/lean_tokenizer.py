@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from jinja2 import Template
 
 
 class LeanTokenizer:
@@ -24,7 +27,7 @@ class LeanTokenizer:
         self.eos_token = _content(config.get("eos_token"))
         self.pad_token = _content(config.get("pad_token"))
         self.unk_token = _content(config.get("unk_token"))
-        self._template = None
+        self._template: Template | None = None  # compiled on first use
 
     @classmethod
     def from_folder(cls, folder: Path) -> LeanTokenizer:
@@ -97,7 +100,7 @@ def _content(token: Any) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
-def _compile(source: str):
+def _compile(source: str) -> Template:
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -16,6 +16,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -80,7 +81,7 @@ class PackCache:
                 old.unlink(missing_ok=True)
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     """The stored entries, mapped from the file (pages are read as the kernels touch them)."""
     if not path.is_file():
         return {}
@@ -92,7 +93,7 @@ def _read(path: Path) -> dict:
     return stored if isinstance(stored, dict) else {}
 
 
-def _fits(entry, out_features: int, in_features: int) -> bool:
+def _fits(entry: object, out_features: int, in_features: int) -> bool:
     """Whether a stored entry has the shapes and dtypes of an Int4Linear [out, in]."""
     if not isinstance(entry, dict):
         return False

@@ -18,7 +18,10 @@ the kernels also round their output to bf16 (see llama.Head for what that means 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 BLOCK = 32
@@ -37,6 +40,8 @@ def unpack(raw: torch.Tensor, qtype: int) -> tuple[torch.Tensor, torch.Tensor, t
     blocks = np.ascontiguousarray(raw.numpy()).reshape(rows, -1, BLOCK_BYTES[qtype])
     halves = blocks.view(np.float16)  # every block starts with f16 d (Q4_1: then f16 m)
     d = torch.from_numpy(halves[..., 0].astype(np.float32))
+    words: npt.NDArray[np.unsignedinteger[Any]]  # 32- or 16-bit words, as the type packs them
+    mask: np.unsignedinteger[Any]
     if qtype == Q8_0:
         q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
         return torch.from_numpy(q), d, torch.zeros_like(d)
@@ -71,7 +76,8 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """
     rows, columns = q.shape
     if rows % 64:
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1)
+        packed_by_op: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1)
+        return packed_by_op
     halves = q.numpy().reshape(rows // 64, 2, 32, columns)
     packed = halves[:, 0] | (halves[:, 1] << 4)  # [N/64, 32, K]
     packed = np.ascontiguousarray(packed.transpose(0, 2, 1)).reshape(rows, columns // 2)
@@ -100,6 +106,9 @@ class Int4Linear(torch.nn.Module):
 
     Built exactly from Q4_0/Q4_1 rows, or from Q8_0 rows as two halves (module docstring).
     """
+
+    packed: torch.Tensor  # buffers, declared for the type checker
+    scales_zeros: torch.Tensor
 
     def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, out_features: int):
         super().__init__()
@@ -170,6 +179,8 @@ class Int4Linear(torch.nn.Module):
 
 class DenseLinear(torch.nn.Module):
     """A weight GGUF stores in a type without a CPU kernel here, dequantised to `dtype`."""
+
+    weight: torch.Tensor  # a buffer, declared for the type checker
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
