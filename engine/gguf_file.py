@@ -109,7 +109,8 @@ class GGUFFile:
         data = np.empty((stop - start) * row_bytes, np.uint8)
         with self.path.open("rb") as handle:
             handle.seek(info.offset + start * row_bytes)
-            if handle.readinto(data) != data.nbytes:
+            # numpy's stubs do not declare the buffer protocol its arrays implement
+            if handle.readinto(data) != data.nbytes:  # type: ignore[arg-type]
                 raise GGUFError(f"tensor {name} runs past the end of the file (truncated?)")
         return data.reshape(stop - start, row_bytes)
 

@@ -13,7 +13,8 @@ import ctypes.util
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +22,9 @@ from engine import quant
 from engine.gguf_file import GGUFFile
 from engine.llama import Attention, Block, Embedding, FeedForward, GGUFLlama, Head, LlamaShape
 from engine.pack_cache import PackCache
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig, PreTrainedModel, Qwen2Config
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ def read_shape(file: GGUFFile) -> LlamaShape:
     if arch not in ARCHITECTURES:
         raise Unsupported(f"architecture '{arch}' (the own engine runs {', '.join(ARCHITECTURES)})")
 
-    def meta(key: str, default=None):
+    def meta(key: str, default: Any = None) -> Any:  # a metadata value, as the file types it
         value = file.get(f"{arch}.{key}", default)
         if value is None:
             raise Unsupported(f"metadata {arch}.{key} is missing")
@@ -111,7 +115,7 @@ def build_fast(
         advance(len(parts))
         return torch.cat([raw_rows(file, shape, p) for p in parts])
 
-    def linear(*parts: str) -> torch.nn.Module:
+    def linear(*parts: str) -> quant.Linear:
         types = {file.tensors[p].type for p in parts}
         qtype = types.pop() if len(types) == 1 else None
         rows = sum(file.tensors[p].shape[0] for p in parts)
@@ -175,7 +179,7 @@ def release_freed_memory() -> None:
 
 
 @functools.cache
-def _malloc_trim():
+def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None elsewhere. Looked up once: find_library runs ldconfig,
     ~4 ms a call, and loading calls this after every chunk."""
     try:
@@ -184,14 +188,16 @@ def _malloc_trim():
         return None
 
 
-def _chunked(raw: torch.Tensor, build) -> quant.Int4Linear:
+def _chunked(
+    raw: torch.Tensor, build: Callable[[torch.Tensor], quant.Int4Linear]
+) -> quant.Int4Linear:
     """Repack `raw` in row chunks and join them: one linear, without a whole int32 copy."""
     if raw.shape[0] <= ROW_CHUNK:
         return build(raw)
     return _join(lambda start: build(raw[start : start + ROW_CHUNK]), raw.shape[0])
 
 
-def _join(build, rows: int) -> quant.Int4Linear:
+def _join(build: Callable[[int], quant.Int4Linear], rows: int) -> quant.Int4Linear:
     """One linear from `build(start)` of each chunk of ROW_CHUNK rows (a split Q8_0 weight
     keeps its [hi rows; lo rows] order)."""
     parts = []
@@ -256,7 +262,7 @@ def _inv_freq(file: GGUFFile, shape: LlamaShape) -> torch.Tensor:
     return inv_freq
 
 
-def _dense(file: GGUFFile, shape: LlamaShape, names) -> torch.Tensor:
+def _dense(file: GGUFFile, shape: LlamaShape, names: Iterable[str]) -> torch.Tensor:
     parts = []
     for name in names:
         info = file.tensors[name]
@@ -296,7 +302,7 @@ def hf_name(name: str) -> str | None:
     return None
 
 
-def hf_config(file: GGUFFile):
+def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config:
     """A transformers config for the GGUF's model (Llama or Qwen2 classes)."""
     from transformers import LlamaConfig, Qwen2Config
 
@@ -304,7 +310,9 @@ def hf_config(file: GGUFFile):
     if "rope_freqs.weight" in file.tensors:
         raise Unsupported("Llama 3 RoPE frequency factors in the transformers reference")
     config_class = LlamaConfig if shape.architecture == "llama" else Qwen2Config
-    return config_class(
+    # head_dim and rope_theta go through the configs' **kwargs (read into rope_parameters);
+    # their typed signatures leave them out.
+    return config_class(  # type: ignore[call-arg]
         vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.ffn,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=shape.eps,
@@ -317,7 +325,9 @@ def hf_config(file: GGUFFile):
     )  # fmt: skip
 
 
-def build_exact(file: GGUFFile, dtype: torch.dtype, progress: TensorProgress | None = None):
+def build_exact(
+    file: GGUFFile, dtype: torch.dtype, progress: TensorProgress | None = None
+) -> PreTrainedModel:
     """The transformers model with every weight dequantised to `dtype` (no copy on disk)."""
     from transformers import AutoModelForCausalLM
 
@@ -335,7 +345,7 @@ def build_exact(file: GGUFFile, dtype: torch.dtype, progress: TensorProgress | N
         if progress is not None:
             progress(done, len(names))
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)
@@ -345,4 +355,5 @@ def build_exact(file: GGUFFile, dtype: torch.dtype, progress: TensorProgress | N
         raise Unsupported(f"the GGUF lacks {', '.join(missing[:3])}")
     # The rotary tables are buffers computed at construction, which happened on the meta device.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
-    return model.eval()
+    exact: PreTrainedModel = model.eval()
+    return exact

@@ -22,7 +22,7 @@ from torch import nn
 
 from engine.attention_probe import AttentionProbe, attention_weights
 from engine.kv_buffer import KVBuffer
-from engine.quant import RowReader
+from engine.quant import Linear, RowReader
 
 
 @dataclass(frozen=True)
@@ -107,15 +107,25 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
 
 
 class Attention(nn.Module):
+    bias: torch.Tensor | None  # a buffer, declared for the type checker
+
     def __init__(
-        self, shape: LlamaShape, qkv: nn.Module, out: nn.Module, bias: torch.Tensor | None
-    ):
+        self, shape: LlamaShape, qkv: Linear, out: Linear, bias: torch.Tensor | None
+    ) -> None:
         super().__init__()
         self.qkv, self.out = qkv, out  # qkv: q, k, v projections fused into one matmul
         self.register_buffer("bias", bias, persistent=False)  # Qwen2 has q/k/v biases
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
 
-    def forward(self, x, rope: Rope, layer: int, cache: KVBuffer | None, start: int, probe):
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: Rope,
+        layer: int,
+        cache: KVBuffer | None,
+        start: int,
+        probe: AttentionProbe | None,
+    ) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
         qkv = self.qkv.forward(x)  # [n, (h + 2·kv_h)·d]
         if self.bias is not None:
@@ -133,24 +143,42 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, gate_up: nn.Module, down: nn.Module, ffn: int):
+    def __init__(self, gate_up: Linear, down: Linear, ffn: int) -> None:
         super().__init__()
         self.gate_up, self.down, self.ffn = gate_up, down, ffn  # gate and up fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up.forward(x).split(self.ffn, dim=-1)
+        # torch leaves Tensor.split unannotated
+        gate, up = self.gate_up.forward(x).split(self.ffn, dim=-1)  # type: ignore[no-untyped-call]
         return self.down.forward(F.silu(gate) * up)
 
 
 class Block(nn.Module):
-    def __init__(self, attention: Attention, feed_forward: FeedForward, norms, eps: float):
+    attention_norm: torch.Tensor  # buffers, declared for the type checker
+    ffn_norm: torch.Tensor
+
+    def __init__(
+        self,
+        attention: Attention,
+        feed_forward: FeedForward,
+        norms: tuple[torch.Tensor, torch.Tensor],
+        eps: float,
+    ) -> None:
         super().__init__()
         self.attention, self.feed_forward = attention, feed_forward
         self.register_buffer("attention_norm", norms[0], persistent=False)
         self.register_buffer("ffn_norm", norms[1], persistent=False)
         self.eps = eps
 
-    def forward(self, x, rope: Rope, layer, cache, start, probe) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: Rope,
+        layer: int,
+        cache: KVBuffer | None,
+        start: int,
+        probe: AttentionProbe | None,
+    ) -> torch.Tensor:
         h = rms_norm(x, self.attention_norm, self.eps)
         x = x + self.attention.forward(h, rope, layer, cache, start, probe)
         return x + self.feed_forward.forward(rms_norm(x, self.ffn_norm, self.eps))
@@ -159,7 +187,9 @@ class Block(nn.Module):
 class Embedding(nn.Module):
     """Token embeddings kept in the file's compact rows; only the looked-up rows are expanded."""
 
-    def __init__(self, rows: RowReader):
+    rows: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(self, rows: RowReader) -> None:
         super().__init__()
         self.register_buffer("rows", rows.raw, persistent=False)
         self.lookup = rows
@@ -178,7 +208,9 @@ class Head(nn.Module):
     The rest keep the matmul's values, whose probabilities are tiny.
     """
 
-    def __init__(self, bulk: nn.Module, rows: RowReader, candidates: int = 64):
+    rows: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(self, bulk: Linear, rows: RowReader, candidates: int = 64) -> None:
         super().__init__()
         self.bulk, self.lookup, self.candidates = bulk, rows, candidates
         self.register_buffer("rows", rows.raw, persistent=False)  # the file's [vocab, bytes]
@@ -195,8 +227,11 @@ class Head(nn.Module):
 class GGUFLlama(nn.Module):
     """The model behind `fast` precision: forward(ids, cache, probe) -> last position's logits."""
 
+    norm: torch.Tensor  # buffers, declared for the type checker
+    inv_freq: torch.Tensor
+
     def __init__(self, shape: LlamaShape, embedding: Embedding, blocks: list[Block],
-                 norm: torch.Tensor, output: nn.Module, inv_freq: torch.Tensor):  # fmt: skip
+                 norm: torch.Tensor, output: Head, inv_freq: torch.Tensor) -> None:  # fmt: skip
         super().__init__()
         self.shape = shape
         self.embedding, self.blocks, self.output = embedding, nn.ModuleList(blocks), output

@@ -195,6 +195,10 @@ class DenseLinear(torch.nn.Module):
         return torch.nn.functional.linear(x.to(self.weight.dtype), self.weight)
 
 
+# The two kinds of layer a GGUF weight becomes: both map x [..., in] -> [..., out].
+Linear = Int4Linear | DenseLinear
+
+
 def fuse(parts: list[torch.Tensor]) -> torch.Tensor:
     """Concatenate the rows of several raw weights of one type (q, k, v -> qkv)."""
     return torch.cat(parts, dim=0)
