@@ -25,6 +25,7 @@ from engine.device import synchronize
 from engine.events import Peaks
 
 CACHE_FILE = "peaks.json"
+PROBE_VERSION = 2  # part of the cache key: peaks from an older probe are measured again
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,7 @@ def machine_key(device: torch.device, dtype: torch.dtype) -> str:
             _dtype_name(dtype),
             f"threads={torch.get_num_threads()}",
             f"torch={torch.__version__}",
+            f"probe={PROBE_VERSION}",
         )
     )
 
