@@ -220,3 +220,17 @@ def test_bundled_prefill_is_compute_bound_and_decode_memory_bound(precision, req
     for phase in (prefill.roofline, *steps):
         assert phase.flops_per_s <= peaks.peak_flops_per_s * NOISE
         assert phase.bytes_per_s <= peaks.peak_bytes_per_s * NOISE
+
+
+def test_peaks_are_cached_per_machine_and_a_damaged_file_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(peaks_module, "_memo", {})
+    path = tmp_path / peaks_module.CACHE_FILE
+    path.write_text("{not json")
+    first = peaks_module.machine_peaks("cpu", "float32", quick=True, cache_dir=tmp_path)
+    assert first.peak_flops_per_s > 0 and first.peak_bytes_per_s > 0
+    (key,) = json.loads(path.read_text())  # rewritten whole, the quick probe kept apart
+    assert key.endswith("|quick") and "float32" in key and "threads=" in key
+
+    monkeypatch.setattr(peaks_module, "_memo", {})  # a new process: read from the file
+    monkeypatch.setattr(peaks_module, "measure", lambda *a: pytest.fail("measured again"))
+    assert peaks_module.machine_peaks("cpu", "float32", quick=True, cache_dir=tmp_path) == first
