@@ -79,7 +79,9 @@ def _fit_to_screen(
     for name, dock in internals.docks.items():
         layout.scroll_when_small(dock, layout.panel_minimum(name))
     layout.scroll_when_small(window.settings_dock, horizontal=False)
-    window.centralWidget().setMinimumWidth(layout.CHAT_MIN_WIDTH)
+    central = window.centralWidget()
+    if central is not None:  # the chat, set when the window was built
+        central.setMinimumWidth(layout.CHAT_MIN_WIDTH)
     layout.arrange(window, internals.docks, [window.settings_dock, sidebar], available)
     window.restore_layout(screen)  # now that every dock exists, the saved layout can place them
     layout.KeepFrameOnScreen(window, screen)  # the title bar is known once it is shown

@@ -10,9 +10,13 @@ import json
 import os
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli import load_request, print_json
+
+if TYPE_CHECKING:
+    from engine.loader import LoadedModel
+    from engine.settings import LoadRequest
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -37,7 +41,7 @@ def run_bench(args: argparse.Namespace) -> int:
     return _finish(args, results)
 
 
-def load_both(request):
+def load_both(request: LoadRequest) -> tuple[LoadedModel, LoadedModel | None]:
     """The exact model (what generate runs) and, for a GGUF it can run, the fast one."""
     from engine.loader import ModelLoadError, load_model
 

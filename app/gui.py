@@ -10,8 +10,13 @@ import ctypes.util
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.cli import load_request, parser
+
+if TYPE_CHECKING:
+    from app.engine_client import EngineProcessWorker
+    from app.engine_process import EngineProcess
 
 NO_DISPLAY = "no display found: set DISPLAY, or run `glassbox chat` for the terminal"
 X11_PACKAGES = (
@@ -53,14 +58,14 @@ def x11_problem() -> str | None:
     )
 
 
-def spawn_engine():
+def spawn_engine() -> EngineProcess:
     """Start the engine process now (Qt-free); see app.engine_process."""
     from app.engine_process import EngineProcess
 
     return EngineProcess()
 
 
-def engine_backend(engine):
+def engine_backend(engine: EngineProcess) -> EngineProcessWorker:
     """The window's backend on the engine process spawned by `spawn_engine`."""
     from app.engine_client import EngineProcessWorker
 

@@ -79,7 +79,9 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def throttled(progress: ProgressCallback, interval_s: float = PROGRESS_INTERVAL_S):
+def throttled(
+    progress: ProgressCallback, interval_s: float = PROGRESS_INTERVAL_S
+) -> ProgressCallback:
     """`progress`, called at most once per `interval_s` per stage (stage changes and 1.0 pass)."""
     last: dict[str, Any] = {"stage": None, "time": 0.0}
 
@@ -94,7 +96,10 @@ def throttled(progress: ProgressCallback, interval_s: float = PROGRESS_INTERVAL_
 
 
 def load_session(
-    loader: Loader, session_factory: SessionFactory, request: LoadRequest, progress
+    loader: Loader,
+    session_factory: SessionFactory,
+    request: LoadRequest,
+    progress: ProgressCallback,
 ) -> Session:
     """Load `request` and open a session on it; errors propagate (the caller reports them)."""
     loaded = loader(request, progress=throttled(progress))

@@ -273,7 +273,8 @@ class ConversationStore:
 
     @property
     def schema_version(self) -> int:
-        return self._conn.execute("PRAGMA user_version").fetchone()[0]
+        version: int = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        return version
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -326,7 +327,9 @@ class ConversationStore:
                     int(completion),
                 ),
             )
-        return int(cursor.lastrowid)
+        row_id = cursor.lastrowid
+        assert row_id is not None  # an INSERT always sets it
+        return int(row_id)
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         """One conversation, deleted or not; None if there is no such id."""
@@ -408,7 +411,9 @@ class ConversationStore:
             cursor = conn.execute("DELETE FROM conversations WHERE deleted IS NOT NULL")
         return cursor.rowcount
 
-    def _update_conversation(self, conversation_id: int, assignments: str, values: tuple) -> None:
+    def _update_conversation(
+        self, conversation_id: int, assignments: str, values: tuple[object, ...]
+    ) -> None:
         with self._write() as conn:
             cursor = conn.execute(
                 f"UPDATE conversations SET {assignments} WHERE id = ?", (*values, conversation_id)
@@ -475,7 +480,9 @@ class ConversationStore:
             conn.execute(
                 "UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id)
             )
-        return int(cursor.lastrowid)
+        row_id = cursor.lastrowid
+        assert row_id is not None  # an INSERT always sets it
+        return int(row_id)
 
     def begin_reply(
         self,

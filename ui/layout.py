@@ -237,6 +237,8 @@ class FitOrScroll(QScrollArea):
 
     def fit(self) -> None:
         content = self.widget()
+        if content is None:
+            return
         size = self.viewport().size().expandedTo(needed(content))
         if content.size() != size:
             content.resize(size)

@@ -104,6 +104,7 @@ class InternalsView(QObject):
         """A batch of events in order (e.g. MainWindow.events_received)."""
         for event in events:
             self.state.ingest(event)
+        self.attention.prepare()
 
     def set_next_reply_label(self, label: str) -> None:
         """Legend label of the coming reply's step-latency curve; see timing.cache_label."""
@@ -186,7 +187,7 @@ def shown(panel: Panel) -> bool:
     """
     if not panel.isVisible() or panel.visibleRegion().isEmpty():
         return False
-    widget = panel.window()
+    widget: QWidget | None = panel.window()
     while widget is not None:
         if widget.isMinimized():
             return False

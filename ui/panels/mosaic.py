@@ -154,7 +154,7 @@ def level_bins(values: np.ndarray) -> np.ndarray:
     values that rounding put on the wrong side (a search over the edges costs 5x more).
     """
     logs = np.log10(np.maximum(values, LEVEL_EDGES[1] / 2, dtype=np.float32))
-    bins = ((logs - _LOW_EXPONENT) * (LEVEL_BINS / -_LOW_EXPONENT)).astype(np.intp) + 1
+    bins: np.ndarray = ((logs - _LOW_EXPONENT) * (LEVEL_BINS / -_LOW_EXPONENT)).astype(np.intp) + 1
     np.clip(bins, 0, LEVEL_BINS - 1, out=bins)
     bins -= values < LEVEL_EDGES[bins]
     bins += (values >= LEVEL_EDGES[bins + 1]) & (bins < LEVEL_BINS - 1)

@@ -45,7 +45,8 @@ class GrowableArray:
     def last(self) -> np.ndarray | float:
         if not self._size:
             raise IndexError("empty buffer")
-        return self._data[self._size - 1]
+        value: np.ndarray | float = self._data[self._size - 1]
+        return value
 
     def set_last(self, value: float | Sequence[float] | np.ndarray) -> None:
         if not self._size:
