@@ -115,7 +115,7 @@ def machine_key(device: torch.device, dtype: torch.dtype) -> str:
 
 
 def _matmul_side(largest: int, device: torch.device, dtype: torch.dtype) -> int:
-    """The matmul side to time: doubled from 256 while one product takes under 50 ms, so a
+    """The matmul side to time: doubled from 256 while one product takes under 0.1 s, so a
     machine slow in `dtype` (bf16 without hardware support) still probes in about a second."""
     n = min(256, largest)
     while n < largest:
@@ -124,7 +124,7 @@ def _matmul_side(largest: int, device: torch.device, dtype: torch.dtype) -> int:
         start = time.perf_counter()
         torch.mm(a, a)
         synchronize(device)
-        if time.perf_counter() - start > 0.05:
+        if time.perf_counter() - start > 0.1:
             break
         n *= 2
     return n
