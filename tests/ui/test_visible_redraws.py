@@ -15,10 +15,10 @@ from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QVBoxLayout, QW
 
 from engine.events import Tally, Token
 from engine.settings import GenerationSettings
-from tests.ui.test_panels import model_info, prefill, token
+from tests.ui.test_panels import HEADS, causal, model_info, prefill, token
 from ui.chat_view import ChatView
 from ui.conversation import Conversation
-from ui.panels import docks
+from ui.panels import attention, docks
 from ui.panels.docks import (
     FRAME_MS,
     GUI_CPU_SHARE,
@@ -29,6 +29,7 @@ from ui.panels.docks import (
     shown,
 )
 from ui.panels.readout import ReadoutBox
+from ui.panels.state import AttentionRows
 
 PANELS = ("timing", "kv_cache", "attention", "next_token")
 
@@ -269,3 +270,54 @@ def test_streamed_chat_text_is_drawn_once_per_stream_frame(qtbot):
     QApplication.processEvents()
     assert view.messages()[-1].content == "Hello world! more"
     assert view.document().toPlainText().count("Hello world! more") == 1
+
+
+def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng):
+    """`extend` after each row (whole blocks only), then a frame's `update`: the same cells and
+    colour levels as pooling every row at once, across the buffer halving and factor changes."""
+    rows = AttentionRows(HEADS, max_rows=48)
+    pooled = attention.PooledRows()
+    rows.append_block(causal(rng, 5, 5))
+    pooled.update(rows, max_rows=10, max_keys=16)
+    for keys in range(6, 200):
+        rows.append_row(causal(rng, 1, keys)[:, 0, :])
+        pooled.extend(rows)
+        if keys % 7 == 0:  # a frame now and then
+            cells, row_factor, key_factor = pooled.update(rows, max_rows=10, max_keys=16)
+            fresh = attention.PooledRows()
+            fresh._key = (*pooled._key[:4], 0)  # the same sticky row factor
+            expected, *factors = fresh.update(rows, max_rows=10, max_keys=16)
+            assert factors == [row_factor, key_factor]
+            np.testing.assert_array_equal(cells, expected)
+            np.testing.assert_array_equal(pooled.levels(), fresh.levels())
+    assert rows.dropped > 0 and pooled.update(rows, 10, 16)[1] > 1  # halved and pooled rows
+
+
+def test_rows_arriving_between_frames_are_pooled_with_their_batch(qtbot, docked, rng, monkeypatch):
+    """A frame after many tokens pools at most the last block of rows: the rest was pooled as
+    each batch arrived, so no single frame takes the whole backlog at once."""
+    view = docked.view
+    view.docks["attention"].setFloating(True)
+    view.ingest_many([prefill(rng, prompt=40)])
+    qtbot.waitUntil(lambda: shown(view.attention))
+    docked.tick()
+    pooled_rows: list[int] = []
+    padded = AttentionRows.padded
+
+    def counted(self, first_row, keys, end_row=None):
+        block = padded(self, first_row, keys, end_row)
+        pooled_rows.append(block.shape[1])
+        return block
+
+    monkeypatch.setattr(AttentionRows, "padded", counted)
+    for index in range(36):
+        view.ingest_many([token(rng, index, prompt=40)])
+        if index == 20:
+            docked.tick()  # a frame picks the pooling factors for this size
+            key = view.attention._pooled._key
+            pooled_rows.clear()
+    assert len(pooled_rows) >= 15  # pooled as the batches came
+    pooled_rows.clear()
+    docked.tick()
+    assert view.attention._pooled._key == key  # same factors: the frame did not start over
+    assert 0 < sum(pooled_rows) <= 2 * key[3]  # the frame: the last block or two

@@ -97,28 +97,30 @@ class PooledRows:
 
     def __init__(self) -> None:
         self._key: tuple = ()
+        self._grid = (DISPLAY_ROWS, DISPLAY_KEYS)  # the cell bounds of the last update
         self._data = np.zeros((0, 0, 0), dtype=np.float32)
         self._rows = 0
         self._dropped = 0
         self.histogram = WeightHistogram(0, 0)  # of the pooled cells, for the colour levels
 
     def update(
-        self, rows: AttentionRows, max_rows: int | None = None, max_keys: int | None = None
+        self,
+        rows: AttentionRows,
+        max_rows: int | None = None,
+        max_keys: int | None = None,
+        whole_blocks: bool = False,
     ) -> tuple[np.ndarray, int, int]:
         """The pooled [heads, row blocks, key blocks] and how many rows and keys a cell covers.
 
         `max_rows` and `max_keys` (at most DISPLAY_ROWS and DISPLAY_KEYS) bound the cells.
+        `whole_blocks` pools only up to the last full block of rows (a partial block is pooled
+        again with each row that joins it).
         """
         max_rows = min(max_rows or DISPLAY_ROWS, DISPLAY_ROWS)
         max_keys = min(max_keys or DISPLAY_KEYS, DISPLAY_KEYS)
-        # The buffer fills, then drops its older half, every max_rows / 2 tokens: a row factor
-        # that followed it down would pool every row again each time. It only grows per reply.
-        row_factor = pool_factor(rows.rows, max_rows)
-        if self._key[:3] == (rows.serial, rows.heads, max_rows):
-            row_factor = max(row_factor, self._key[3])
-        key_factor = pool_factor(rows.keys, max_keys)
-        key = (rows.serial, rows.heads, max_rows, row_factor, key_factor)
-        shift = rows.dropped - self._dropped
+        self._grid = (max_rows, max_keys)
+        key, shift = self._plan(rows, max_rows, max_keys)
+        row_factor, key_factor = key[3], key[4]
         if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
             self._key, self._rows = key, 0
             self._data = np.zeros((rows.heads, DISPLAY_ROWS, DISPLAY_KEYS), dtype=np.float32)
@@ -132,16 +134,48 @@ class PooledRows:
         blocks = math.ceil(rows.rows / row_factor)
         chunk = row_factor * max(POOL_CHUNK // row_factor, 1)
         first = max(self._rows - 1, 0) // row_factor  # the block holding the last row seen
-        for start in range(first * row_factor, rows.rows, chunk):
-            source = rows.padded(start, columns * key_factor, start + chunk)
+        end = rows.rows - rows.rows % row_factor if whole_blocks else rows.rows
+        for start in range(first * row_factor, end, chunk):
+            source = rows.padded(start, columns * key_factor, min(start + chunk, end))
             pooled = max_pool_keys(source, key_factor)
             starts = np.arange(0, pooled.shape[1], row_factor)
             block = start // row_factor
             target = self._data[:, block : block + starts.size, :columns]
             target[...] = np.maximum.reduceat(pooled, starts, axis=1)
             self.histogram.set_rows(block, target)
-        self._rows = rows.rows
+        self._rows = max(end, self._rows)
         return self._data[:, :blocks, :columns], row_factor, key_factor
+
+    def extend(self, rows: AttentionRows) -> bool:
+        """Pool the rows that arrived since the last `update`, with its cell bounds, unless the
+        pooling would start over (a new reply, new factors): that is left to the next `update`.
+
+        Called as events arrive, so a frame finds its new rows pooled: the work comes in one
+        small piece per delivered batch instead of one long one per frame. True if it pooled.
+        """
+        if not self._key:
+            return False
+        key, shift = self._plan(rows, *self._grid)
+        if key != self._key or shift % key[3] or not 0 <= shift <= self._rows:
+            return False
+        if rows.rows - rows.rows % key[3] <= self._rows - shift and not shift:
+            return False  # no new full block
+        self.update(rows, *self._grid, whole_blocks=True)
+        return True
+
+    def _plan(
+        self, rows: AttentionRows, max_rows: int, max_keys: int
+    ) -> tuple[tuple[int, int, int, int, int], int]:
+        """The pooling key (serial, heads, max_rows, row and key factors) and the rows dropped
+        from the top since the last pooling."""
+        # The buffer fills, then drops its older half, every max_rows / 2 tokens: a row factor
+        # that followed it down would pool every row again each time. It only grows per reply.
+        row_factor = pool_factor(rows.rows, max_rows)
+        if self._key[:3] == (rows.serial, rows.heads, max_rows):
+            row_factor = max(row_factor, self._key[3])
+        key_factor = pool_factor(rows.keys, max_keys)
+        key = (rows.serial, rows.heads, max_rows, row_factor, key_factor)
+        return key, rows.dropped - self._dropped
 
     def levels(self, quantile: float = LEVEL_QUANTILE) -> np.ndarray:
         """Per head, the top colour level: a high quantile of its nonzero pooled weights.
@@ -378,6 +412,15 @@ class AttentionPanel(QWidget):
 
     def needs_redraw(self) -> bool:
         return self.tracker.stale
+
+    def prepare(self) -> None:
+        """Pool the shown layer's new rows now (called after each delivered batch), so the
+        next frame only composes the image: a frame after many tokens would otherwise pool
+        them all at once, the window's longest stall at long contexts."""
+        layer = self.selected_layer
+        rows = self._state.attention.get(layer) if layer is not None else None
+        if rows is not None and rows.rows and self.isVisible():
+            self._pooled.extend(rows)
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
