@@ -11,7 +11,14 @@ import math
 import numpy as np
 import pytest
 from PySide6.QtCore import QEvent, QObject
-from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QApplication,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.events import Tally, Token
 from engine.settings import GenerationSettings
@@ -28,6 +35,7 @@ from ui.panels.docks import (
     frame_interval,
     shown,
 )
+from ui.panels.kv_cache import set_bar
 from ui.panels.readout import ReadoutBox
 from ui.panels.state import AttentionRows
 
@@ -321,3 +329,43 @@ def test_rows_arriving_between_frames_are_pooled_with_their_batch(qtbot, docked,
     docked.tick()
     assert view.attention._pooled._key == key  # same factors: the frame did not start over
     assert 0 < sum(pooled_rows) <= 2 * key[3]  # the frame: the last block or two
+
+
+class _Paints(QObject):
+    """Counts the paint events a widget receives."""
+
+    def __init__(self, widget: QWidget) -> None:
+        super().__init__(widget)
+        self.count = 0
+        widget.installEventFilter(self)
+
+    def eventFilter(self, _watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Paint:
+            self.count += 1
+        return False
+
+
+def test_the_context_bar_moves_without_painting_inside_the_frame(qtbot):
+    """QProgressBar.setValue paints the bar at once when it moves; the KV panel's bar paints
+    with the next ordinary paint instead, and shows the new value."""
+    bar = QProgressBar()
+    qtbot.addWidget(bar)
+    bar.resize(400, 20)
+    bar.show()
+    qtbot.waitExposed(bar)
+    paints = _Paints(bar)
+    bar.setRange(0, 1000)
+    qtbot.waitUntil(lambda: paints.count > 0)  # the first paint
+    QApplication.processEvents()
+    before = paints.count
+    bar.setValue(10)  # what the panel avoids: a paint inside the call
+    assert paints.count > before
+    before = paints.count
+    set_bar(bar, 700, 1000)
+    assert paints.count == before and (bar.value(), bar.maximum()) == (700, 1000)
+    qtbot.waitUntil(lambda: paints.count > before)  # painted later, with the event loop
+    QApplication.processEvents()
+    before = paints.count
+    set_bar(bar, 700, 1000)  # unchanged: nothing to paint
+    QApplication.processEvents()
+    assert paints.count == before
