@@ -17,15 +17,17 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.engine_process import EngineProcess, EngineSpec
 from app.jobs import ReplyTally
 from app.worker import WorkerBase
-from engine.events import ENGINE_STOPPED, Finished, ModelInfo
-from engine.settings import LoadRequest
+from engine.events import ENGINE_STOPPED, Event, Finished, ModelInfo
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ class _Receiver(QThread):
         if not self.expected_end:
             self.died.emit(self)
 
-    def _on_events(self, events: list) -> None:
+    def _on_events(self, events: list[Event]) -> None:
         if self.worker._current_job() == "headless":
             for event in events:
                 if isinstance(event, Finished):
@@ -143,7 +145,9 @@ class EngineProcessWorker(WorkerBase):
 
     # -- requests --------------------------------------------------------------------------------
 
-    def generate_headless(self, messages, settings, probes) -> bool:
+    def generate_headless(
+        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+    ) -> bool:
         """Run a reply in the engine whose events stay there: only its Finished comes back,
         as `headless_finished` (the benchmark's reference for the window's own replies)."""
         if self._shut_down or self.busy or self._info is None:
@@ -153,7 +157,7 @@ class EngineProcessWorker(WorkerBase):
         self._send(("generate", self._job, tuple(messages), settings, probes, False), "headless")
         return True
 
-    def count_tokens(self, messages) -> int:
+    def count_tokens(self, messages: Sequence[Message]) -> int:
         """Ask how many tokens `messages` take; answered in order as `tokens_counted`."""
         self._counts += 1
         self._send(("count", self._counts, tuple(messages)), None)
@@ -163,7 +167,13 @@ class EngineProcessWorker(WorkerBase):
         self._loads.append(request)
         self._send(("load", request), "load")
 
-    def _send_generate(self, job, messages, settings, probes) -> None:
+    def _send_generate(
+        self,
+        job: int,
+        messages: tuple[Message, ...],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+    ) -> None:
         self._send(("generate", job, messages, settings, probes, True), "generate")
 
     def _send_stop(self, job: int) -> None:
@@ -174,25 +184,27 @@ class EngineProcessWorker(WorkerBase):
         if self._engine is not None:  # a new engine starts with an empty cache anyway
             self._engine.send(("reset",))
 
-    def _send(self, message: tuple, job_kind: str | None) -> None:
+    def _send(self, message: tuple[object, ...], job_kind: str | None) -> None:
         if self._engine is None:
             self._restart(reload=job_kind != "load")  # a new model needs no old one first
         if job_kind is not None:
             with self._jobs_lock:
                 self._jobs.append(job_kind)
+        assert self._engine is not None  # attached above if it was not
         if not self._engine.send(message):
             log.warning("the engine's pipe is closed; its end will be reported")
 
     def _restart(self, reload: bool) -> None:
         """A fresh child after the last one died, loading the model the old one had."""
         self.restarts += 1
-        self._attach(EngineProcess(self._spec))
+        engine = EngineProcess(self._spec)
+        self._attach(engine)
         if reload and self._info is not None and self._loaded_request is not None:
             self.load_progress.emit(f"Starting a new engine with {self._info.name}", 0.0)
             self._begin_job()
             with self._jobs_lock:
                 self._jobs.append("reload")
-            self._engine.send(("load", self._loaded_request))
+            engine.send(("load", self._loaded_request))
 
     def _attach(self, engine: EngineProcess) -> None:
         self._engine = engine
@@ -214,7 +226,7 @@ class EngineProcessWorker(WorkerBase):
     # -- replies (GUI thread) -------------------------------------------------------------------
 
     @Slot(object)
-    def _on_reply(self, message: tuple) -> None:
+    def _on_reply(self, message: tuple[Any, ...]) -> None:  # unpickled from the pipe
         if self._shut_down:
             return
         kind, *fields, job = message

@@ -13,14 +13,21 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 from app.chat_log import ChatLog, open_store
 from app.cli import generation_settings, load_request, print_json
-from engine.events import Failed, Finished, PrefillDone, Token
+from engine.events import Event, Failed, Finished, PrefillDone, Token
 from engine.loader import ModelLoadError, load_model
 from engine.serialize import event_to_dict, plain
 from engine.session import ChatSession
-from engine.settings import Message, ProbeSettings, SettingsError, parse_layers
+from engine.settings import (
+    GenerationSettings,
+    Message,
+    ProbeSettings,
+    SettingsError,
+    parse_layers,
+)
 from engine.trace import TraceRecorder
 from ui.reply_stats import finished_stats, stats_line
 
@@ -64,7 +71,14 @@ def run_chat(args: argparse.Namespace) -> int:
         chat_log.close()
 
 
-def _interactive(session, history, settings, probes, args, chat_log) -> int:
+def _interactive(
+    session: ChatSession,
+    history: list[Message],
+    settings: GenerationSettings,
+    probes: ProbeSettings,
+    args: argparse.Namespace,
+    chat_log: ChatLog,
+) -> int:
     if not args.json:
         mode = " Completion mode: what you type is continued as written." if args.complete else ""
         print(
@@ -85,7 +99,15 @@ def _interactive(session, history, settings, probes, args, chat_log) -> int:
         _turn(session, history, line, settings, probes, args, chat_log)
 
 
-def _turn(session, history, text, settings, probes, args, chat_log) -> int:
+def _turn(
+    session: ChatSession,
+    history: list[Message],
+    text: str,
+    settings: GenerationSettings,
+    probes: ProbeSettings,
+    args: argparse.Namespace,
+    chat_log: ChatLog,
+) -> int:
     """Answer one user message; append both to `history`. Returns an exit status."""
     if not text.strip():
         print("glassbox chat: the message is empty", file=sys.stderr)
@@ -118,7 +140,7 @@ def _turn(session, history, text, settings, probes, args, chat_log) -> int:
 
 
 @contextmanager
-def _ctrl_c_cancels(session) -> Iterator[None]:
+def _ctrl_c_cancels(session: ChatSession) -> Iterator[None]:
     """Ctrl+C asks the session to stop after the current step, so the reply ends with
     Finished("cancelled") and the KV cache stays in step with its tokens; a second Ctrl+C
     raises KeyboardInterrupt as usual."""
@@ -126,7 +148,7 @@ def _ctrl_c_cancels(session) -> Iterator[None]:
         yield
         return
 
-    def cancel(_signum, _frame) -> None:
+    def cancel(_signum: int, _frame: FrameType | None) -> None:
         session.cancel()
         signal.signal(signal.SIGINT, previous)
 
@@ -137,7 +159,7 @@ def _ctrl_c_cancels(session) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _show(event, as_json: bool) -> None:
+def _show(event: Event, as_json: bool) -> None:
     if as_json:
         print_json(event_to_dict(event))
     elif isinstance(event, Token):

@@ -65,7 +65,7 @@ def formula_text(info: ModelInfo, tokens: int, measured: int | None) -> str:
         f"{info.bytes_per_value} bytes"
     )
     sliding = len(info.sliding_layers) if info.sliding_window else 0
-    if sliding:
+    if sliding and info.sliding_window:
         full = info.layers - sliding
         window = sliding_tokens(info, tokens)
         lines = [
@@ -237,7 +237,7 @@ class KvCachePanel(QWidget):
         for curve in self.stack_curves:
             curve.setVisible(stacked)
         self.curve.setVisible(not stacked)
-        if stacked:
+        if stacked and per_layer is not None:
             cumulative = np.cumsum(per_layer, axis=1, dtype=np.float64)
             for layer, curve in enumerate(self.stack_curves[: cumulative.shape[1]]):
                 curve.setData(*self._fit(tokens, cumulative[:, layer]))
@@ -245,7 +245,11 @@ class KvCachePanel(QWidget):
         elif choice.startswith("layer "):
             layer = int(choice.split()[1])
             fits = per_layer is not None and layer < per_layer.shape[1]
-            values = per_layer[:, layer].astype(np.float64) if fits else np.zeros(0)
+            values = (
+                per_layer[:, layer].astype(np.float64)
+                if fits and per_layer is not None
+                else np.zeros(0)
+            )
             self.curve.setData(*self._fit(tokens[: len(values)], values))
         else:
             values = state.kv_bytes.view().astype(np.float64)

@@ -108,10 +108,10 @@ class RooflinePanel(QWidget):
         self._state = state
         self.tracker = RedrawTracker(state, ROOFLINE)
         self._range: tuple[tuple[int, int], tuple[int, int]] | None = None
-        self._roof_key: tuple = ()
-        self._prefills_drawn: tuple = ()
+        self._roof_key: tuple[object, ...] = ()
+        self._prefills_drawn: tuple[object, ...] = ()
         self._drawn_at = -math.inf
-        self._drawn_shape: tuple = ()
+        self._drawn_shape: tuple[object, ...] = ()
         self.plot_widget = pg.PlotWidget(title="Roofline")
         plot = self.plot_widget.getPlotItem()
         plot.setLogMode(x=True, y=True)
@@ -183,7 +183,7 @@ class RooflinePanel(QWidget):
 
     # -- drawing ---------------------------------------------------------------------------
 
-    def _shape(self) -> tuple:
+    def _shape(self) -> tuple[object, ...]:
         """What, changed, redraws at once: the trace (a cleared chat), each reply, the peaks."""
         trace = self._state.roofline
         return (id(trace), len(trace.prefills), self._state.peaks, len(self._state.replies))

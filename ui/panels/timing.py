@@ -97,7 +97,7 @@ class TimingPanel(QWidget):
         self._state = state
         self.tracker = RedrawTracker(state, TIMING)
         self._legend_names: tuple[str, ...] = ()
-        self._turns_drawn: tuple | None = None
+        self._turns_drawn: tuple[object, ...] | None = None
         self._timeline_turns: tuple[str, ...] | None = None
         # Ranges set when the data outgrows them (auto-range would re-measure every frame).
         self._timeline_x, self._steps_x, self._steps_y = AxisLimit(), AxisLimit(), AxisLimit()
@@ -251,7 +251,7 @@ class TimingPanel(QWidget):
             )
         previous = self._state.previous
         show_previous = self.compare.isChecked() and previous is not None
-        if show_previous:
+        if show_previous and previous is not None:
             self.previous_curve.setData(
                 *decimate(previous.steps.view(), previous.step_seconds.view(), pixels)
             )
