@@ -38,13 +38,19 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.jobs import describe_error, event_weight, load_session, run_generation
 from engine.events import Event, Failed, Finished
+
+if TYPE_CHECKING:
+    from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+
+# A request or a reply on the pipes: its kind first, then fields of any picklable type.
+Frame = tuple[Any, ...]
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +81,15 @@ def engine_threads(spec: EngineSpec) -> int:
 
 def resolve(name: str) -> Callable[..., Any]:
     module, _, attribute = name.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    found: Callable[..., Any] = getattr(importlib.import_module(module), attribute)
+    return found
 
 
-def encode(message: tuple) -> bytes:
+def encode(message: Frame) -> bytes:
     return pickle.dumps(message, protocol=PICKLE_PROTOCOL)
 
 
-def send_message(connection: Connection, message: tuple) -> int:
+def send_message(connection: Connection, message: Frame) -> int:
     """Write `message` as a pickle frame whose arrays follow as frames of their own, written
     straight from the arrays' memory; returns the bytes written."""
     buffers: list[pickle.PickleBuffer] = []
@@ -96,7 +103,7 @@ def send_message(connection: Connection, message: tuple) -> int:
     return size
 
 
-def receive_message(connection: Connection) -> tuple[tuple, int]:
+def receive_message(connection: Connection) -> tuple[Frame, int]:
     """Read what `send_message` wrote: (message, bytes). Arrays come back read-only, over
     buffers read from the pipe with the interpreter lock released (no copy under it on POSIX:
     a long prompt's attention is tens of MB, and the window's thread must not wait for it)."""
@@ -171,14 +178,14 @@ class _Outbox:
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
-        self._items: deque[tuple[tuple, int, float]] = deque()  # (message, weight, queued at)
+        self._items: deque[tuple[Frame, int, float]] = deque()  # (message, weight, queued at)
         self._weight = 0
         self._closed = False
         self._condition = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="engine-send", daemon=True)
         self._thread.start()
 
-    def put(self, message: tuple, weight: int = 0) -> None:
+    def put(self, message: Frame, weight: int = 0) -> None:
         with self._condition:
             self._items.append((message, weight, time.monotonic()))
             self._weight += weight
@@ -203,7 +210,7 @@ class _Outbox:
             self._condition.notify_all()
         self._thread.join()
 
-    def _next(self) -> tuple | None:
+    def _next(self) -> Frame | None:
         with self._condition:
             while not self._items and not self._closed:
                 self._condition.wait()
@@ -237,7 +244,7 @@ class _Engine:
     def __init__(self, replies: Connection, spec: EngineSpec) -> None:
         self.spec = spec
         self.outbox = _Outbox(replies)
-        self.jobs: queue.Queue[tuple | None] = queue.Queue()
+        self.jobs: queue.Queue[Frame | None] = queue.Queue()
         self.session: Any = None
         self._lock = threading.Lock()
         self._cancelled_upto = 0
@@ -270,7 +277,7 @@ class _Engine:
             session.cancel()
         self.outbox.wake()  # a reply waiting for room in the outbox goes on
 
-    def count(self, ident: int, messages) -> None:
+    def count(self, ident: int, messages: Sequence[Message]) -> None:
         try:
             tokens = self.session.count_tokens(messages) if self.session is not None else None
         except Exception:
@@ -297,7 +304,7 @@ class _Engine:
             elif kind == "count":
                 self.count(*args)
 
-    def load(self, request) -> None:
+    def load(self, request: LoadRequest) -> None:
         def progress(stage: str, fraction: float) -> None:
             self.outbox.put(("progress", stage, fraction))
 
@@ -313,7 +320,14 @@ class _Engine:
             self.session = session
         self.outbox.put(("loaded", session.info))
 
-    def generate(self, job: int, messages, settings, probes, deliver: bool = True) -> None:
+    def generate(
+        self,
+        job: int,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+        deliver: bool = True,
+    ) -> None:
         with self._lock:
             self._running_job = job
         try:
@@ -382,7 +396,7 @@ class EngineProcess:
     def pid(self) -> int | None:
         return self.process.pid
 
-    def send(self, message: tuple) -> bool:
+    def send(self, message: Frame) -> bool:
         """Write a request; False if the child is gone."""
         data = encode(message)
         with self._send_lock:
@@ -392,7 +406,7 @@ class EngineProcess:
                 return False
         return True
 
-    def receive(self) -> tuple[tuple, int]:
+    def receive(self) -> tuple[Frame, int]:
         """The next reply and its size in bytes (blocking); EOFError once the child is gone."""
         try:
             return receive_message(self.replies)
@@ -432,7 +446,9 @@ class EngineProcess:
 
     def kill(self) -> None:
         """SIGKILL the child (tests and benchmarks use it to check recovery)."""
-        os.kill(self.process.pid, signal.SIGKILL)
+        pid = self.process.pid
+        assert pid is not None  # started when it was made
+        os.kill(pid, signal.SIGKILL)
 
 
 def _signal_name(number: int) -> str:
