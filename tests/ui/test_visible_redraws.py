@@ -7,6 +7,7 @@ The redraw timer is stopped: each `tick` below is what one timeout of it does.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -369,3 +370,28 @@ def test_the_context_bar_moves_without_painting_inside_the_frame(qtbot):
     set_bar(bar, 700, 1000)  # unchanged: nothing to paint
     QApplication.processEvents()
     assert paints.count == before
+
+
+def test_a_frame_slice_is_wall_time_so_a_busy_machine_still_yields(qtbot, docked, rng):
+    """A panel that waits (its CPU preempted on a loaded machine) uses no CPU time of its own:
+    the frame still yields once the slice's wall time has passed."""
+    view = docked.view
+    for name in PANELS:
+        view.docks[name].setFloating(True)
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    qtbot.waitUntil(lambda: all(shown(getattr(view, name)) for name in PANELS))
+    docked.tick()
+    view.ingest(token(rng, 1))
+    first = view.panels[0]
+    redraw = first.redraw
+
+    def preempted() -> None:
+        time.sleep(2 * docks.FRAME_SLICE_S)  # wall time passes, this thread's CPU time not
+        redraw()
+
+    first.redraw = preempted
+    before = dict(docked.counts)
+    view._tick()
+    assert sum(docked.counts[n] - before[n] for n in PANELS) <= 1  # then it yielded
+    qtbot.waitUntil(lambda: all(docked.counts[n] - before[n] == 1 for n in PANELS))
