@@ -73,7 +73,8 @@ class Rope:
         x = x.float()
         if self.matrix is not None:  # row vectors: x·M
             return torch.matmul(x, self.matrix).to(torch.bfloat16)
-        return torch.addcmul(x * self.cos, x.roll(self.half, -1), self.sin).to(torch.bfloat16)
+        # not addcmul: its fused multiply-add rounds differently from the reference formula
+        return (x * self.cos + x.roll(self.half, -1) * self.sin).to(torch.bfloat16)
 
 
 def _rotation_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
