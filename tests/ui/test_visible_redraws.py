@@ -10,10 +10,12 @@ import math
 import time
 
 import numpy as np
+import pyqtgraph as pg
 import pytest
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtWidgets import (
     QApplication,
+    QGraphicsItem,
     QLabel,
     QMainWindow,
     QProgressBar,
@@ -395,3 +397,24 @@ def test_a_frame_slice_is_wall_time_so_a_busy_machine_still_yields(qtbot, docked
     view._tick()
     assert sum(docked.counts[n] - before[n] for n in PANELS) <= 1  # then it yielded
     qtbot.waitUntil(lambda: all(docked.counts[n] - before[n] == 1 for n in PANELS))
+
+
+def test_axes_keep_their_pixels_between_frames_and_repaint_when_their_range_changes(qtbot):
+    view = docks.InternalsView()
+    for dock in view.docks.values():
+        qtbot.addWidget(dock)
+    axes = [
+        item
+        for panel in view.panels
+        for widget in panel.findChildren(pg.GraphicsView)
+        for item in widget.scene().items()
+        if isinstance(item, pg.AxisItem)
+    ]
+    assert axes, "the panels have axes"
+    cached = QGraphicsItem.CacheMode.DeviceCoordinateCache
+    assert all(axis.cacheMode() == cached for axis in axes)
+    axis = view.timing.steps_plot.getPlotItem().getAxis("bottom")
+    axis.picture = object()  # what a range change clears, so the ticks are drawn anew
+    view.timing.steps_plot.getPlotItem().setXRange(0, 1234)
+    assert axis.picture is None
+    view.timer.stop()

@@ -7,9 +7,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QRegion
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
+from PySide6.QtWidgets import QDockWidget, QGraphicsItem, QMainWindow, QWidget
 
 from engine.events import Event, ModelInfo
 from ui.panels.attention import AttentionPanel
@@ -83,6 +84,7 @@ class InternalsView(QObject):
             # than show the frame it had when it was hidden until the next tick.
             dock.visibilityChanged.connect(self._on_dock_visibility)
             self.docks[attribute] = dock
+            cache_axes(dock)
         self.timer = QTimer(self)
         self.timer.setInterval(FRAME_MS)
         self.timer.timeout.connect(self._tick)
@@ -162,6 +164,17 @@ class InternalsView(QObject):
         for panel in self.panels:
             if panel.needs_redraw() and (force or shown(panel)):
                 panel.redraw()
+
+
+def cache_axes(widget: QWidget) -> None:
+    """Axes keep their pixels between frames. A curve's update repaints the plot around it,
+    and axes replaying their ticks and labels were a seventh of the window's Python samples
+    while a reply streamed; cached, a frame's paint cost ~4% less (tests.ui.frame_cost).
+    They still repaint when their range, size or labels change."""
+    for view in widget.findChildren(pg.GraphicsView):
+        for item in view.scene().items():
+            if isinstance(item, pg.AxisItem):
+                item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
 
 
 def frame_interval(interval_ms: int, cpu_share: float) -> int:
