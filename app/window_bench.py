@@ -371,7 +371,7 @@ def measure_transport(
             worker.load(LoadRequest("synthetic", extra={"delay": str(delay)}))
             _run_until(lambda w=worker: w.info is not None and not w.busy, 60)
             ends: list[Finished] = []
-            worker.event.connect(
+            worker.event_delivered.connect(
                 lambda e, ends=ends: ends.append(e) if isinstance(e, Finished) else None
             )
             before = (worker.transport.bytes, len(worker.transport.latencies_s))

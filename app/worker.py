@@ -10,7 +10,7 @@ one decode step even though the engine is busy inside it.
 Events are not sent as one queued signal per token: at hundreds of tokens per second that floods
 the GUI event loop. A receiving thread appends them to a locked buffer instead, and a GUI-thread
 QTimer drains it about 30 times a second, emitting batches as `events` (and each event as
-`event`). A job's end is signalled with the number of events pushed by then, and
+`event_delivered`). A job's end is signalled with the number of events pushed by then, and
 `busy_changed(False)` waits until that many were delivered: listeners see `Finished` first.
 
 The GUI must stay responsive however fast events come and however heavy they are (an attention
@@ -67,7 +67,7 @@ class WorkerBase(QObject):
 
     Signals (all delivered in the GUI thread):
       events(list[Event])   a batch of engine events, in order, at most ~30 batches a second
-      event(Event)          each of those events, one by one, right after its batch
+      event_delivered(Event)  each of those events, one by one, right after its batch
       loaded(ModelInfo)     a model finished loading and replaced the previous one
       load_progress(str, float)  stage name and fraction 0..1 of a load in progress
       load_failed(str)      a load failed; the previous model (if any) is still loaded
@@ -80,7 +80,7 @@ class WorkerBase(QObject):
     """
 
     events = Signal(object)
-    event = Signal(object)
+    event_delivered = Signal(object)  # each event as it is delivered (not QObject.event)
     loaded = Signal(object)
     load_progress = Signal(str, float)
     load_failed = Signal(str)
@@ -190,7 +190,11 @@ class WorkerBase(QObject):
         raise NotImplementedError
 
     def _send_generate(
-        self, job: int, messages: tuple[Message, ...], settings: GenerationSettings, probes
+        self,
+        job: int,
+        messages: tuple[Message, ...],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
     ) -> None:
         raise NotImplementedError
 
@@ -256,7 +260,7 @@ class WorkerBase(QObject):
                 self._generating = False
             self.events.emit(batch)
             for event in batch:
-                self.event.emit(event)
+                self.event_delivered.emit(event)
             if time.perf_counter() - started > DRAIN_BUDGET_S:
                 break
         self._end_delivered_jobs()
@@ -388,7 +392,13 @@ class GenerationWorker(WorkerBase):
     def _send_load(self, request: LoadRequest) -> None:
         self._load_requested.emit(request)
 
-    def _send_generate(self, job, messages, settings, probes) -> None:
+    def _send_generate(
+        self,
+        job: int,
+        messages: tuple[Message, ...],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+    ) -> None:
         self._generate_requested.emit(job, messages, settings, probes)
 
     def _send_stop(self, job: int) -> None:

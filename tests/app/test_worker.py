@@ -29,7 +29,7 @@ class Recorder:
         self.failures: list[str] = []
         self.progress: list[tuple[str, float]] = []
         worker.events.connect(self._on_batch)
-        worker.event.connect(self.singles.append)
+        worker.event_delivered.connect(self.singles.append)
         worker.load_failed.connect(self.failures.append)
         worker.load_progress.connect(lambda stage, f: self.progress.append((stage, f)))
 
