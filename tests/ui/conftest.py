@@ -13,7 +13,9 @@ from engine.settings import LoadRequest
 from tests.app.process_check import no_engine_process_left  # noqa: F401 - autouse
 from tests.models import make_tiny
 from tests.ui.fakes import FakeBackend
+from tests.ui.test_panels import model_info
 from ui.main_window import MainWindow
+from ui.panels.docks import InternalsView
 
 
 @pytest.fixture
@@ -87,3 +89,15 @@ def tiny_loader(tokenizer):
         return make_tiny(tokenizer, "llama")
 
     return load
+
+
+@pytest.fixture
+def view(qtbot) -> Iterator[InternalsView]:
+    """The internals panels of a tiny model (two watched layers), each dock closed after."""
+    internals = InternalsView()
+    for dock in internals.docks.values():
+        qtbot.addWidget(dock)
+    internals.set_model(model_info())
+    internals.set_watched_layers((0, 1))
+    yield internals
+    internals.timer.stop()

@@ -28,21 +28,6 @@ from ui.panels.state import AttentionRows
 
 
 @pytest.fixture
-def view(qtbot):
-    internals = InternalsView()
-    for dock in internals.docks.values():
-        qtbot.addWidget(dock)
-    internals.set_model(model_info_for_mosaic())
-    internals.set_watched_layers((0, 1))
-    yield internals
-    internals.timer.stop()
-
-
-def model_info_for_mosaic():
-    return model_info()
-
-
-@pytest.fixture
 def rng():
     return np.random.default_rng(7)
 
@@ -229,7 +214,7 @@ def test_overview_statistics_equal_a_computation_from_the_events(rng):
     including rows the bounded buffer has dropped, against a plain loop over the events."""
     internals = InternalsView(max_attention_rows=6)
     internals.timer.stop()
-    internals.set_model(model_info_for_mosaic())
+    internals.set_model(model_info())
     internals.set_watched_layers((0, 1))
     first, tokens = run_reply(internals, rng, count=25)
     assert internals.state.attention[1].dropped > 0

@@ -27,17 +27,6 @@ PEAKS = Peaks(
 
 
 @pytest.fixture
-def view(qtbot):
-    internals = InternalsView()
-    for dock in internals.docks.values():
-        qtbot.addWidget(dock)
-    internals.set_model(model_info())
-    internals.set_watched_layers((0, 1))
-    yield internals
-    internals.timer.stop()
-
-
-@pytest.fixture
 def rng():
     return np.random.default_rng(11)
 
