@@ -161,17 +161,10 @@ class ReplyTally:
         self.text: list[str] = []
 
     def add(self, event: Event) -> None:
-        tally = self.tally
-        if isinstance(event, PrefillDone):
-            tally.prompt_tokens, tally.reused_tokens = event.prompt_tokens, event.reused_tokens
-            tally.tokenize_s, tally.prefill_s = event.tokenize_s, event.seconds
-        elif isinstance(event, Token):
-            tally.generated += 1
+        if isinstance(event, PrefillDone | Token):
+            self.tally.add(event)
+        if isinstance(event, Token):
             self.text.append(event.text)
-            if event.index == 0:
-                tally.ttft_s = tally.tokenize_s + event.seconds
-            else:
-                tally.decode_s += event.seconds
 
     def cut_off(self, message: str, error_type: str) -> list[Event]:
         """Failed, then the Finished of a reply that ended here."""

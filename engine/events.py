@@ -209,6 +209,19 @@ class Tally:
     ttft_s: float = 0.0
     decode_s: float = 0.0
 
+    def add(self, event: PrefillDone | Token) -> None:
+        """Take in an event as the engine reported it: the first token's time completes the
+        TTFT (tokenize + prefill + its sampling); every later token's is a decode step."""
+        if isinstance(event, PrefillDone):
+            self.prompt_tokens, self.reused_tokens = event.prompt_tokens, event.reused_tokens
+            self.tokenize_s, self.prefill_s = event.tokenize_s, event.seconds
+        else:
+            self.generated += 1
+            if event.index == 0:
+                self.ttft_s = self.tokenize_s + event.seconds
+            else:
+                self.decode_s += event.seconds
+
     def finished(self, reason: FinishReason, text: str) -> Finished:
         return Finished(
             reason=reason, text=text, prompt_tokens=self.prompt_tokens,

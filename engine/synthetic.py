@@ -142,11 +142,13 @@ class SyntheticSession:
         self._cancel.clear()  # as the real session does: a cancel before the start is lost
         self.calls.append(tuple(messages))
         self.started.set()
-        tally = Tally(started=time.perf_counter(), tokenize_s=TOKENIZE_S, prefill_s=self.step_s)
-        tally.prompt_tokens = prompt = self.count_tokens(messages)
+        tally = Tally(started=time.perf_counter())
+        prompt = self.count_tokens(messages)
         layers = tuple(probes.attention_layers)
         self.token_texts = []
-        yield self._prefill(prompt, layers, probes)
+        prefill = self._prefill(prompt, layers, probes)
+        tally.add(prefill)
+        yield prefill
         reason: FinishReason = "eos"
         for index, piece in enumerate(self._reply_pieces(settings.max_new_tokens)):
             if self._wait():
@@ -155,11 +157,7 @@ class SyntheticSession:
             if self.raise_after is not None and index >= self.raise_after:
                 raise RuntimeError(BROKEN)
             event = self._token(index, piece, prompt, layers, probes)
-            if index == 0:
-                tally.ttft_s = tally.tokenize_s + event.seconds
-            else:
-                tally.decode_s += event.seconds
-            tally.generated = index + 1
+            tally.add(event)
             self.token_texts.append(event.text)
             self.last_kv_bytes = event.kv_bytes
             yield event

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from engine.events import Failed, Finished, PrefillDone, Token
+from engine.events import Failed, Finished, PrefillDone, Tally, Token
 from engine.prompt import encode_chat
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
@@ -37,6 +37,23 @@ def test_greedy_matches_generate(tiny):
 
 
 @pytest.mark.bundled
+def test_a_tally_of_the_events_equals_the_sessions_finished(tiny):
+    """What a listener tallies from the events (the window for a reply cut off with its
+    engine, the panels' live rates) is what the session itself reports at the end."""
+    events, _ = run(ChatSession(tiny), QUESTION)
+    tally = Tally(started=time.perf_counter())
+    for event in events:
+        if isinstance(event, PrefillDone | Token):
+            tally.add(event)
+    done = events[-1]
+    assert isinstance(done, Finished)
+    heard = tally.finished(done.reason, done.text)
+    for field in ("prompt_tokens", "reused_tokens", "generated_tokens", "tokenize_s",
+                  "prefill_s", "ttft_s"):  # fmt: skip
+        assert getattr(heard, field) == getattr(done, field), field
+    assert heard.decode_s == pytest.approx(done.decode_s, rel=1e-9)
+
+
 def test_bundled_greedy_matches_generate_and_answers(bundled):
     settings = GenerationSettings(greedy=True, max_new_tokens=24)
     events, tokens = run(ChatSession(bundled), QUESTION, settings)

@@ -30,21 +30,16 @@ class Reply:
     error: str | None = None
 
     def add_prefill(self, event: PrefillDone) -> None:
-        tally = self.tally
-        tally.prompt_tokens, tally.reused_tokens = event.prompt_tokens, event.reused_tokens
-        tally.tokenize_s, tally.prefill_s = event.tokenize_s, event.seconds
+        self.tally.add(event)
         self.processed_tokens = event.processed_tokens
 
     def add_token(self, event: Token) -> None:
-        tally = self.tally
-        tally.generated += 1
+        self.tally.add(event)
         if event.index == 0:
             self.first_token_s = event.seconds
-            tally.ttft_s = tally.tokenize_s + event.seconds
         else:
             self.steps.append(event.index)
             self.step_seconds.append(event.seconds)
-            tally.decode_s += event.seconds
 
     @property
     def totals(self) -> Finished:
