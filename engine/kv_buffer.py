@@ -60,9 +60,10 @@ class KVBuffer:
         return True
 
     def layer_bytes(self) -> tuple[int, ...]:
-        """Bytes of the filled positions of each layer's keys and values, read from the tensors."""
+        """Bytes of the filled positions of each layer's keys and values: the filled length
+        times one position's bytes, read from each tensor's shape and dtype."""
         return tuple(
-            _nbytes(k[:, :, : self.length]) + _nbytes(v[:, :, : self.length])
+            self.length * (_position_bytes(k) + _position_bytes(v))
             for k, v in zip(self.keys, self.values, strict=True)
         )
 
@@ -73,6 +74,11 @@ class KVBuffer:
     def _empty(self, capacity: int) -> torch.Tensor:
         shape = (*self.shape[:2], capacity, self.shape[3])
         return torch.empty(shape, dtype=self.dtype, device=self.device)
+
+
+def _position_bytes(tensor: torch.Tensor) -> int:
+    """Bytes one position takes in a [1, kv_heads, capacity, head_dim] tensor."""
+    return tensor.shape[0] * tensor.shape[1] * tensor.shape[3] * tensor.element_size()
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

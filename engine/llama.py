@@ -14,6 +14,7 @@ measured 7-13% of a decode step's CPU time (no hooks are ever set on this model)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -42,9 +43,21 @@ class LlamaShape:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """float32 [n, dim] -> RMS-normalised and scaled in float32 (one fused op), out in bf16.
-    (Spelled out in fewer elementwise ops it measured 26 against 22 µs of CPU time.)"""
-    return F.rms_norm(x, weight.shape, weight, eps).to(torch.bfloat16)
+    """float32 [n, dim] -> RMS-normalised and scaled in float32, out in bf16.
+
+    For one position (a decode step, 61 calls) the mean square is one matmul, x·xᵀ/dim + eps,
+    and the cast to bf16 happens in the last multiply: 4 ops where F.rms_norm and a cast run
+    9, ~0.9 ms of a 15 ms step here. Longer inputs take the fused op.
+    """
+    if x.shape[0] != 1:
+        return F.rms_norm(x, weight.shape, weight, eps).to(torch.bfloat16)
+    inverse_rms = torch.addmm(_eps(eps, x.device), x, x.t(), alpha=1 / x.shape[1]).rsqrt_()
+    return torch.mul(x, weight * inverse_rms, out=torch.empty_like(x, dtype=torch.bfloat16))
+
+
+@functools.cache
+def _eps(eps: float, device: torch.device) -> torch.Tensor:
+    return torch.full((1, 1), eps, device=device)
 
 
 # Up to this many new positions, RoPE is one batched matmul with a rotation matrix per position

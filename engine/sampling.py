@@ -10,6 +10,7 @@ import random
 
 import torch
 
+from engine.largest import argmax
 from engine.settings import GenerationSettings
 
 
@@ -25,8 +26,8 @@ class Sampler:
         """The probabilities the next token is drawn from. logits: [vocab] float32; history: [n]."""
         s = self.settings
         scores = penalize_repetition(logits, history, s.repetition_penalty)
-        if s.greedy:
-            return torch.nn.functional.one_hot(scores.argmax(), scores.numel()).to(scores.dtype)
+        if s.greedy:  # all the probability on the likeliest token
+            return torch.zeros_like(scores).index_fill_(0, argmax(scores), 1.0)
         scores = scores / s.temperature
         scores = keep_top_k(scores, s.top_k)
         scores = keep_top_p(scores, s.top_p)
@@ -35,7 +36,7 @@ class Sampler:
     def choose(self, probs: torch.Tensor) -> torch.Tensor:
         """A 0-d tensor holding the chosen token id (still on the device)."""
         if self.settings.greedy:
-            return probs.argmax()
+            return argmax(probs)
         return torch.multinomial(probs, 1, generator=self.generator)[0]
 
 

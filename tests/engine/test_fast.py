@@ -143,6 +143,18 @@ def test_rope_equals_the_rotate_half_formula(n):
     torch.testing.assert_close(rope(x).float(), expected.float(), rtol=2**-7, atol=1e-6)
 
 
+@pytest.mark.parametrize("n", [1, 5])
+def test_rms_norm_equals_the_fused_op(n):
+    """One position takes the matmul form, more take F.rms_norm: both as F.rms_norm in
+    float32, rounded once to bf16."""
+    torch.manual_seed(n)
+    x, weight = torch.randn(n, 576) * 4, torch.randn(576)
+    expected = torch.nn.functional.rms_norm(x, (576,), weight, 1e-5).bfloat16()
+    got = engine.llama.rms_norm(x, weight, 1e-5)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2**-8, atol=0)
+
+
 # -- the file reader ---------------------------------------------------------------------------
 
 

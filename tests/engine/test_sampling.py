@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
 
+from engine.largest import argmax
 from engine.sampling import Sampler, keep_top_k, keep_top_p, penalize_repetition
 from engine.settings import GenerationSettings
 
@@ -178,3 +179,16 @@ def test_sampling_never_picks_a_filtered_token():
     probs = sampler.distribution(logits, torch.tensor([], dtype=torch.long))
     picks = {int(sampler.choose(probs)) for _ in range(200)}
     assert picks <= {0, 1, 2} and len(picks) > 1
+
+
+@pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
+def test_two_pass_argmax_is_torchs_argmax(size):
+    """First largest entry, with ties and a NaN, on lengths that take both paths."""
+    generator = torch.Generator().manual_seed(size)
+    for trial in range(200):
+        values = torch.randn(size, generator=generator).bfloat16().float()  # many ties
+        if trial % 3 == 0:
+            values[torch.randint(0, size, (2,), generator=generator)] = values.max() + 1
+        if trial == 7:
+            values[size // 2] = float("nan")
+        assert int(argmax(values)) == int(values.argmax())
