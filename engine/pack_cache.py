@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -76,9 +77,17 @@ class PackCache:
             if staging is not None:
                 Path(staging).unlink(missing_ok=True)
             return
-        for old in folder.glob(f"{self.stem}-*-torch*-v*.pt"):
+        for old in _packs_of(folder, self.stem):
             if old != self.path:
                 old.unlink(missing_ok=True)
+
+
+def _packs_of(folder: Path, stem: str) -> list[Path]:
+    """The packs named for `stem` (any key, torch, format), not those of a GGUF whose name
+    merely starts with it: the key after the stem has no dash, so "model-b-KEY-torch..."
+    is not a pack of "model"."""
+    pattern = re.compile(re.escape(stem) + r"-[^-]+-torch.+-v\d+\.pt")
+    return [path for path in folder.glob(f"{stem}-*.pt") if pattern.fullmatch(path.name)]
 
 
 def _read(path: Path) -> dict[str, Any]:

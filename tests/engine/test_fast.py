@@ -297,6 +297,19 @@ def test_a_pack_is_named_by_the_file_torch_and_format(tmp_path):
     assert torch.__version__.replace("+", "-") in a.name and a.name.endswith(f"-v{FORMAT}.pt")
 
 
+def test_saving_a_pack_removes_only_older_packs_of_the_same_file(written, tmp_path):
+    """A new pack replaces the file's older ones (another key, torch or format), and leaves
+    the packs of a GGUF whose name only starts with this one's."""
+    _, path = written
+    older = pack_path(tmp_path, path.stem, "oldkey").with_name(f"{path.stem}-oldkey-torch1.0-v0.pt")
+    neighbour = pack_path(tmp_path, f"{path.stem}-b", "key")
+    for stale in (older, neighbour):
+        stale.write_bytes(b"a pack")
+    packs = packs_for(path, tmp_path)
+    gguf_model.build_fast(GGUFFile(path), packs=packs)
+    assert packs.path.is_file() and neighbour.is_file() and not older.exists()
+
+
 # -- the probes against an eager forward of the same fast model ----------------------------------
 
 
