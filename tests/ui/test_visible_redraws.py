@@ -185,14 +185,26 @@ def test_the_redraw_timer_slows_while_the_gui_thread_is_busy(qtbot, monkeypatch)
     view._window = (clock["wall"], clock["cpu"])
     intervals = []
     for second in range(12):
-        busy = second < 6  # six seconds at 0.6 of a core, then six idle ones
+        busy = second < 6  # six seconds at 0.6 of a core drawing frames, then six idle ones
         clock["wall"] += 1.0
         clock["cpu"] += 0.6 if busy else 0.01
+        if busy:
+            view._drawn(4)  # as _draw_queued counts the panels it redrew
         view._tick()
         intervals.append(view.timer.interval())
     assert intervals[:6] == sorted(intervals[:6]) and intervals[5] == SLOWEST_FRAME_MS
     assert intervals[1] == SLOWEST_FRAME_MS  # five times over budget: there in two windows
-    assert intervals[-1] == FRAME_MS  # back to about 30 Hz once the GUI is idle again
+    assert intervals[-1] == FRAME_MS  # idle: a click on a panel draws at once
+    # The rate found while drawing is kept: the next reply's first frame goes back to it
+    # instead of spending its first second at 30 Hz.
+    assert view.busy_interval == SLOWEST_FRAME_MS
+    view._drawn(4)
+    assert view.timer.interval() == SLOWEST_FRAME_MS
+    # A second of frames well under budget speeds them up again.
+    clock["wall"] += 1.0
+    clock["cpu"] += 0.01
+    view._tick()
+    assert view.timer.interval() == SLOWEST_FRAME_MS // 2
 
 
 def test_a_frame_yields_to_the_event_loop_between_expensive_panels(qtbot, docked, rng, monkeypatch):

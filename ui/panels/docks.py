@@ -22,8 +22,11 @@ from ui.panels.timing import TimingPanel
 
 FRAME_MS = 33  # about 30 redraws a second at most
 # The window must not slow the model it shows. When the GUI thread as a whole (panels, chat,
-# event delivery) uses more than GUI_CPU_SHARE of a core, the panels redraw less often, down
-# to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again.
+# event delivery) uses more than GUI_CPU_SHARE of a core while panels redraw, they redraw less
+# often, down to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again.
+# The rate found is kept for the next reply: a second with nothing to draw (the wait for a
+# prefill) says nothing about what frames cost, and starting each reply at 30 Hz again spent
+# its first seconds far over budget.
 SLOWEST_FRAME_MS = 250  # 4 frames a second: slower would no longer read as live
 GUI_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
@@ -89,6 +92,8 @@ class InternalsView(QObject):
         self.timer.setInterval(FRAME_MS)
         self.timer.timeout.connect(self._tick)
         self._window = (time.perf_counter(), time.thread_time())
+        self._drawn_in_window = 0  # panel redraws since the window began
+        self.busy_interval = FRAME_MS  # the interval found while panels redraw
         self._queued: list[Panel] = []  # this frame's panels still to draw
         self.timer.start()
 
@@ -139,19 +144,35 @@ class InternalsView(QObject):
             panel = self._queued.pop(0)
             if panel.needs_redraw() and shown(panel):
                 panel.redraw()
+                self._drawn(1)
                 if self._queued and time.perf_counter() - started > FRAME_SLICE_S:
                     QTimer.singleShot(0, self, self._draw_queued)
                     return
 
     def _govern(self) -> None:
-        """Every GOVERN_WINDOW_S, set the frame interval from the GUI thread's CPU share."""
+        """Every GOVERN_WINDOW_S, set the frame interval from the GUI thread's CPU share.
+
+        Only a window in which panels redrew moves `busy_interval`. A window without any
+        redraw (idle, or waiting for a prefill) returns the timer to FRAME_MS, so a click on
+        a panel shows at once; the first redraw after it goes back to `busy_interval`.
+        """
         started, cpu = self._window
         now, cpu_now = time.perf_counter(), time.thread_time()
         if now - started < GOVERN_WINDOW_S:
             return
+        drawn, self._drawn_in_window = self._drawn_in_window, 0
         self._window = (now, cpu_now)
-        share = (cpu_now - cpu) / (now - started)
-        interval = frame_interval(self.timer.interval(), share)
+        if drawn:
+            share = (cpu_now - cpu) / (now - started)
+            self.busy_interval = frame_interval(self.busy_interval, share)
+        self._set_interval(self.busy_interval if drawn else FRAME_MS)
+
+    def _drawn(self, panels: int) -> None:
+        if not self._drawn_in_window:  # the first redraw after an idle window
+            self._set_interval(self.busy_interval)
+        self._drawn_in_window += panels
+
+    def _set_interval(self, interval: int) -> None:
         if interval != self.timer.interval():
             self.timer.setInterval(interval)
 
@@ -164,6 +185,7 @@ class InternalsView(QObject):
         for panel in self.panels:
             if panel.needs_redraw() and (force or shown(panel)):
                 panel.redraw()
+                self._drawn(1)
 
 
 def cache_axes(widget: QWidget) -> None:
