@@ -227,6 +227,21 @@ def test_kv_per_layer_and_stacked_views(view, rng):
     assert top.getData()[1][-1] == tokens[-1].kv_bytes
 
 
+def test_a_new_chat_keeps_the_kv_layer_curves_a_new_model_makes_them_again(view, rng):
+    view.redraw(force=True)
+    curves = list(view.kv_cache.stack_curves)
+    assert len(curves) == model_info().layers
+    view.clear()  # a new chat: new data, same model
+    _first, tokens = run_reply(view, rng, count=3)
+    view.kv_cache.select_view(STACKED)
+    view.redraw(force=True)
+    assert view.kv_cache.stack_curves == curves  # the same items, not made again
+    assert curves[-1].getData()[1][-1] == tokens[-1].kv_bytes  # drawing the new chat's data
+    view.set_model(model_info(layers=3))
+    view.redraw(force=True)
+    assert len(view.kv_cache.stack_curves) == 3
+
+
 def test_formula_text_uses_the_models_numbers(view, rng):
     run_reply(view, rng, count=5)  # 5 prompt + 4 decoded tokens = 9 cached
     view.redraw(force=True)
@@ -474,6 +489,17 @@ def test_clicking_a_token_of_the_reply_shows_its_step(view, rng):
     panel = view.next_token
     strip = panel.tokens.toPlainText().replace("\u200b", "")
     assert strip == "".join(view.state.token_text(PROMPT + i) for i in range(4))
+    # Each token is a link to its own step.
+    block, links = panel.tokens.document().begin(), []
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            text = fragment.text().replace("\u200b", "")
+            links += [(fragment.charFormat().anchorHref(), text)] if text else []
+            it += 1
+        block = block.next()
+    assert links == [(f"step:{i}", view.state.token_text(PROMPT + i)) for i in range(4)]
     panel.tokens.anchorClicked.emit(QUrl("step:2"))  # what a click on the third token sends
     view.redraw(force=True)
     assert panel.step == 2 and not panel.follow.isChecked()

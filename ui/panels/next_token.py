@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import html
-
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QFontMetrics, QTextCursor
+from PySide6.QtGui import QFontMetrics, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -71,6 +69,10 @@ class NextTokenPanel(QWidget):
         self.follow.toggled.connect(lambda _on: self.tracker.mark())
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.spin = QSpinBox()
+        # The range grows every token; a spin box sized to it asks the panel for a new layout
+        # each time (~1 ms a frame). Fixed at the width of a long reply's step, it never does.
+        self.spin.setRange(0, 999_999)
+        self.spin.setFixedSize(self.spin.sizeHint())
         for widget in (self.slider, self.spin):
             widget.setRange(0, 0)
             widget.valueChanged.connect(self._on_browse)
@@ -82,6 +84,9 @@ class NextTokenPanel(QWidget):
         self.tokens.setMaximumHeight(90)
         self.tokens.setPlaceholderText("The reply's tokens appear here; click one.")
         self.tokens.anchorClicked.connect(self._on_token_clicked)
+        self._link_base = QTextCharFormat()
+        self._link_base.setAnchor(True)
+        self._link_base.setForeground(self.palette().link())
         self._tokens_shown = 0
         self._strip_start = 0  # the first step in the strip
         self._strip_reply: object | None = None  # the reply whose tokens the strip shows
@@ -174,20 +179,27 @@ class NextTokenPanel(QWidget):
             return
         cursor = self.tokens.textCursor()
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertHtml(self._links(self._tokens_shown, steps))
+        cursor.beginEditBlock()  # one layout of the strip for all the frame's tokens
+        for step in range(self._tokens_shown, steps):
+            cursor.insertText(self._piece(step), self._link_format(step))
+        cursor.endEditBlock()
         self._tokens_shown = steps
 
     def _restart_strip(self, start: int) -> None:
         self.tokens.clear()
         self._strip_start = self._tokens_shown = start
 
-    def _links(self, first: int, end: int) -> str:
-        return "".join(
-            # pre-wrap: a fragment's leading space would otherwise be collapsed away
-            f'<a href="step:{step}" style="text-decoration:none; white-space:pre-wrap">'
-            f"{html.escape(self._state.token_text(self._state.prompt_tokens + step))}</a>&#8203;"
-            for step in range(first, end)
-        )
+    def _piece(self, step: int) -> str:
+        """A token as the strip shows it, with a zero-width space after it: a line may break
+        between any two tokens."""
+        return self._state.token_text(self._state.prompt_tokens + step) + "\u200b"
+
+    def _link_format(self, step: int) -> QTextCharFormat:
+        """A link to `step`, as plain text with a character format: inserting HTML parsed
+        every fragment again, ~1 ms a frame (its leading space needed pre-wrap to survive)."""
+        link = QTextCharFormat(self._link_base)
+        link.setAnchorHref(f"step:{step}")
+        return link
 
     def _on_token_clicked(self, url: QUrl) -> None:
         self.show_step(int(url.toString().removeprefix("step:")))

@@ -22,10 +22,6 @@ class RedrawTracker:
     def stale(self) -> bool:
         return self._dirty or self._current() != self._drawn
 
-    @property
-    def model_changed(self) -> bool:
-        return self._drawn is None or self._drawn[0] != self._state.revision(MODEL)
-
     def drawn(self, revisions: tuple[int, ...]) -> None:
         self._drawn = revisions
         self._dirty = False
