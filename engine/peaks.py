@@ -71,6 +71,14 @@ def machine_peaks(
     return peaks
 
 
+def known(
+    device: torch.device | str, dtype: torch.dtype | str, cache_dir: Path | None = None
+) -> bool:
+    """Whether machine_peaks would answer from memory or the cache, without measuring."""
+    key = machine_key(torch.device(device), _dtype(dtype))
+    return key in _memo or key in _read((cache_dir or _default_cache_dir()) / CACHE_FILE)
+
+
 def measure(device: torch.device, dtype: torch.dtype, size: ProbeSize | None = None) -> Peaks:
     """Probe peak FLOP/s (a square matmul in `dtype`) and bytes/s (a copy, and a read of the
     same buffer as a matrix-vector product) on `device`.

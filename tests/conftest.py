@@ -99,6 +99,15 @@ def tokenizer():
     return tokenizer
 
 
+@pytest.fixture(scope="session")
+def tiny_folder(tokenizer, tmp_path_factory) -> Path:
+    """A tiny random llama saved the way a downloaded model sits on disk."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny(tokenizer, "llama").model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 BUNDLED_FIXTURES = {"bundled", "bundled_fast"}
 
 

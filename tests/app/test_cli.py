@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.models import make_tiny
-
 ROOT = Path(__file__).resolve().parents[2]
 GLASSBOX = Path(sys.executable).with_name("glassbox")
 
@@ -53,14 +51,6 @@ def assert_clean_error(result: subprocess.CompletedProcess, code: int, *words: s
     for word in words:
         assert word in errors[0]
     return errors[0]
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tokenizer, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("cli-tiny-llama")
-    make_tiny(tokenizer, "llama").model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

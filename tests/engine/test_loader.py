@@ -26,15 +26,6 @@ from tests.models import make_tiny
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tokenizer, tmp_path_factory) -> Path:
-    """A tiny random llama saved the way a downloaded model sits on disk."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    make_tiny(tokenizer, "llama").model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def load_error(spec: str, tmp_path: Path, **request) -> str:
     with pytest.raises(ModelLoadError) as caught:
         load_model(LoadRequest(spec=spec, device="cpu", **request), cache_dir=tmp_path)

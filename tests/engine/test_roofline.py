@@ -234,3 +234,21 @@ def test_peaks_are_cached_per_machine_and_a_damaged_file_is_measured_again(tmp_p
     monkeypatch.setattr(peaks_module, "_memo", {})  # a new process: read from the file
     monkeypatch.setattr(peaks_module, "measure", lambda *a: pytest.fail("measured again"))
     assert peaks_module.machine_peaks("cpu", "float32", quick=True, cache_dir=tmp_path) == first
+
+
+def test_a_first_load_measures_the_peaks_as_a_stage_before_ready(tiny_folder, monkeypatch):
+    """Unknown peaks are measured inside the load, named in its progress; known ones are not."""
+    from engine.loader import load_model
+    from engine.settings import LoadRequest
+
+    monkeypatch.setattr(peaks_module, "_memo", {})
+    monkeypatch.setattr(peaks_module, "_read", lambda path: {})  # a machine never measured
+    quick = peaks_module.measure(torch.device("cpu"), torch.float32, peaks_module.QUICK)
+    measured = []
+    monkeypatch.setattr(peaks_module, "measure", lambda *a: measured.append(a) or quick)
+    stages: list[str] = []
+    for _ in range(2):
+        load_model(LoadRequest(str(tiny_folder)), lambda stage, fraction: stages.append(stage))
+    assert len(measured) == 1  # the second load finds them in memory
+    assert stages.count("Measuring this machine's peak speeds (once)") == 1
+    assert stages.index("Measuring this machine's peak speeds (once)") < stages.index("Ready")
