@@ -389,6 +389,19 @@ def test_step_curve_has_one_point_per_decode_step(view, rng):
     assert widths["decode"] == pytest.approx(done.decode_s)
 
 
+def test_while_a_reply_decodes_only_its_decode_bar_is_set_again(view, rng):
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    view.redraw(force=True)
+    bars = view.timing.phase_bars
+    before = {name: bar.opts["width"] for name, bar in bars.items()}
+    view.ingest(token(rng, 1))
+    view.redraw(force=True)
+    kept = {name for name, bar in bars.items() if bar.opts["width"] is before[name]}
+    assert kept == {"tokenize", "prefill", "first token"}
+    assert bars["decode"].opts["width"][-1] == pytest.approx(view.state.reply.decode_s)
+
+
 def test_turn_bars_split_reused_and_prefilled_tokens(view, rng):
     first = prefill(rng)
     tokens = [token(rng, i) for i in range(3)]

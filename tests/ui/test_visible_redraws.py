@@ -430,3 +430,31 @@ def test_axes_keep_their_pixels_between_frames_and_repaint_when_their_range_chan
     view.timing.steps_plot.getPlotItem().setXRange(0, 1234)
     assert axis.picture is None
     view.timer.stop()
+
+
+def test_the_attention_overview_redraws_at_most_once_a_second_and_catches_up(
+    docked, rng, monkeypatch
+):
+    clock = {"now": 100.0}
+    monkeypatch.setattr(attention.time, "monotonic", lambda: clock["now"])
+    view, panel = docked.view, docked.view.attention
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    docked.tick()
+    stats = view.state.head_stats[1]
+    np.testing.assert_allclose(panel.overview_image.image[1], stats.mean("max"), rtol=1e-5)
+    drawn = panel.overview_image.image.copy()
+    for index in range(1, 4):  # three tokens within the same second: the mosaic follows each
+        clock["now"] += 0.1
+        view.ingest(token(rng, index))
+        assert docked.tick()["attention"] == 1
+        assert panel._pooled._rows == view.state.attention[panel.selected_layer].rows
+        np.testing.assert_array_equal(panel.overview_image.image, drawn)  # the means wait
+    assert docked.tick()["attention"] == 0  # nothing new, and the overview is not due yet
+    clock["now"] += 1.0  # the stream stopped: the overview still shows the latest means
+    assert docked.tick()["attention"] == 1
+    np.testing.assert_allclose(panel.overview_image.image[1], stats.mean("max"), rtol=1e-5)
+    assert docked.tick()["attention"] == 0
+    panel.measure_choice.setCurrentIndex(1)  # a new measure: at once
+    assert docked.tick()["attention"] == 1
+    np.testing.assert_allclose(panel.overview_image.image[1], stats.mean("entropy"), rtol=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pyqtgraph as pg
@@ -37,6 +38,10 @@ DISPLAY_KEYS = 512
 # and painting, and the screen could not show them (hover still reads every row and key).
 MIN_CELLS = 32
 POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
+# The overview's means move by a hair per token: it redraws at most this often (and at once
+# when its layers, its measure or its size change). Every frame, it was a second plot to
+# repaint in this panel while the mosaic, what a reader watches, changed.
+OVERVIEW_INTERVAL_S = 1.0
 LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
 ALL_HEADS = "all heads"
 MOSAIC_BACKGROUND = (0, 0, 0, 255)  # the gaps between tiles: the view's own black
@@ -234,6 +239,8 @@ class AttentionPanel(QWidget):
         self._pooled = PooledRows()
         self._choices_key: tuple = ()
         self._overview_key: tuple = ()
+        self._overview_drawn: tuple[float, tuple] = (-math.inf, ())  # when, and what shape
+        self._overview_pending = False  # data changed since the overview was drawn
         self.overview_layers: tuple[int, ...] = ()
         # The mosaic as last drawn: its layout, the heads per tile, each tile's colour scale
         # (1 / its level) and the size of an image pixel in buffer units (keys, rows).
@@ -411,7 +418,7 @@ class AttentionPanel(QWidget):
         return self.layout.tile(self.mosaic.image, slot) / self.tile_scale[slot]
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale
+        return self.tracker.stale or (self._overview_pending and self._overview_due())
 
     def prepare(self) -> None:
         """Pool the shown layer's new rows now (called after each delivered batch), so the
@@ -424,11 +431,16 @@ class AttentionPanel(QWidget):
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
-        self._sync_choices()
-        self.pages.show_content(bool(self._state.attention))
-        self.all_heads.setVisible(self.selected_head is not None)
-        self._draw_heads()
-        self._draw_overview()
+        if self.tracker.stale:
+            self._sync_choices()
+            self.pages.show_content(bool(self._state.attention))
+            self.all_heads.setVisible(self.selected_head is not None)
+            self._draw_heads()
+        self._overview_pending = True
+        if self._overview_due():
+            self._draw_overview()
+            self._overview_drawn = (time.monotonic(), self._overview_shape())
+            self._overview_pending = False
         self.tracker.drawn(revisions)
 
     # -- choices ---------------------------------------------------------------------------
@@ -608,6 +620,17 @@ class AttentionPanel(QWidget):
                 self.hover.setText(text)
 
     # -- overview --------------------------------------------------------------------------
+
+    def _overview_shape(self) -> tuple:
+        """What, changed, redraws the overview at once: its layers, measure and size."""
+        size = self.overview.size()
+        measure = self.measure_choice.currentText()
+        return (tuple(sorted(self._state.head_stats)), measure, size.width(), size.height())
+
+    def _overview_due(self) -> bool:
+        drawn_at, shape = self._overview_drawn
+        late = time.monotonic() - drawn_at >= OVERVIEW_INTERVAL_S
+        return late or shape != self._overview_shape()
 
     def _draw_overview(self) -> None:
         stats = self._state.head_stats

@@ -26,9 +26,10 @@ from ui.panels.state import ROOFLINE, InternalsState
 
 # The decode cloud keeps the latest steps: one symbol each, so a frame's cost stays bounded.
 DECODE_POINTS = 512
-# A new step moves the cloud by a hair: redraw it at most this often (a scatter's setData costs
-# milliseconds); a new reply, a cleared chat or new peaks redraw on the next frame.
-CLOUD_INTERVAL_S = 0.25
+# A new step moves the cloud by a hair: redraw it at most this often (a scatter's setData and
+# its repaint cost 3-5 ms of a frame); a new reply, a cleared chat or new peaks redraw on the
+# next frame.
+CLOUD_INTERVAL_S = 1.0
 PREFILL_BRUSH = (66, 133, 244)
 DECODE_BRUSH = (52, 168, 83, 110)
 LATEST_DECODE_BRUSH = (52, 168, 83)

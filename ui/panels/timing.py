@@ -99,6 +99,7 @@ class TimingPanel(QWidget):
         self._legend_names: tuple[str, ...] = ()
         self._turns_drawn: tuple[object, ...] | None = None
         self._timeline_turns: tuple[str, ...] | None = None
+        self._bars_drawn: dict[str, tuple[np.ndarray, ...]] = {}  # per phase: x0, y, width
         # Ranges set when the data outgrows them (auto-range would re-measure every frame).
         self._timeline_x, self._steps_x, self._steps_y = AxisLimit(), AxisLimit(), AxisLimit()
         self.numbers = QLabel(summary_html(None))
@@ -230,7 +231,13 @@ class TimingPanel(QWidget):
         starts = np.cumsum(phases, axis=1) - phases
         rows = np.arange(len(replies), dtype=np.float64)
         for column, (name, _colour) in enumerate(PHASES):
-            self.phase_bars[name].setOpts(x0=starts[:, column], y=rows, width=phases[:, column])
+            bars = (starts[:, column], rows, phases[:, column])
+            drawn = self._bars_drawn.get(name)
+            # While a reply decodes only its decode bar grows: the other bars keep their items
+            # (a new setOpts draws a bar's picture again and repaints it).
+            if drawn is None or not all(map(np.array_equal, bars, drawn)):
+                self._bars_drawn[name] = bars
+                self.phase_bars[name].setOpts(x0=bars[0], y=bars[1], width=bars[2])
         plot = self.timeline.getPlotItem()
         total = float(phases.sum(axis=1).max()) if len(replies) else 0.0
         if self._timeline_x.update(total):
