@@ -9,7 +9,6 @@ because these machines are noisy and only ratios measured together compare.
 
 from __future__ import annotations
 
-import importlib.util
 import resource
 import statistics
 import sys
@@ -20,9 +19,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from engine import llama_cpp_peer
 from engine.decoder import decoder_for
 from engine.device import synchronize
 from engine.events import Finished
+from engine.llama_cpp_peer import LlamaCppPeer, PeerFailed
 from engine.loader import LoadedModel
 from engine.prompt import encode_chat
 from engine.session import ChatSession
@@ -87,7 +88,7 @@ def run(
     sessions = {"engine": ChatSession(loaded)}
     if fast is not None:
         sessions["fast"] = ChatSession(fast)
-    llama = _llama_cpp(gguf_path, ids[0].tolist()) if gguf_path else None
+    peer, peer_note = _llama_cpp(gguf_path, ids[0].tolist()) if gguf_path else (None, None)
 
     variants: dict[str, Callable[[], Finished | float]] = {
         "generate": lambda: generate_decode_rate(loaded, ids, new_tokens)
@@ -95,19 +96,22 @@ def run(
     for name, session in sessions.items():
         variants[name] = partial(engine_run, session, messages, new_tokens, ProbeSettings.off())
         variants[f"{name}_view_on"] = partial(engine_run, session, messages, new_tokens, VIEW_ON)
-    if llama is not None:
-        variants["llama_cpp"] = lambda: llama(new_tokens)
+    if peer is not None:
+        variants["llama_cpp"] = partial(peer.rate, new_tokens)
 
     for session in sessions.values():  # warm-up
         engine_run(session, messages, 4, VIEW_ON)
     generate_decode_rate(loaded, ids, 4)
-    if llama is not None:
-        llama(4)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     ttft: dict[str, list[float]] = {name: [] for name in variants if name != "generate"}
     for _ in range(repeats):
-        for name, variant in variants.items():
-            result = variant()
+        for name, variant in list(variants.items()):
+            try:
+                result = variant()
+            except PeerFailed as error:  # llama.cpp died: the comparison is lost, not the run
+                peer_note = f"failed during the run: {error}"
+                del variants[name], rates[name], ttft[name]
+                continue
             rates[name].append(_rate(result))
             if isinstance(result, Finished):
                 ttft[name].append(result.ttft_s)
@@ -131,10 +135,12 @@ def run(
         report["fast_view_cost"] = 1 - median["fast_view_on"] / median["fast"]
         report["prefill"] = prefill_rates(loaded, fast, repeats)
         report["long_context"] = long_context_cost(fast, long_context)
-    if llama is not None:
+    if "llama_cpp" in median:
         report["ratio_fast_vs_llama_cpp"] = median.get("fast", 0.0) / median["llama_cpp"]
-    elif gguf_path:
-        report["llama_cpp"] = "not installed (pip install llama-cpp-python to compare)"
+    if peer is not None:
+        peer.close()
+    if peer_note:
+        report["llama_cpp"] = peer_note
     report["peak_rss_mb"] = peak_rss_mb()
     return report
 
@@ -212,24 +218,14 @@ def peak_rss_mb() -> float:
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def _llama_cpp(path: str, prompt: list[int]) -> Callable[[int], float] | None:
-    """A decode-rate function for llama.cpp on the same file, or None if not installed."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        return None
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=path, n_ctx=2048, n_threads=torch.get_num_threads(), verbose=False)
-
-    def timed(n: int) -> float:
-        llm.reset()
-        start = time.perf_counter()
-        # greedy, and never ending early (as min_new_tokens does for generate)
-        llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1,
-                              logit_bias={llm.token_eos(): -1e9})  # fmt: skip
-        return time.perf_counter() - start
-
-    def rate(new_tokens: int) -> float:
-        first, full = timed(1), timed(new_tokens)
-        return (new_tokens - 1) / max(full - first, 1e-9)
-
-    return rate
+def _llama_cpp(path: str, prompt: list[int]) -> tuple[LlamaCppPeer | None, str | None]:
+    """llama.cpp on the same file in its own process, warmed up; or None and why not."""
+    if not llama_cpp_peer.installed():
+        return None, "not installed (pip install llama-cpp-python to compare)"
+    peer = LlamaCppPeer(path, prompt, torch.get_num_threads())
+    try:
+        peer.rate(4)  # the warm-up, and the proof that it runs on this machine
+    except PeerFailed as error:
+        peer.close()
+        return None, f"could not run here: {error}"
+    return peer, None
