@@ -88,3 +88,30 @@ def test_clear_keeps_the_model_and_starts_turns_over():
     assert state.info is not None and state.watched_layers == (0, 1)
     state.ingest(prefill(rng))
     assert state.reply.turn == "turn 1"
+
+
+def test_a_prompts_head_statistics_are_summed_a_chunk_at_a_time_and_stay_exact():
+    from ui.panels.state.attention import CHUNK_ROWS, HeadStats
+
+    rng = np.random.default_rng(5)
+    heads, queries, keys = 3, 3 * CHUNK_ROWS + 5, 4 * CHUNK_ROWS
+    block = rng.random((heads, queries, keys)).astype(np.float32)
+    block /= block.sum(axis=2, keepdims=True)
+    positions = np.arange(keys - queries, keys)
+    deferred, row_by_row = HeadStats(heads), HeadStats(heads)
+    deferred.add(block, positions)
+    for query in range(queries):
+        row_by_row.add(block[:, query : query + 1], positions[query : query + 1])
+    assert deferred.pending and deferred.rows == 0  # nothing summed inside the event yet
+    calls = 0
+    while not deferred.settle(deadline=0.0):  # a deadline already past: one chunk a call
+        calls += 1
+    assert calls == 3 and deferred.rows == queries
+    one_more = rng.random((heads, 1, keys)).astype(np.float32)
+    deferred.add(block, positions)  # a new block waits; mean() sums it before answering
+    deferred.add(one_more, np.array([keys]))
+    row_by_row.add(block, positions)
+    row_by_row.add(one_more, np.array([keys]))
+    for measure in ("max", "entropy"):
+        np.testing.assert_allclose(deferred.mean(measure), row_by_row.mean(measure), rtol=1e-6)
+    assert not deferred.pending and deferred.rows == row_by_row.rows == 2 * queries + 1

@@ -458,3 +458,25 @@ def test_the_attention_overview_redraws_at_most_once_a_second_and_catches_up(
     panel.measure_choice.setCurrentIndex(1)  # a new measure: at once
     assert docked.tick()["attention"] == 1
     np.testing.assert_allclose(panel.overview_image.image[1], stats.mean("entropy"), rtol=1e-5)
+
+
+def test_a_prompts_statistics_are_summed_between_frames_and_the_overview_waits_for_them(
+    docked, monkeypatch
+):
+    rng = np.random.default_rng(4)
+    monkeypatch.setattr(docks, "SETTLE_SLICE_S", -1.0)  # one chunk per batch and per tick
+    view, panel = docked.view, docked.view.attention
+    first = prefill(rng, prompt=60)  # two chunks of rows for each of two watched layers
+    view.ingest_many([first, token(rng, 0, prompt=60)])
+    assert view.state.stats_pending  # the batch summed one chunk, not the whole prompt
+    docked.tick()
+    assert panel.slots and panel.overview_image.image is None  # the mosaic drew at once
+    ticks = 0
+    while view.state.stats_pending:  # each tick of the timer sums one more
+        view._tick()
+        ticks += 1
+    assert ticks == 3
+    docked.tick()
+    stats = view.state.head_stats[1]
+    assert stats.rows == 60
+    np.testing.assert_allclose(panel.overview_image.image[1], stats.mean("max"), rtol=1e-5)

@@ -628,6 +628,8 @@ class AttentionPanel(QWidget):
         return (tuple(sorted(self._state.head_stats)), measure, size.width(), size.height())
 
     def _overview_due(self) -> bool:
+        if self._state.stats_pending:  # a prompt's rows are still being summed, a piece a tick
+            return False
         drawn_at, shape = self._overview_drawn
         late = time.monotonic() - drawn_at >= OVERVIEW_INTERVAL_S
         return late or shape != self._overview_shape()

@@ -35,6 +35,9 @@ GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate c
 # Wall time, not the thread's CPU time: on a busy machine a slice of 8 ms of CPU held the loop
 # for two or three times as long.
 FRAME_SLICE_S = 0.008
+# Statistics a long block of attention rows left to sum (a prompt's) are summed for about this
+# long after each delivered batch and each tick, a piece at a time (InternalsState.settle).
+SETTLE_SLICE_S = 0.004
 
 # (objectName for QMainWindow.saveState, title, attribute holding the panel)
 DOCKS = (
@@ -114,6 +117,7 @@ class InternalsView(QObject):
         for event in events:
             self.state.ingest(event)
         self.attention.prepare()
+        self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
 
     def set_next_reply_label(self, label: str) -> None:
         """Legend label of the coming reply's step-latency curve; see timing.cache_label."""
@@ -133,6 +137,8 @@ class InternalsView(QObject):
 
     def _tick(self) -> None:
         self._govern()
+        if self.state.stats_pending:
+            self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
         if not self._queued:  # else the last frame is still being drawn
             self._queued = list(self.panels)
             self._draw_queued()
@@ -182,6 +188,8 @@ class InternalsView(QObject):
 
     def redraw(self, force: bool = False) -> None:
         """The timer's slot: redraw the visible panels whose data changed (all with force)."""
+        if force:
+            self.state.settle()
         for panel in self.panels:
             if panel.needs_redraw() and (force or shown(panel)):
                 panel.redraw()

@@ -7,6 +7,7 @@ compare those counters on a timer and redraw what changed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -217,6 +218,20 @@ class InternalsState:
             rows = AttentionRows(heads, max_rows=self.max_attention_rows)
             self.attention[layer] = rows
         return rows
+
+    def settle(self, deadline: float | None = None) -> bool:
+        """Sum the attention rows whose statistics wait (HeadStats.settle) until
+        time.perf_counter() passes `deadline`; True once none wait."""
+        for stats in [s for s in self.head_stats.values() if s.pending]:
+            if not stats.settle(deadline):
+                return False
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+        return not self.stats_pending
+
+    @property
+    def stats_pending(self) -> bool:
+        return any(stats.pending for stats in self.head_stats.values())
 
     def _stats(self, layer: int, heads: int) -> HeadStats:
         stats = self.head_stats.get(layer)
