@@ -27,7 +27,10 @@ FRAME_MS = 33  # about 30 redraws a second at most
 # The rate found is kept for the next reply: a second with nothing to draw (the wait for a
 # prefill) says nothing about what frames cost, and starting each reply at 30 Hz again spent
 # its first seconds far over budget.
-SLOWEST_FRAME_MS = 250  # 4 frames a second: slower would no longer read as live
+# 2 frames a second: slower would no longer read as live. With all five panels floating on
+# a busy 2-core machine a frame costs 25-35 ms of GUI time, and at 4 frames a second (the
+# floor before) the panels alone took more than the whole GUI thread's budget.
+SLOWEST_FRAME_MS = 500
 GUI_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
 # A frame draws panels one after another until this much time has passed, then lets the
