@@ -318,6 +318,7 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     assert result["decode_tokens_per_s"]["window"] > 0 and result["ttft_s"]["headless"] > 0
     assert result["decode_ratio_window_vs_headless"] > 0
     assert 0 < result["gui_cpu_per_s"] < 2  # the GUI thread's own CPU, not the process's
+    assert 0 < result["gui_cpu_idle_per_s"] < 2  # the heartbeat alone costs something
     assert set(result["engine_cpu_s_per_reply"]) == {"window", "headless"}
     assert 0 <= result["stall_ms"]["p50"] <= result["stall_ms"]["p99"] <= result["stall_ms"]["max"]
     assert result["start_s"]["window_shown"] <= result["start_s"]["model_ready"]
