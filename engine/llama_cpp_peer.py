@@ -7,7 +7,7 @@ process that the benchmark asks for one decode rate at a time over a pipe. A cra
 costs the comparison, reported as such, never the benchmark.
 
     python -m engine.llama_cpp_peer GGUF THREADS PROMPT_IDS_JSON
-    stdin: a number of new tokens per line -> stdout: the decode tokens/s of that run
+    stdin: a number of new tokens per line -> stdout: the decode tokens/s of that reply
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 
 class PeerFailed(RuntimeError):
@@ -69,22 +70,27 @@ def installed() -> bool:
 
 
 def _serve(path: str, threads: int, prompt: list[int]) -> None:
-    from llama_cpp import Llama
+    import llama_cpp
 
-    llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, verbose=False)
+    llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=threads, verbose=False)
+    # greedy, and never ending early (as min_new_tokens does for generate): every
+    # end-of-generation token is barred, not only the EOS (SmolLM2 has two)
+    barred = {t: -1e9 for t in range(llm.n_vocab()) if _ends(llama_cpp, llm, t)}
 
-    def timed(n: int) -> float:
+    def decode_rate(n: int) -> float:
+        """Tokens/s from the first token's arrival to the last's: decode alone, in wall time."""
         llm.reset()
-        start = time.perf_counter()
-        # greedy, and never ending early (as min_new_tokens does for generate)
-        llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1,
-                              logit_bias={llm.token_eos(): -1e9})  # fmt: skip
-        return time.perf_counter() - start
+        stream = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1,
+                                       logit_bias=barred, stream=True)  # fmt: skip
+        arrivals = [time.perf_counter() for _ in stream]
+        return (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
 
     for line in sys.stdin:
-        new_tokens = int(line)
-        first, full = timed(1), timed(new_tokens)
-        print((new_tokens - 1) / max(full - first, 1e-9), flush=True)
+        print(decode_rate(int(line)), flush=True)
+
+
+def _ends(llama_cpp: Any, llm: Any, token: int) -> bool:
+    return bool(llama_cpp.llama_vocab_is_eog(llm._model.vocab, token))
 
 
 if __name__ == "__main__":
