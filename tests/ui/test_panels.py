@@ -477,17 +477,16 @@ def test_top_k_bars_follow_the_latest_step_and_browse(view, rng):
     panel = view.next_token
     assert panel.step == 3
     last = tokens[3]
-    np.testing.assert_allclose(panel.prob_bars.opts["width"], [c.prob for c in last.top_k])
-    np.testing.assert_allclose(
-        panel.sampled_bars.opts["width"], [c.sampled_prob for c in last.top_k]
-    )
+    rows = panel.chart.rows
+    np.testing.assert_allclose([r.prob for r in rows], [c.prob for c in last.top_k])
+    np.testing.assert_allclose([r.sampled_prob for r in rows], [c.sampled_prob for c in last.top_k])
     view.next_token.show_step(1)
     view.redraw(force=True)
     chosen = [c.token_id == tokens[1].token_id for c in tokens[1].top_k]
     assert panel.step == 1 and not panel.follow.isChecked()
-    np.testing.assert_allclose(panel.prob_bars.opts["width"], [c.prob for c in tokens[1].top_k])
-    brushes = [pg.mkBrush(b).color().getRgb()[:3] for b in panel.prob_bars.opts["brushes"]]
-    assert [b == (217, 48, 37) for b in brushes] == chosen
+    rows = panel.chart.rows
+    np.testing.assert_allclose([r.prob for r in rows], [c.prob for c in tokens[1].top_k])
+    assert [r.chosen for r in rows] == chosen
     assert "t1" in panel.summary.text()
     panel.spin.setValue(2)
     view.redraw(force=True)
@@ -516,7 +515,9 @@ def test_clicking_a_token_of_the_reply_shows_its_step(view, rng):
     panel.tokens.anchorClicked.emit(QUrl("step:2"))  # what a click on the third token sends
     view.redraw(force=True)
     assert panel.step == 2 and not panel.follow.isChecked()
-    np.testing.assert_allclose(panel.prob_bars.opts["width"], [c.prob for c in tokens[2].top_k])
+    np.testing.assert_allclose(
+        [r.prob for r in panel.chart.rows], [c.prob for c in tokens[2].top_k]
+    )
     view.ingest(prefill(rng))  # a new reply starts the strip over
     view.redraw(force=True)
     assert panel.tokens.toPlainText() == ""
@@ -630,17 +631,44 @@ def test_clear_forgets_the_conversation(view, rng):
     assert view.state.info is not None and view.state.watched_layers == (0, 1)
 
 
-def test_candidate_labels_keep_the_axis_one_width(view, rng):
+def test_candidate_labels_keep_one_width(view, rng):
     from ui.panels.next_token import LABEL_CHARACTERS, axis_label
 
     assert axis_label("short") == "short"
     long = axis_label("x" * 40)
     assert len(long) == LABEL_CHARACTERS and long.endswith("…")
     run_reply(view, rng, count=3)
-    axis = view.next_token.plot_widget.getPlotItem().getAxis("left")
-    width = axis.width()
+    chart = view.next_token.chart
     view.next_token.show_step(0)
     view.redraw(force=True)
+    left = chart.bar_rects(0)[0].left()
     view.next_token.show_step(2)
     view.redraw(force=True)
-    assert axis.width() == width  # new labels never re-lay the plot out
+    assert chart.bar_rects(0)[0].left() == left  # new labels never move the bars
+
+
+def test_the_candidate_chart_paints_each_bar_its_length_and_colour(qtbot, view, rng):
+    """The pixels: each bar is as long as its probability, the chosen token's in red."""
+    from PySide6.QtGui import QColor
+
+    run_reply(view, rng, count=3)
+    view.redraw(force=True)
+    chart = view.next_token.chart
+    chart.resize(480, 320)
+    image = chart.grab().toImage()
+    ratio = image.devicePixelRatio()
+    area = chart.plot_rect()
+    checked = 0
+    for index, row in enumerate(chart.rows):
+        prob, _sampled = chart.bar_rects(index)
+        assert prob.width() == pytest.approx(area.width() * row.prob)
+        if prob.width() < 4:
+            continue
+        inside = image.pixelColor(int(prob.center().x() * ratio), int(prob.center().y() * ratio))
+        expected = (217, 48, 37) if row.chosen else (66, 133, 244)
+        assert inside == QColor(*expected)
+        after = int((prob.right() + 3) * ratio)
+        if prob.right() + 3 < area.right():
+            assert image.pixelColor(after, int(prob.center().y() * ratio)) == QColor(0, 0, 0)
+        checked += 1
+    assert checked > 0 and any(row.chosen for row in chart.rows)

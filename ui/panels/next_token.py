@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pyqtgraph as pg
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QFontMetrics, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
@@ -18,13 +16,13 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import Candidate
+from ui.panels.candidates import CandidateChart, CandidateRow
 from ui.panels.empty import EmptyState
 from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import NEXT_TOKEN, InternalsState
 
-BAR_HEIGHT = 0.38
 PROB_BRUSH = (66, 133, 244)
 SAMPLED_BRUSH = (251, 188, 5)
 CHOSEN_PROB_BRUSH = (217, 48, 37)
@@ -33,8 +31,8 @@ CHOSEN_SAMPLED_BRUSH = (244, 143, 177)
 # so an unbounded strip costs more every frame (35 ms at 9,000 tokens; 2.4 ms at 256 tokens,
 # 1.8 ms at 128). Its few lines show the last hundred tokens or so; the slider reaches all.
 STRIP_TOKENS = 128
-# The candidates' axis keeps one width: sized to its labels, it re-laid the whole plot out (and
-# regenerated both axes) on every token. Longer labels are cut with an ellipsis.
+# The candidates' labels keep one width: sized to them, the bars would move on every token.
+# Longer labels are cut with an ellipsis.
 LABEL_CHARACTERS = 16
 
 EMPTY_MESSAGE = (
@@ -90,21 +88,13 @@ class NextTokenPanel(QWidget):
         self._tokens_shown = 0
         self._strip_start = 0  # the first step in the strip
         self._strip_reply: object | None = None  # the reply whose tokens the strip shows
-        self.plot_widget = pg.PlotWidget(title="Next-token candidates")
-        plot = self.plot_widget.getPlotItem()
-        plot.invertY(True)
-        plot.setLabel("bottom", "probability")
-        plot.setXRange(0, 1, padding=0.02)
         typical = "▶ " + "n" * (LABEL_CHARACTERS - 2)
-        plot.getAxis("left").setWidth(QFontMetrics(self.font()).horizontalAdvance(typical) + 16)
-        plot.disableAutoRange()  # the bars' range is set when their count changes
-        plot.setMouseEnabled(x=False, y=False)
-        self.prob_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=BAR_HEIGHT, brush=PROB_BRUSH)
-        self.sampled_bars = pg.BarGraphItem(
-            x0=[], y=[], width=[], height=BAR_HEIGHT, brush=SAMPLED_BRUSH
+        self.chart = CandidateChart(
+            "Next-token candidates",
+            "probability",
+            QFontMetrics(self.font()).horizontalAdvance(typical) + 8,
+            (PROB_BRUSH, SAMPLED_BRUSH, CHOSEN_PROB_BRUSH, CHOSEN_SAMPLED_BRUSH),
         )
-        plot.addItem(self.prob_bars)
-        plot.addItem(self.sampled_bars)
         # The key sits above the chart: inside it, a legend covered the longest bars.
         self.key = key_label(
             (
@@ -125,7 +115,7 @@ class NextTokenPanel(QWidget):
         layout.addWidget(ReadoutBox(self.summary))
         layout.addWidget(self.tokens)
         layout.addWidget(self.key)
-        layout.addWidget(self.plot_widget, 1)
+        layout.addWidget(self.chart, 1)
         self.pages = EmptyState(EMPTY_MESSAGE, content)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(4, 4, 4, 4)
@@ -227,35 +217,19 @@ class NextTokenPanel(QWidget):
         self.summary.setText(self._summary(step, candidates, chosen))
 
     def _set_bars(self, candidates: tuple[Candidate, ...], chosen: int | None = None) -> None:
-        count = len(candidates)
-        ranks = np.arange(count, dtype=np.float64)
-        prob = np.array([c.prob for c in candidates], dtype=np.float64)
-        sampled = np.array([c.sampled_prob for c in candidates], dtype=np.float64)
-        is_chosen = [c.token_id == chosen for c in candidates]
-        self.prob_bars.setOpts(
-            x0=np.zeros(count),
-            y=ranks - BAR_HEIGHT / 2,
-            width=prob,
-            brushes=[CHOSEN_PROB_BRUSH if hit else PROB_BRUSH for hit in is_chosen],
+        rows = tuple(
+            CandidateRow(
+                axis_label(("▶ " if c.token_id == chosen else "") + token_label(c.text)),
+                c.prob,
+                c.sampled_prob,
+                c.token_id == chosen,
+            )
+            for c in candidates
         )
-        self.sampled_bars.setOpts(
-            x0=np.zeros(count),
-            y=ranks + BAR_HEIGHT / 2,
-            width=sampled,
-            brushes=[CHOSEN_SAMPLED_BRUSH if hit else SAMPLED_BRUSH for hit in is_chosen],
-        )
-        labels = [
-            (i, axis_label(("▶ " if hit else "") + token_label(c.text)))
-            for i, (c, hit) in enumerate(zip(candidates, is_chosen, strict=True))
-        ]
-        plot = self.plot_widget.getPlotItem()
-        plot.getAxis("left").setTicks([labels])
-        if count != self._bar_count:  # the range follows the number of candidates only
-            self._bar_count = count
-            plot.setYRange(-0.5, max(count, 1) - 0.5, padding=0.02)
-            # A row per candidate at least a line of text high: labels never overlap.
-            line = QFontMetrics(self.font()).height() + 2
-            self.plot_widget.setMinimumHeight(max(count, 3) * line + 70)
+        self.chart.set_rows(rows)
+        if len(rows) != self._bar_count:  # a row per candidate at least a line of text high
+            self._bar_count = len(rows)
+            self.chart.setMinimumHeight(self.chart.minimum_height_for(len(rows)))
 
     def _summary(self, step: int, candidates: tuple[Candidate, ...], chosen: int) -> str:
         piece = self._state.token_text(self._state.prompt_tokens + step)
