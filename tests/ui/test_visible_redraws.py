@@ -480,3 +480,21 @@ def test_a_prompts_statistics_are_summed_between_frames_and_the_overview_waits_f
     stats = view.state.head_stats[1]
     assert stats.rows == 60
     np.testing.assert_allclose(panel.overview_image.image[1], stats.mean("max"), rtol=1e-5)
+
+
+def test_an_attention_panel_behind_another_does_not_pool_arriving_rows(qtbot, docked):
+    rng = np.random.default_rng(6)
+    view, panel = docked.view, docked.view.attention
+    view.ingest_many([prefill(rng), token(rng, 0)])
+    docked.tick()
+    assert panel._pooled._rows > 0 and shown(panel)
+    view.docks["next_token"].raise_()  # the attention panel is now tabbed behind it
+    qtbot.waitUntil(lambda: not shown(panel))
+    qtbot.wait(50)  # the raise's own redraw has run
+    drawn, pooled = docked.counts["attention"], panel._pooled._rows
+    for index in range(1, 40):  # enough new rows to fill whole pooled blocks
+        view.ingest_many([token(rng, index)])
+    assert panel._pooled._rows == pooled  # no pooling for a panel no one sees
+    view.docks["attention"].raise_()
+    qtbot.waitUntil(lambda: docked.counts["attention"] == drawn + 1)  # at once when raised
+    assert panel._pooled._rows == view.state.attention[panel.selected_layer].rows

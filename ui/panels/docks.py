@@ -119,7 +119,8 @@ class InternalsView(QObject):
         """A batch of events in order (e.g. MainWindow.events_received)."""
         for event in events:
             self.state.ingest(event)
-        self.attention.prepare()
+        if shown(self.attention):  # tabbed behind, closed or minimised: it pools when shown
+            self.attention.prepare()
         self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
 
     def set_next_reply_label(self, label: str) -> None:
