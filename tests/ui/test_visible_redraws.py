@@ -183,6 +183,9 @@ def test_the_redraw_timer_slows_while_the_gui_thread_is_busy(qtbot, monkeypatch)
     monkeypatch.setattr(docks.time, "perf_counter", lambda: clock["wall"])
     monkeypatch.setattr(docks.time, "thread_time", lambda: clock["cpu"])
     view._window = (clock["wall"], clock["cpu"])
+    assert view.timer.interval() == FRAME_MS  # idle: a click draws at once
+    view._drawn(1)  # the first frame of the first reply: a moderate rate until one is found
+    assert view.timer.interval() == docks.FIRST_BUSY_FRAME_MS
     intervals = []
     for second in range(12):
         busy = second < 6  # six seconds at 0.6 of a core drawing frames, then six idle ones

@@ -33,6 +33,9 @@ FRAME_MS = 33  # about 30 redraws a second at most
 SLOWEST_FRAME_MS = 500
 GUI_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
+# The rate the first reply starts at, before any has been found: 10 frames a second. Started at
+# 30, a first reply spent its first second at half a core drawing while the governor measured.
+FIRST_BUSY_FRAME_MS = 100
 # A frame draws panels one after another until this much time has passed, then lets the
 # event loop run (paint, input) before the next ones: no frame holds the loop for all four.
 # Wall time, not the thread's CPU time: on a busy machine a slice of 8 ms of CPU held the loop
@@ -99,7 +102,7 @@ class InternalsView(QObject):
         self.timer.timeout.connect(self._tick)
         self._window = (time.perf_counter(), time.thread_time())
         self._drawn_in_window = 0  # panel redraws since the window began
-        self.busy_interval = FRAME_MS  # the interval found while panels redraw
+        self.busy_interval = FIRST_BUSY_FRAME_MS  # the interval found while panels redraw
         self._queued: list[Panel] = []  # this frame's panels still to draw
         self.timer.start()
 
