@@ -223,11 +223,11 @@ def gguf_tokenizer(
     transformers' tokenizer, or with `lean` the same tokenizer.json without transformers."""
     folder = cache_dir / "tokenizers" / f"{path.stem}-{_file_key(path)}"
     if not (folder / "tokenizer.json").is_file():
-        report("Converting the tokenizer (first start only)", 0.05)
+        report("Loading the tokenizer converter (first start only)", 0.03)
         try:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            convert = _tokenizer_converter()
+            report("Converting the tokenizer (first start only)", 0.1)
+            tokenizer = convert(path)
         except Exception as error:
             raise ModelLoadError(f"{path} is not a readable GGUF model: {_short(error)}") from None
         _save_atomically(folder, tokenizer.save_pretrained)
@@ -238,6 +238,32 @@ def gguf_tokenizer(
 
     fast: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(str(folder))
     return _with_pad(fast)
+
+
+def _tokenizer_converter() -> Callable[[Path], PreTrainedTokenizerBase]:
+    """transformers' GGUF tokenizer conversion (it imports transformers: seconds).
+
+    Where transformers has its GGUF tokenizer builders (5.2x), they are called directly: the
+    same tokenizer.json and chat template as AutoTokenizer's, in ~1 s instead of ~9 s here,
+    because AutoTokenizer also parses the whole file's metadata into a config it then drops.
+    """
+    try:
+        from transformers import PreTrainedTokenizerFast
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer,
+            get_gguf_tokenizer,
+        )
+    except ImportError:  # another transformers: its public path
+        from transformers import AutoTokenizer
+
+        return lambda path: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+    def convert(path: Path) -> PreTrainedTokenizerBase:
+        architecture, vocabulary, config = get_gguf_tokenizer(str(path))
+        backend, extra = convert_gguf_tokenizer(architecture, vocabulary)
+        return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)  # type: ignore[no-untyped-call, unused-ignore]
+
+    return convert
 
 
 AnyTokenizer = TypeVar("AnyTokenizer", "PreTrainedTokenizerBase", LeanTokenizer)

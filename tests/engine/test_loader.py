@@ -355,3 +355,18 @@ def test_describe_gpt2_multi_head(tokenizer):
     info = make_tiny(tokenizer, "gpt2").info
     assert (info.layers, info.heads, info.kv_heads, info.head_dim) == (2, 4, 4, 16)
     assert info.max_context == 256
+
+
+def test_the_direct_tokenizer_conversion_equals_autotokenizers(tmp_path):
+    """The first start converts the GGUF's tokenizer through transformers' own builders,
+    skipping AutoTokenizer's config parse: the same tokenizer.json and chat template."""
+    from transformers import AutoTokenizer
+
+    from engine.loader import _tokenizer_converter
+
+    path = bundled_gguf_path()
+    ours, reference = tmp_path / "ours", tmp_path / "reference"
+    _tokenizer_converter()(path).save_pretrained(ours)
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(reference)
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (ours / name).read_text() == (reference / name).read_text(), name
