@@ -243,7 +243,7 @@ def gguf_tokenizer(
 def _tokenizer_converter() -> Callable[[Path], PreTrainedTokenizerBase]:
     """transformers' GGUF tokenizer conversion (it imports transformers: seconds).
 
-    Where transformers has its GGUF tokenizer builders (5.2x), they are called directly: the
+    Where transformers exposes its GGUF tokenizer builders, they are called directly: the
     same tokenizer.json and chat template as AutoTokenizer's, in ~1 s instead of ~9 s here,
     because AutoTokenizer also parses the whole file's metadata into a config it then drops.
     """
