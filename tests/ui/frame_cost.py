@@ -87,8 +87,8 @@ def measure(keys: int, frames: int = 30) -> dict[str, Any]:
         for name in PANELS:
             panel = getattr(view, name)
             started = time.thread_time()
-            if panel.needs_redraw():  # as the timer asks (the roofline and the attention
-                # overview redraw once a second)
+            if panel.needs_redraw():  # as the timer asks (the roofline, the timeline and the
+                # attention overview redraw once a second)
                 panel.redraw()
             drawn = time.thread_time()
             app.processEvents()  # the paint events the redraw queued

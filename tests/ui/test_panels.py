@@ -389,17 +389,33 @@ def test_step_curve_has_one_point_per_decode_step(view, rng):
     assert widths["decode"] == pytest.approx(done.decode_s)
 
 
-def test_while_a_reply_decodes_only_its_decode_bar_is_set_again(view, rng):
+def test_while_a_reply_decodes_only_its_decode_bar_is_set_again(view, rng, monkeypatch):
+    from ui.panels import timing
+
+    clock = {"now": 100.0}
+    monkeypatch.setattr(timing.time, "monotonic", lambda: clock["now"])
     view.ingest(prefill(rng))
-    view.ingest(token(rng, 0))
+    tokens = [token(rng, 0)]
+    view.ingest(tokens[0])
     view.redraw(force=True)
     bars = view.timing.phase_bars
     before = {name: bar.opts["width"] for name, bar in bars.items()}
-    view.ingest(token(rng, 1))
+    tokens.append(token(rng, 1))
+    view.ingest(tokens[1])
+    view.redraw(force=True)  # within the second: the step curve follows, the timeline waits
+    assert all(bar.opts["width"] is before[name] for name, bar in bars.items())
+    assert len(view.timing.step_curve.getData()[0]) == 1
+    assert view.timing.needs_redraw() is False
+    clock["now"] += 1.0  # a second on, the timeline is due even with no new token
+    assert view.timing.needs_redraw()
     view.redraw(force=True)
     kept = {name for name, bar in bars.items() if bar.opts["width"] is before[name]}
     assert kept == {"tokenize", "prefill", "first token"}
     assert bars["decode"].opts["width"][-1] == pytest.approx(view.state.reply.decode_s)
+    done = finished(tokens)
+    view.ingest(done)  # the reply's end shows at once
+    view.redraw(force=True)
+    assert bars["decode"].opts["width"][-1] == pytest.approx(done.decode_s)
 
 
 def test_turn_bars_split_reused_and_prefilled_tokens(view, rng):

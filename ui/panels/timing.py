@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,6 +35,10 @@ PHASES = (
 TIMELINE_REPLIES = 12
 MAX_TURN_LABELS = 12
 REUSED_BRUSH = (160, 160, 160)
+# While a reply decodes, the timeline changes by its decode bar growing: it redraws at most
+# this often (at once for a new reply, its end or a failure). Every frame, it was a third of
+# the panel's repaints while the step-latency curve, the live view, changed.
+TIMELINE_INTERVAL_S = 1.0
 
 PROCESSED_BRUSH = (66, 133, 244)
 
@@ -100,6 +105,8 @@ class TimingPanel(QWidget):
         self._turns_drawn: tuple[object, ...] | None = None
         self._timeline_turns: tuple[str, ...] | None = None
         self._bars_drawn: dict[str, tuple[np.ndarray, ...]] = {}  # per phase: x0, y, width
+        self._timeline_drawn: tuple[float, tuple] = (-math.inf, ())  # when, and which replies
+        self._timeline_pending = False  # the replies changed since the timeline was drawn
         # Ranges set when the data outgrows them (auto-range would re-measure every frame).
         self._timeline_x, self._steps_x, self._steps_y = AxisLimit(), AxisLimit(), AxisLimit()
         self.numbers = QLabel(summary_html(None))
@@ -211,17 +218,32 @@ class TimingPanel(QWidget):
         self.tracker.mark()
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale
+        return self.tracker.stale or (self._timeline_pending and self._timeline_due())
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
         reply = self._state.reply
-        self.pages.show_content(reply is not None or self._state.last_error is not None)
-        self.numbers.setText(summary_html(reply, self._state.last_error))
-        self._draw_timeline()
-        self._draw_steps(reply)
-        self._draw_turns()
+        if self.tracker.stale:
+            self.pages.show_content(reply is not None or self._state.last_error is not None)
+            self.numbers.setText(summary_html(reply, self._state.last_error))
+            self._draw_steps(reply)
+            self._draw_turns()
+        self._timeline_pending = True
+        if self._timeline_due():
+            self._draw_timeline()
+            self._timeline_drawn = (time.monotonic(), self._timeline_shape())
+            self._timeline_pending = False
         self.tracker.drawn(revisions)
+
+    def _timeline_shape(self) -> tuple:
+        """What, changed, redraws the timeline at once: the replies, each one's end."""
+        replies = self._state.replies[-TIMELINE_REPLIES:]
+        return tuple((id(r), r.finished is not None, r.error) for r in replies)
+
+    def _timeline_due(self) -> bool:
+        drawn_at, shape = self._timeline_drawn
+        late = time.monotonic() - drawn_at >= TIMELINE_INTERVAL_S
+        return late or shape != self._timeline_shape()
 
     # -- drawing ---------------------------------------------------------------------------
 
