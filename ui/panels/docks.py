@@ -37,10 +37,11 @@ GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate c
 # 30, a first reply spent its first second at half a core drawing while the governor measured.
 FIRST_BUSY_FRAME_MS = 100
 # A frame draws panels one after another until this much time has passed, then lets the
-# event loop run (paint, input) before the next ones: no frame holds the loop for all four.
+# event loop run (paint, input) before the next ones: no frame holds the loop for all five.
 # Wall time, not the thread's CPU time: on a busy machine a slice of 8 ms of CPU held the loop
-# for two or three times as long.
-FRAME_SLICE_S = 0.008
+# for two or three times as long. In practice one panel a slice: a panel's repaint runs in the
+# loop's next pass, with the next panel's redraw, and a slice of 8 ms made passes of 30-45 ms.
+FRAME_SLICE_S = 0.002
 # Statistics a long block of attention rows left to sum (a prompt's) are summed for about this
 # long after each delivered batch and each tick, a piece at a time (InternalsState.settle).
 SETTLE_SLICE_S = 0.004
