@@ -105,7 +105,8 @@ class TimingPanel(QWidget):
         self._turns_drawn: tuple[object, ...] | None = None
         self._timeline_turns: tuple[str, ...] | None = None
         self._bars_drawn: dict[str, tuple[np.ndarray, ...]] = {}  # per phase: x0, y, width
-        self._timeline_drawn: tuple[float, tuple] = (-math.inf, ())  # when, and which replies
+        # When the timeline was drawn, and which replies it showed (see _timeline_shape).
+        self._timeline_drawn: tuple[float, tuple[object, ...]] = (-math.inf, ())
         self._timeline_pending = False  # the replies changed since the timeline was drawn
         # Ranges set when the data outgrows them (auto-range would re-measure every frame).
         self._timeline_x, self._steps_x, self._steps_y = AxisLimit(), AxisLimit(), AxisLimit()
@@ -235,7 +236,7 @@ class TimingPanel(QWidget):
             self._timeline_pending = False
         self.tracker.drawn(revisions)
 
-    def _timeline_shape(self) -> tuple:
+    def _timeline_shape(self) -> tuple[object, ...]:
         """What, changed, redraws the timeline at once: the replies, each one's end."""
         replies = self._state.replies[-TIMELINE_REPLIES:]
         return tuple((id(r), r.finished is not None, r.error) for r in replies)
