@@ -105,6 +105,10 @@ def print_text(results: dict[str, Any]) -> None:
             time_ratio, bytes_ratio = long["time_ratio"], long["bytes_ratio"]
             context = long["long"]["context"]
             print(f"  at {context} tokens  {time_ratio:.2f}x time, {bytes_ratio:.2f}x bytes")
+        if "ratio_fast_vs_llama_cpp" in results:
+            print(f"  fast / llama.cpp   {results['ratio_fast_vs_llama_cpp']:.2f}")
+        if "llama_cpp" in results:
+            print(f"  llama.cpp          {results['llama_cpp']}")
         print(f"  peak RSS           {results['peak_rss_mb']:.0f} MB")
     window = results.get("window")
     if window:
@@ -113,6 +117,7 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"  decode ratio       {window['decode_ratio_window_vs_headless']}")
         print(f"  TTFT s             {window['ttft_s']}")
         print(f"  GUI CPU per second {window['gui_cpu_per_s']}")
+        print(f"  of it, measuring   {window['gui_cpu_idle_per_s']}")
         print(f"  stall ms           {window['stall_ms']}")
         print(f"  start s            {window['start_s']}")
     gui = results.get("gui")
