@@ -390,10 +390,10 @@ def test_step_curve_has_one_point_per_decode_step(view, rng):
 
 
 def test_while_a_reply_decodes_only_its_decode_bar_is_set_again(view, rng, monkeypatch):
-    from ui.panels import timing
+    from ui.panels import redraw
 
     clock = {"now": 100.0}
-    monkeypatch.setattr(timing.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(redraw.time, "monotonic", lambda: clock["now"])  # the throttle's clock
     view.ingest(prefill(rng))
     tokens = [token(rng, 0)]
     view.ingest(tokens[0])

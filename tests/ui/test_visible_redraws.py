@@ -28,7 +28,7 @@ from engine.settings import GenerationSettings
 from tests.ui.test_panels import HEADS, causal, model_info, prefill, token
 from ui.chat_view import ChatView
 from ui.conversation import Conversation
-from ui.panels import attention, docks
+from ui.panels import attention, docks, redraw
 from ui.panels.docks import (
     FRAME_MS,
     GUI_CPU_SHARE,
@@ -439,7 +439,7 @@ def test_the_attention_overview_redraws_at_most_once_a_second_and_catches_up(
     docked, rng, monkeypatch
 ):
     clock = {"now": 100.0}
-    monkeypatch.setattr(attention.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(redraw.time, "monotonic", lambda: clock["now"])  # the throttle's clock
     view, panel = docked.view, docked.view.attention
     view.ingest(prefill(rng))
     view.ingest(token(rng, 0))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pyqtgraph as pg
@@ -28,7 +27,7 @@ from ui.panels.mosaic import (
     mosaic_colours,
 )
 from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker
+from ui.panels.redraw import RedrawTracker, Throttle
 from ui.panels.state import ATTENTION, AttentionRows, InternalsState
 
 # Bounded work per frame: rows and keys past these are max-pooled into one image cell.
@@ -239,8 +238,7 @@ class AttentionPanel(QWidget):
         self._pooled = PooledRows()
         self._choices_key: tuple = ()
         self._overview_key: tuple = ()
-        self._overview_drawn: tuple[float, tuple] = (-math.inf, ())  # when, and what shape
-        self._overview_pending = False  # data changed since the overview was drawn
+        self._overview_throttle = Throttle()
         self.overview_layers: tuple[int, ...] = ()
         # The mosaic as last drawn: its layout, the heads per tile, each tile's colour scale
         # (1 / its level) and the size of an image pixel in buffer units (keys, rows).
@@ -418,7 +416,7 @@ class AttentionPanel(QWidget):
         return self.layout.tile(self.mosaic.image, slot) / self.tile_scale[slot]
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale or (self._overview_pending and self._overview_due())
+        return self.tracker.stale or (self._overview_throttle.pending and self._overview_due())
 
     def prepare(self) -> None:
         """Pool the shown layer's new rows now (called after each delivered batch), so the
@@ -436,11 +434,10 @@ class AttentionPanel(QWidget):
             self.pages.show_content(bool(self._state.attention))
             self.all_heads.setVisible(self.selected_head is not None)
             self._draw_heads()
-        self._overview_pending = True
+        self._overview_throttle.pending = True
         if self._overview_due():
             self._draw_overview()
-            self._overview_drawn = (time.monotonic(), self._overview_shape())
-            self._overview_pending = False
+            self._overview_throttle.drawn(self._overview_shape())
         self.tracker.drawn(revisions)
 
     # -- choices ---------------------------------------------------------------------------
@@ -630,9 +627,7 @@ class AttentionPanel(QWidget):
     def _overview_due(self) -> bool:
         if self._state.stats_pending:  # a prompt's rows are still being summed, a piece a tick
             return False
-        drawn_at, shape = self._overview_drawn
-        late = time.monotonic() - drawn_at >= OVERVIEW_INTERVAL_S
-        return late or shape != self._overview_shape()
+        return self._overview_throttle.due(OVERVIEW_INTERVAL_S, self._overview_shape())
 
     def _draw_overview(self) -> None:
         stats = self._state.head_stats

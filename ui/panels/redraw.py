@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import time
+
 from ui.panels.state import MODEL, InternalsState
 
 
@@ -31,3 +34,23 @@ class RedrawTracker:
 
     def _current(self) -> tuple[int, ...]:
         return tuple(self._state.revision(key) for key in self._keys)
+
+
+class Throttle:
+    """A slow summary (a mean over the reply, a cloud, a timeline) that redraws at most once an
+    interval, and at once when its shape changes: a tuple naming its series, a choice or its
+    size, passed in by the panel (held as a callable it would keep the panel alive in a cycle).
+    `pending` says new data arrived since it was last drawn."""
+
+    def __init__(self) -> None:
+        self._drawn_at = -math.inf
+        self._drawn_shape: tuple[object, ...] = ()
+        self.pending = False
+
+    def due(self, interval_s: float, shape: tuple[object, ...]) -> bool:
+        late = time.monotonic() - self._drawn_at >= interval_s
+        return late or shape != self._drawn_shape
+
+    def drawn(self, shape: tuple[object, ...]) -> None:
+        self._drawn_at, self._drawn_shape = time.monotonic(), shape
+        self.pending = False

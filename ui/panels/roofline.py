@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import math
-import time
 
 import numpy as np
 import pyqtgraph as pg
@@ -21,7 +20,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from engine.events import Peaks, Roofline
 from ui.panels.empty import EmptyState
 from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker
+from ui.panels.redraw import RedrawTracker, Throttle
 from ui.panels.state import ROOFLINE, InternalsState
 
 # The decode cloud keeps the latest steps: one symbol each, so a frame's cost stays bounded.
@@ -111,8 +110,7 @@ class RooflinePanel(QWidget):
         self._range: tuple[tuple[int, int], tuple[int, int]] | None = None
         self._roof_key: tuple[object, ...] = ()
         self._prefills_drawn: tuple[object, ...] = ()
-        self._drawn_at = -math.inf
-        self._drawn_shape: tuple[object, ...] = ()
+        self._cloud_throttle = Throttle()
         self.plot_widget = pg.PlotWidget(title="Roofline")
         plot = self.plot_widget.getPlotItem()
         plot.setLogMode(x=True, y=True)
@@ -160,16 +158,13 @@ class RooflinePanel(QWidget):
     # -- public ----------------------------------------------------------------------------
 
     def needs_redraw(self) -> bool:
-        if not self.tracker.stale:
-            return False
-        due = time.monotonic() - self._drawn_at >= CLOUD_INTERVAL_S
-        return due or self._shape() != self._drawn_shape
+        return self.tracker.stale and self._cloud_throttle.due(CLOUD_INTERVAL_S, self._shape())
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
         state = self._state
         trace = state.roofline
-        self._drawn_at, self._drawn_shape = time.monotonic(), self._shape()
+        self._cloud_throttle.drawn(self._shape())
         set_text(self.peaks, peaks_sentence(state.peaks))
         set_text(self.phases, self._phases_html())
         if not state.replies:

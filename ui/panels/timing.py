@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,7 +15,7 @@ from ui.panels.empty import EmptyState
 from ui.panels.key import key_label
 from ui.panels.ranges import AxisLimit, decimate, growing_curve
 from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker
+from ui.panels.redraw import RedrawTracker, Throttle
 from ui.panels.state import TIMING, InternalsState, Reply
 
 WITH_CACHE = "with KV cache"
@@ -106,8 +105,7 @@ class TimingPanel(QWidget):
         self._timeline_turns: tuple[str, ...] | None = None
         self._bars_drawn: dict[str, tuple[np.ndarray, ...]] = {}  # per phase: x0, y, width
         # When the timeline was drawn, and which replies it showed (see _timeline_shape).
-        self._timeline_drawn: tuple[float, tuple[object, ...]] = (-math.inf, ())
-        self._timeline_pending = False  # the replies changed since the timeline was drawn
+        self._timeline_throttle = Throttle()
         # Ranges set when the data outgrows them (auto-range would re-measure every frame).
         self._timeline_x, self._steps_x, self._steps_y = AxisLimit(), AxisLimit(), AxisLimit()
         self.numbers = QLabel(summary_html(None))
@@ -219,7 +217,7 @@ class TimingPanel(QWidget):
         self.tracker.mark()
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale or (self._timeline_pending and self._timeline_due())
+        return self.tracker.stale or (self._timeline_throttle.pending and self._timeline_due())
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
@@ -229,22 +227,19 @@ class TimingPanel(QWidget):
             self.numbers.setText(summary_html(reply, self._state.last_error))
             self._draw_steps(reply)
             self._draw_turns()
-        self._timeline_pending = True
+        self._timeline_throttle.pending = True
         if self._timeline_due():
             self._draw_timeline()
-            self._timeline_drawn = (time.monotonic(), self._timeline_shape())
-            self._timeline_pending = False
+            self._timeline_throttle.drawn(self._timeline_shape())
         self.tracker.drawn(revisions)
+
+    def _timeline_due(self) -> bool:
+        return self._timeline_throttle.due(TIMELINE_INTERVAL_S, self._timeline_shape())
 
     def _timeline_shape(self) -> tuple[object, ...]:
         """What, changed, redraws the timeline at once: the replies, each one's end."""
         replies = self._state.replies[-TIMELINE_REPLIES:]
         return tuple((id(r), r.finished is not None, r.error) for r in replies)
-
-    def _timeline_due(self) -> bool:
-        drawn_at, shape = self._timeline_drawn
-        late = time.monotonic() - drawn_at >= TIMELINE_INTERVAL_S
-        return late or shape != self._timeline_shape()
 
     # -- drawing ---------------------------------------------------------------------------
 
