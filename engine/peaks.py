@@ -11,6 +11,7 @@ around each) and kept per machine, device, dtype and thread count in the cache f
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -41,6 +42,7 @@ FULL_GPU = ProbeSize(matmul=8192, copy_bytes=1 << 30, seconds=0.3)
 QUICK = ProbeSize(matmul=256, copy_bytes=4 << 20, seconds=0.02)  # tests: plumbing, not truth
 
 _memo: dict[str, Peaks] = {}
+log = logging.getLogger(__name__)
 
 
 def machine_peaks(
@@ -69,6 +71,16 @@ def machine_peaks(
     _write(path, stored)
     _memo[key] = peaks
     return peaks
+
+
+def peaks_or_none(device: torch.device | str, dtype: torch.dtype | str) -> Peaks | None:
+    """machine_peaks, or None (logged) when the probe fails: that costs the roofline its
+    bound, never a load or a chat."""
+    try:
+        return machine_peaks(device, dtype)
+    except Exception:
+        log.exception("measuring the machine's peaks failed")
+        return None
 
 
 def known(

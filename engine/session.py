@@ -46,7 +46,7 @@ from engine.events import (
     frozen_array,
 )
 from engine.loader import LoadedModel
-from engine.peaks import machine_peaks
+from engine.peaks import peaks_or_none
 from engine.prompt import encoder
 from engine.roofline import ForwardCost, Meter
 from engine.sampling import Sampler
@@ -63,7 +63,7 @@ class ChatSession:
         self.decoder = decoder_for(loaded.model)  # transformers or Glassbox's own GGUF model
         self.tokenizer = loaded.tokenizer
         self.device = self.decoder.device
-        peaks = peaks or _peaks(self.device, loaded.info.dtype)
+        peaks = peaks or peaks_or_none(self.device, loaded.info.dtype)
         self.info = replace(loaded.info, peaks=peaks)
         self.meter = Meter(ForwardCost.of(loaded.model, loaded.info), peaks)
         self._cancel = threading.Event()
@@ -349,14 +349,6 @@ def _count(tally: Tally, index: int, step_s: float) -> None:
     else:
         tally.decode_s += step_s
     tally.generated = index + 1
-
-
-def _peaks(device: torch.device, dtype: str) -> Peaks | None:
-    try:
-        return machine_peaks(device, dtype)
-    except Exception:  # a probe that fails costs the roofline its bound, never the chat
-        log.exception("measuring the machine's peaks failed")
-        return None
 
 
 def _attention(probe: AttentionProbe | None, squeeze: bool) -> Attention:
