@@ -60,12 +60,9 @@ def machine_peaks(
         return _memo[key]
     path = (cache_dir or _default_cache_dir()) / CACHE_FILE
     stored = _read(path)
-    if not refresh and key in stored:
-        try:
-            _memo[key] = Peaks(**stored[key])
-            return _memo[key]
-        except TypeError:  # written by another version: measure again
-            pass
+    recalled = None if refresh else _recall(key, stored)
+    if recalled is not None:
+        return recalled
     peaks = measure(device, dtype, QUICK if quick else None)
     stored[key] = asdict(peaks)
     _write(path, stored)
@@ -86,9 +83,22 @@ def peaks_or_none(device: torch.device | str, dtype: torch.dtype | str) -> Peaks
 def known(
     device: torch.device | str, dtype: torch.dtype | str, cache_dir: Path | None = None
 ) -> bool:
-    """Whether machine_peaks would answer from memory or the cache, without measuring."""
+    """Whether machine_peaks would answer from memory or the cache, without measuring (what
+    it finds in the cache is kept in memory, so that call reads nothing again)."""
     key = machine_key(torch.device(device), _dtype(dtype))
-    return key in _memo or key in _read((cache_dir or _default_cache_dir()) / CACHE_FILE)
+    stored = {} if key in _memo else _read((cache_dir or _default_cache_dir()) / CACHE_FILE)
+    return key in _memo or _recall(key, stored) is not None
+
+
+def _recall(key: str, stored: dict[str, Any]) -> Peaks | None:
+    """The stored peaks for `key`, now also in memory; None if absent or written by another
+    version (then they are measured again)."""
+    try:
+        peaks = Peaks(**stored[key])
+    except (KeyError, TypeError):
+        return None
+    _memo[key] = peaks
+    return peaks
 
 
 def measure(device: torch.device, dtype: torch.dtype, size: ProbeSize | None = None) -> Peaks:
