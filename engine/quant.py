@@ -152,7 +152,7 @@ class Int4Linear(torch.nn.Module):
         # path measured 2x slower than mul and add here)
         weight = q * scale[..., None] + (zero - 8 * scale)[..., None]
         weight = weight.reshape(rows, -1)
-        if rows != self.out_features:  # the two halves of a split Q8_0 weight
+        if not self.plain:  # the two halves of a split Q8_0 weight
             weight = weight[: self.out_features] + weight[self.out_features :]
         return weight
 
@@ -177,7 +177,7 @@ class Int4Linear(torch.nn.Module):
             y = torch.nn.functional.linear(x, self.dense())
         else:
             y = _int4_mm(x, self.packed, BLOCK, scales_zeros)
-        if y.shape[-1] != self.out_features:  # the two halves of a split Q8_0 weight
+        if not self.plain:  # the two halves of a split Q8_0 weight
             y = y[:, : self.out_features] + y[:, self.out_features :]
         return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)
 
