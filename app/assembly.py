@@ -66,6 +66,7 @@ def assemble(
         )
     controller = ConversationController(window, store, sidebar)
     _connect_internals(window, internals)
+    worker.set_preparer(internals.state.prepared.prepare)  # attention statistics, off the GUI
     _connect_engine_notes(window, worker)
     controller.reopen_last()
     return Parts(window, worker, internals, controller)

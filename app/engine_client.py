@@ -95,7 +95,20 @@ class _Receiver(QThread):
             return
         for event in events:
             self.tally.add(event)
+        self._prepare(events)
         self.worker._push(events)
+
+    def _prepare(self, events: list[Event]) -> None:
+        """The worker's preparer, here beside the GUI thread; if it fails, the GUI thread
+        does that work on ingest instead, and the reply goes on."""
+        prepare = self.worker.preparer
+        if prepare is None:
+            return
+        try:
+            prepare(events)
+        except Exception:
+            log.exception("preparing events for the window failed; the window does it")
+            self.worker.preparer = None
 
 
 class EngineProcessWorker(WorkerBase):

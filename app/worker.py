@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
@@ -105,6 +105,7 @@ class WorkerBase(QObject):
         self._cancelled_upto = 0
         self._info: ModelInfo | None = None
         self._shut_down = False
+        self.preparer: Callable[[list[Event]], None] | None = None  # see set_preparer
 
         self._timer = QTimer(self)
         self._timer.setInterval(DRAIN_INTERVAL_MS)
@@ -113,6 +114,16 @@ class WorkerBase(QObject):
         self._again.setSingleShot(True)
         self._again.setInterval(0)
         self._again.timeout.connect(self.drain)
+
+    def set_preparer(self, prepare: Callable[[list[Event]], None] | None) -> None:
+        """Work to do on each batch of events in the thread that receives them, before the GUI
+        thread gets them (the panels' attention statistics: InternalsState.prepared).
+
+        Only a worker whose receiving thread is not the model's does it (the engine process's
+        client): the in-process worker's events come from the thread that runs the model,
+        which must not wait for the window's work, so there the GUI thread does it on ingest.
+        """
+        self.preparer = prepare
 
     # -- state -------------------------------------------------------------------------------
 

@@ -219,3 +219,39 @@ def test_shutdown_mid_reply_is_quick_and_leaves_no_thread(qtbot, backend, worker
     assert not worker.busy
     worker.shutdown()  # twice is fine
     assert not worker.generate(HELLO, SETTINGS)
+
+
+def test_the_engine_clients_receiver_prepares_each_batch_off_the_gui_thread(qtbot, caplog):
+    """The engine process's client runs the window's preparer on every event in its receiving
+    thread, before the GUI thread gets them; a preparer that fails is dropped (logged) and the
+    reply still arrives whole."""
+    from app.engine_client import EngineProcessWorker
+    from tests.app.test_engine_process import FAKE, fake_request
+    from tests.app.test_engine_process import load as load_engine
+
+    worker = EngineProcessWorker(spec=FAKE)
+    try:
+        load_engine(qtbot, worker, fake_request(tokens=40))
+        prepared: list = []
+        threads: set = set()
+
+        def prepare(events: list) -> None:
+            threads.add(threading.get_ident())
+            prepared.extend(events)
+
+        worker.set_preparer(prepare)
+        recorder = Recorder(worker)
+        reply(qtbot, worker)
+        assert prepared and [id(e) for e in prepared] == [id(e) for e in recorder.events]
+        assert threading.get_ident() not in threads  # not the GUI thread
+
+        def broken(_events: list) -> None:
+            raise ValueError("cannot prepare")
+
+        worker.set_preparer(broken)
+        recorder = Recorder(worker)
+        reply(qtbot, worker)
+        assert worker.preparer is None and "preparing events" in caplog.text
+        assert len(recorder.finished) == 1 and recorder.finished[0].generated_tokens == 40
+    finally:
+        worker.shutdown()

@@ -95,9 +95,10 @@ def test_a_prompts_head_statistics_are_summed_a_chunk_at_a_time_and_stay_exact()
 
     rng = np.random.default_rng(5)
     heads, queries, keys = 3, 3 * CHUNK_ROWS + 5, 4 * CHUNK_ROWS
-    block = rng.random((heads, queries, keys)).astype(np.float32)
-    block /= block.sum(axis=2, keepdims=True)
     positions = np.arange(keys - queries, keys)
+    block = rng.random((heads, queries, keys)).astype(np.float32)
+    block *= np.arange(keys) <= positions[:, None]  # causal: no weight past a row's query
+    block /= block.sum(axis=2, keepdims=True)
     deferred, row_by_row = HeadStats(heads), HeadStats(heads)
     deferred.add(block, positions)
     for query in range(queries):
@@ -115,3 +116,46 @@ def test_a_prompts_head_statistics_are_summed_a_chunk_at_a_time_and_stay_exact()
     for measure in ("max", "entropy"):
         np.testing.assert_allclose(deferred.mean(measure), row_by_row.mean(measure), rtol=1e-6)
     assert not deferred.pending and deferred.rows == row_by_row.rows == 2 * queries + 1
+
+
+def test_statistics_prepared_before_ingest_equal_those_worked_out_on_ingest():
+    """The receiving thread's PreparedStats give every head the same means, row for row, as
+    ingest working them out itself: a prompt longer than a chunk, its repeated last row
+    (token 0), decode rows, and a second reply's prompt."""
+    rng = np.random.default_rng(11)
+    first = 8 * PROMPT  # 40 rows: more than one CHUNK_ROWS
+    events = [prefill(rng, prompt=first), *(token(rng, i, prompt=first) for i in range(6))]
+    second = first + 12
+    events += [prefill(rng, prompt=second, reused=first + 4), token(rng, 0, prompt=second)]
+    plain, prepared = InternalsState(), InternalsState()
+    for state in (plain, prepared):
+        state.set_model(model_info())
+    prepared.prepared.prepare(events)
+    assert len(prepared.prepared) == len(events)  # every event here carries attention
+    for event in events:
+        plain.ingest(event)
+        prepared.ingest(event)
+    assert len(prepared.prepared) == 0  # each taken once, when its event was ingested
+    assert not prepared.stats_pending  # nothing was left to sum on the GUI thread
+    assert plain.stats_pending  # the prompt's rows wait to be summed a chunk at a time
+    plain.settle()
+    for layer, stats in plain.head_stats.items():
+        assert prepared.head_stats[layer].rows == stats.rows == first + 5 + 8
+        for measure in ("max", "entropy"):
+            np.testing.assert_allclose(
+                prepared.head_stats[layer].mean(measure), stats.mean(measure), rtol=1e-9
+            )
+
+
+def test_prepared_statistics_are_only_used_for_their_own_event():
+    from ui.panels.state.prepared import PreparedStats
+
+    rng = np.random.default_rng(12)
+    prepared = PreparedStats()
+    one, other = prefill(rng), prefill(rng)
+    prepared.prepare([one, finished([token(rng, 0)])])  # events without attention are not kept
+    assert len(prepared) == 1
+    assert prepared.take(other) is None
+    taken = prepared.take(one)
+    assert taken is not None and set(taken) == set(one.attention)
+    assert prepared.take(one) is None  # once only

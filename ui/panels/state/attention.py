@@ -119,6 +119,53 @@ class AttentionRows:
 # A prompt's rows are summed this many at a time (~1 ms at 1,000 keys and 9 heads): summing a
 # 512-row prefill block of four watched layers at once held the event loop for 60-80 ms.
 CHUNK_ROWS = 32
+TINY = np.finfo(np.float32).tiny
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Per-row statistics of attention rows, [heads, rows] each: the row's largest weight and
+    its entropy normalized by the most it could have (uniform over its visible keys)."""
+
+    max_weight: np.ndarray
+    entropy: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return int(self.max_weight.shape[1])
+
+    def tail(self, skip: int) -> RowStats:
+        """Without the first `skip` rows."""
+        return RowStats(self.max_weight[:, skip:], self.entropy[:, skip:])
+
+
+def row_stats(
+    rows: np.ndarray, positions: np.ndarray, scratch: np.ndarray | None = None
+) -> RowStats:
+    """RowStats of [heads, n, keys] rows whose queries sit at `positions` (any thread: pure
+    numpy, so it can run beside the GUI thread). Keys past a chunk's last query are the
+    causal mask's zeros and are left out: they add nothing to either statistic."""
+    heads, count, _keys = rows.shape
+    max_weight = np.zeros((heads, count))
+    entropy = np.zeros((heads, count))
+    for start in range(0, count, CHUNK_ROWS):
+        end = min(start + CHUNK_ROWS, count)
+        visible = int(positions[end - 1]) + 1
+        weights = np.asarray(rows[:, start:end, :visible], dtype=np.float32)
+        max_weight[:, start:end] = weights.max(axis=2)
+        # -sum w log w, with 0 log 0 = 0: a zero weight times log(tiny) is exactly zero, so no
+        # masked log (twice the cost) is needed. A batched matmul multiplies and sums each row
+        # in one pass (half the time of einsum).
+        size = weights.size
+        if scratch is None or scratch.size < size:
+            scratch = np.empty(size, dtype=np.float32)
+        logs = scratch[:size].reshape(weights.shape)
+        np.maximum(weights, TINY, out=logs)
+        np.log(logs, out=logs)
+        products = weights[:, :, None, :] @ logs[:, :, :, None]  # [heads, n, 1, 1]
+        most = np.log(np.maximum(positions[start:end] + 1, 2).astype(np.float64))
+        entropy[:, start:end] = -products[:, :, 0, 0].astype(np.float64) / most
+    return RowStats(max_weight, entropy)
 
 
 @dataclass
@@ -127,8 +174,9 @@ class HeadStats:
 
     Rows are summed as they are added, except blocks longer than CHUNK_ROWS (a prompt's
     matrix): those wait in `pending` and are summed a chunk at a time by `settle`, so no
-    single event holds the GUI for long. `mean` sums what still waits first: it is always
-    the mean over every row added.
+    single event holds the GUI for long. Rows whose RowStats were worked out elsewhere (the
+    thread that receives the engine's events: see PreparedStats) are added as they are.
+    `mean` sums what still waits first: it is always the mean over every row added.
     """
 
     heads: int
@@ -139,7 +187,7 @@ class HeadStats:
     def __post_init__(self) -> None:
         self.max_weight = np.zeros(self.heads)
         self.entropy = np.zeros(self.heads)
-        self._logs = np.empty(0, dtype=np.float32)  # scratch for _sum()
+        self._logs = np.empty(0, dtype=np.float32)  # scratch for row_stats
         self._pending: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (rows, positions)
 
     @property
@@ -157,6 +205,14 @@ class HeadStats:
             end = start + CHUNK_ROWS
             self._pending.append((rows[:, start:end], positions[start:end]))
 
+    def add_stats(self, stats: RowStats) -> None:
+        """Add rows by their RowStats, worked out elsewhere (in order with `add`: what waits
+        is summed first, so the sums never depend on which way rows came)."""
+        self.settle()
+        self.max_weight += stats.max_weight.sum(axis=1)
+        self.entropy += stats.entropy.sum(axis=1)
+        self.rows += stats.rows
+
     def settle(self, deadline: float | None = None) -> bool:
         """Sum waiting chunks until time.perf_counter() passes `deadline` (None: all of
         them); True once nothing waits."""
@@ -169,27 +225,13 @@ class HeadStats:
     def _sum(self, rows: np.ndarray, positions: np.ndarray) -> None:
         if rows.shape[1] == 0:
             return
-        weights = np.asarray(rows, dtype=np.float32)
-        self.max_weight += weights.max(axis=2).sum(axis=1, dtype=np.float64)
-        # -sum w log w, with 0 log 0 = 0: a zero weight times log(tiny) is exactly zero, so no
-        # masked log (twice the cost) is needed. The logs go to a kept buffer (a new one per
-        # row, at 10,000 keys, is fresh memory every time) and a batched matmul multiplies and
-        # sums each row in one pass (half the time of einsum).
-        logs = self._scratch(weights.shape)
-        np.maximum(weights, np.finfo(np.float32).tiny, out=logs)
-        np.log(logs, out=logs)
-        products = weights[:, :, None, :] @ logs[:, :, :, None]  # [heads, n, 1, 1]
-        entropy = -products[:, :, 0, 0].astype(np.float64)  # [heads, n]
-        # Normalize by the most a row could have (uniform over its visible keys).
-        visible = np.log(np.maximum(positions + 1, 2).astype(np.float64))
-        self.entropy += (entropy / visible).sum(axis=1)
-        self.rows += rows.shape[1]
-
-    def _scratch(self, shape: tuple[int, ...]) -> np.ndarray:
-        size = math.prod(shape)
-        if self._logs.size < size:
+        size = rows.shape[0] * rows.shape[1] * rows.shape[2]
+        if self._logs.size < size:  # kept: a new buffer per row is fresh memory every time
             self._logs = np.empty(max(size, 2 * self._logs.size), dtype=np.float32)
-        return self._logs[:size].reshape(shape)
+        stats = row_stats(rows, positions, self._logs)
+        self.max_weight += stats.max_weight.sum(axis=1)
+        self.entropy += stats.entropy.sum(axis=1)
+        self.rows += stats.rows
 
     def mean(self, measure: str) -> np.ndarray:
         self.settle()

@@ -25,6 +25,7 @@ from engine.events import (
 from engine.kv_cache import formula_bytes
 from ui.panels.state.arrays import GrowableArray
 from ui.panels.state.attention import AttentionRows, HeadStats
+from ui.panels.state.prepared import PreparedStats
 from ui.panels.state.reply import Reply
 from ui.panels.state.roofline import RooflineTrace
 
@@ -47,6 +48,8 @@ class InternalsState:
         self.info: ModelInfo | None = None
         self.watched_layers: tuple[int, ...] = ()
         self._next_curve_label: str | None = None
+        # Row statistics the receiving thread worked out before ingest (app.engine_client).
+        self.prepared = PreparedStats()
         self.clear()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -144,13 +147,17 @@ class InternalsState:
             scale=event.reused_tokens / max(event.prompt_tokens, 1),
         )
         self._add_kv_point(event.prompt_tokens, event.kv_bytes, event.kv_bytes_per_layer)
+        prepared = self.prepared.take(event) or {}
         for layer, block in event.attention.items():
             rows = self._attention_rows(layer, block.shape[0])
             skip = rows.append_block(block)
+            stats = self._stats(layer, block.shape[0])
+            if layer in prepared:
+                stats.add_stats(prepared[layer].tail(skip))
+                continue
             fresh = block[:, skip:, :]
             keys = block.shape[2]
-            positions = np.arange(keys - fresh.shape[1], keys)
-            self._stats(layer, block.shape[0]).add(fresh, positions)
+            stats.add(fresh, np.arange(keys - fresh.shape[1], keys))
         for key in (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE):
             self._bump(key)
 
@@ -165,10 +172,16 @@ class InternalsState:
             self.prompt_tokens + event.index, event.kv_bytes, event.kv_bytes_per_layer
         )
         self.token_texts.append(event.piece)
+        prepared = self.prepared.take(event) or {}
         for layer, row in event.attention.items():
             rows = self._attention_rows(layer, row.shape[0])
-            if rows.append_row(row):
-                self._stats(layer, row.shape[0]).add(row[:, None, :], rows.positions[-1:])
+            if not rows.append_row(row):
+                continue  # the same position again: its statistics are in already
+            stats = self._stats(layer, row.shape[0])
+            if layer in prepared:
+                stats.add_stats(prepared[layer])
+            else:
+                stats.add(row[:, None, :], np.array([row.shape[1] - 1]))
         self.top_k.append(event.top_k)
         self.chosen.append(event.token_id)
         self._bump(TIMING)

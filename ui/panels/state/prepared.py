@@ -1,0 +1,72 @@
+"""Attention-row statistics worked out as events arrive, before the GUI thread ingests them.
+
+The window's events come from the engine process through a receiving thread. That thread
+calls `PreparedStats.prepare` on each batch: the per-row statistics of every attention block
+(a prompt's 512 rows x 1,000 keys x 9 heads of four layers is ~50 ms of numpy) are computed
+there, while the GUI thread paints, and `InternalsState` only sums them when it ingests the
+event. Numpy's reductions release the interpreter lock, so the two threads overlap.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+
+from engine.events import Event, PrefillDone, Token
+from ui.panels.state.attention import CHUNK_ROWS, RowStats, row_stats
+
+# Events prepared and not ingested yet (a window that stopped ingesting, a reply cut short)
+# are forgotten past this many: their statistics are then worked out on ingest as before.
+MAX_WAITING = 4096
+
+
+class PreparedStats:
+    """RowStats per watched layer of each event with attention, keyed by the event itself.
+
+    `prepare` may run in any thread; `take` runs where the event is ingested. An entry holds
+    its event, so the event's id cannot be reused while the entry waits.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: OrderedDict[int, tuple[Event, dict[int, RowStats]]] = OrderedDict()
+        self._scratch = np.empty(0, dtype=np.float32)  # used by the preparing thread only
+
+    def prepare(self, events: Iterable[Event]) -> None:
+        for event in events:
+            stats = self._stats_of(event)
+            if stats:
+                with self._lock:
+                    self._waiting[id(event)] = (event, stats)
+                    while len(self._waiting) > MAX_WAITING:
+                        self._waiting.popitem(last=False)
+
+    def take(self, event: Event) -> dict[int, RowStats] | None:
+        """The statistics prepared for `event` (once), or None if there are none."""
+        with self._lock:
+            entry = self._waiting.pop(id(event), None)
+        return entry[1] if entry is not None and entry[0] is event else None
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def _stats_of(self, event: Event) -> dict[int, RowStats]:
+        if isinstance(event, PrefillDone):
+            blocks = event.attention  # [heads, queries, keys]: the queries are the last keys
+        elif isinstance(event, Token):
+            blocks = {layer: row[:, None, :] for layer, row in event.attention.items()}
+        else:
+            return {}
+        out: dict[int, RowStats] = {}
+        for layer, block in blocks.items():
+            heads, queries, keys = block.shape
+            if queries == 0:
+                continue
+            size = heads * min(queries, CHUNK_ROWS) * keys
+            if self._scratch.size < size:
+                self._scratch = np.empty(size, dtype=np.float32)
+            out[layer] = row_stats(block, np.arange(keys - queries, keys), self._scratch)
+        return out
