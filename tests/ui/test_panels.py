@@ -444,12 +444,12 @@ def test_compare_overlays_the_previous_reply_with_labels(view, rng):
     assert timing.previous_curve.isVisible()
     np.testing.assert_array_equal(timing.previous_curve.getData()[1], [t.seconds for t in slow[1:]])
     np.testing.assert_array_equal(timing.step_curve.getData()[1], [t.seconds for t in fast[1:]])
-    names = [label.text for _sample, label in timing.steps_legend.items]
-    assert names == [WITH_CACHE, WITHOUT_CACHE]
+    assert timing.steps_plot.legend_names() == [WITH_CACHE, WITHOUT_CACHE]
     assert [reply.turn for reply in view.state.replies] == ["turn 1", "turn 2"]
     view.compare_with_previous(False)
     view.redraw(force=True)
     assert not timing.previous_curve.isVisible()
+    assert timing.steps_plot.legend_names() == [WITH_CACHE]
 
 
 def test_failure_is_reported(view, rng):
@@ -688,3 +688,34 @@ def test_the_candidate_chart_paints_each_bar_its_length_and_colour(qtbot, view, 
             assert image.pixelColor(after, int(prob.center().y() * ratio)) == QColor(0, 0, 0)
         checked += 1
     assert checked > 0 and any(row.chosen for row in chart.rows)
+
+
+def test_the_step_latency_chart_paints_each_step_where_its_latency_is(qtbot, view, rng):
+    """The pixels: the curve passes through every step's (token, latency) point, inside the
+    range shown, and the legend has a row of its own above the plot (it covered the curve)."""
+    from PySide6.QtGui import QColor
+
+    view.set_next_reply_label(cache_label(True))
+    _first, tokens = run_reply(view, rng, count=6)
+    view.redraw(force=True)
+    chart = view.timing.steps_plot
+    chart.resize(480, 260)
+    image = chart.grab().toImage()
+    ratio = image.devicePixelRatio()
+    green = QColor(52, 168, 83)
+    x, y = view.timing.step_curve.getData()
+    np.testing.assert_array_equal(y, [t.seconds for t in tokens[1:]])
+    (_x0, x1), (_y0, y1) = chart.view_range()
+    assert x.max() <= x1 and y.max() <= y1
+    for point_x, point_y in zip(x, y, strict=True):
+        point = chart.point_at(point_x, point_y)
+        near = [
+            image.pixelColor(int((point.x() + dx) * ratio), int((point.y() + dy) * ratio))
+            for dx in (-1, 0, 1)
+            for dy in (-1, 0, 1)
+        ]
+        assert any(
+            abs(c.red() - green.red()) + abs(c.green() - green.green()) < 60 for c in near
+        ), f"no curve at step {point_x}"
+    assert chart.legend_rect().bottom() <= chart.plot_rect().top()
+    assert chart.legend_names() == [WITH_CACHE]

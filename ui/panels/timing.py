@@ -13,7 +13,8 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 from ui.panels.empty import EmptyState
 from ui.panels.key import key_label
-from ui.panels.ranges import AxisLimit, decimate, growing_curve
+from ui.panels.line_chart import LineChart, Series
+from ui.panels.ranges import AxisLimit, decimate
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker, Throttle
 from ui.panels.state import TIMING, InternalsState, Reply
@@ -146,20 +147,13 @@ class TimingPanel(QWidget):
         self.phase_key = key_label([(colour, name) for name, colour in PHASES])
         return self.timeline
 
-    def _build_steps(self) -> pg.PlotWidget:
-        self.steps_plot = pg.PlotWidget(title="Decode step latency")
-        self.steps_plot.setMinimumHeight(120)
-        plot = self.steps_plot.getPlotItem()
-        plot.setLabel("bottom", "generated token")
-        plot.setLabel("left", "latency", units="s")
-        self.steps_legend = plot.addLegend(offset=(5, 5), brush=(0, 0, 0, 170))
-        plot.disableAutoRange()
-        self.previous_curve = growing_curve(
-            pen=pg.mkPen((160, 160, 160), width=1.5, style=Qt.PenStyle.DashLine)
+    def _build_steps(self) -> LineChart:
+        self.steps_plot = LineChart(
+            "Decode step latency", "generated token", "latency (ms)", y_scale=1000
         )
-        self.step_curve = growing_curve(pen=pg.mkPen((52, 168, 83), width=1.5))
-        plot.addItem(self.previous_curve)
-        plot.addItem(self.step_curve)
+        self.steps_plot.setMinimumHeight(120)
+        self.step_curve = self.steps_plot.add_series(Series((52, 168, 83)))
+        self.previous_curve = self.steps_plot.add_series(Series((160, 160, 160), dashed=True))
         self.previous_curve.setVisible(False)
         return self.steps_plot
 
@@ -267,7 +261,7 @@ class TimingPanel(QWidget):
             plot.setYRange(-0.5, max(len(turns), 1) - 0.5, padding=0.05)
 
     def _draw_steps(self, reply: Reply | None) -> None:
-        pixels = self.steps_plot.getPlotItem().vb.width()
+        pixels = self.steps_plot.plot_rect().width()
         if reply is None:
             self.step_curve.setData([], [])
         else:
@@ -287,11 +281,9 @@ class TimingPanel(QWidget):
         slowest = max(
             (float(r.step_seconds.view().max()) for r in shown if len(r.steps)), default=0.0
         )
-        plot = self.steps_plot.getPlotItem()
-        if self._steps_x.update(last_step):
-            plot.setXRange(0, self._steps_x.limit, padding=0)
-        if self._steps_y.update(slowest):
-            plot.setYRange(0, self._steps_y.limit, padding=0)
+        self._steps_x.update(last_step)
+        self._steps_y.update(slowest)
+        self.steps_plot.set_range(self._steps_x.limit, self._steps_y.limit)
 
     def _update_legend(self, reply: Reply | None, previous: Reply | None) -> None:
         current = (reply.curve_label if reply else "") or "this reply"
@@ -301,10 +293,9 @@ class TimingPanel(QWidget):
             names += (f"{before} (previous)" if before == current else before,)
         if names == self._legend_names:
             return
-        self.steps_legend.clear()
-        self.steps_legend.addItem(self.step_curve, names[0])
-        if len(names) > 1:
-            self.steps_legend.addItem(self.previous_curve, names[1])
+        self.step_curve.name = names[0]
+        self.previous_curve.name = names[1] if len(names) > 1 else ""
+        self.steps_plot.update()
         self._legend_names = names
 
     def _draw_turns(self) -> None:

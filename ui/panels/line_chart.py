@@ -1,0 +1,241 @@
+"""A painted line chart for series that grow every token (the decode-step latency).
+
+As a pyqtgraph plot, each new point set the curve's data, re-measured its bounds and repainted
+the plot through its scene, axes and legend included: 2-4 ms of GUI time a frame even for one
+curve. Painted directly it is one widget update: a polyline per series, a few tick labels, and
+a legend in its own row above the plot, where it never covers the data.
+
+Ranges are set by the caller (ranges.AxisLimit: when the data outgrows them), so a frame that
+only adds points moves no axis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyqtgraph as pg
+from numpy.typing import ArrayLike
+from PySide6.QtCore import QLineF, QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPainterPath, QPaintEvent, QPen
+from PySide6.QtWidgets import QSizePolicy, QWidget
+
+BACKGROUND = QColor(0, 0, 0)
+TEXT = QColor(150, 150, 150)
+TITLE = QColor(200, 200, 200)
+GRID = QColor(70, 70, 70)
+TICKS = 5  # about this many labelled ticks per axis
+LEGEND_SAMPLE = 24  # pixels of line drawn before a legend name
+
+
+@dataclass
+class Series:
+    """One curve: its points, pen and name. `getData`/`setData`/`isVisible`/`setVisible`
+    read and write it as a pyqtgraph curve's (the panels' tests read curves that way)."""
+
+    colour: tuple[int, int, int]
+    width: float = 1.5
+    dashed: bool = False
+    name: str = ""
+    x: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    y: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    visible: bool = True
+    chart: LineChart | None = None
+
+    def setData(self, x: ArrayLike, y: ArrayLike) -> None:
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        if x.shape != self.x.shape or not (np.array_equal(x, self.x) and np.array_equal(y, self.y)):
+            self.x, self.y = x, y
+            self._changed()
+
+    def getData(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.x, self.y
+
+    def setVisible(self, visible: bool) -> None:
+        if visible != self.visible:
+            self.visible = visible
+            self._changed()
+
+    def isVisible(self) -> bool:
+        return self.visible
+
+    def pen(self) -> QPen:
+        pen = QPen(QColor(*self.colour), self.width)
+        if self.dashed:
+            pen.setStyle(Qt.PenStyle.DashLine)
+        return pen
+
+    def _changed(self) -> None:
+        if self.chart is not None:
+            self.chart.update()
+
+
+def nice_ticks(limit: float, count: int = TICKS) -> np.ndarray:
+    """Ticks from 0 to at most `limit` at a step of 1, 2 or 5 times a power of ten."""
+    if limit <= 0 or not math.isfinite(limit):
+        return np.zeros(1)
+    raw = limit / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return np.arange(0, limit + step * 1e-9, step)
+
+
+def tick_text(value: float, step: float) -> str:
+    """A tick's label with as many decimals as its step needs."""
+    decimals = max(0, -math.floor(math.log10(step))) if step > 0 else 0
+    return f"{value:.{decimals}f}"
+
+
+class LineChart(QWidget):
+    """Series on shared axes from 0 to `x_limit` and 0 to `y_limit`, painted on a black plot;
+    the first series added is drawn on top and named first in the legend.
+
+    `y_scale` multiplies the values for the y labels only (1000: seconds shown as ms).
+    """
+
+    def __init__(
+        self,
+        title: str,
+        x_label: str,
+        y_label: str,
+        y_scale: float = 1.0,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.title = title
+        self.x_label, self.y_label, self.y_scale = x_label, y_label, y_scale
+        self.series: list[Series] = []
+        self.x_limit, self.y_limit = 1.0, 1.0
+        self.range_changes = 0  # how often a range moved (a test reads it)
+        self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+
+    def add_series(self, series: Series) -> Series:
+        series.chart = self
+        self.series.append(series)
+        self.update()
+        return series
+
+    def set_range(self, x_limit: float | None = None, y_limit: float | None = None) -> None:
+        x_limit = self.x_limit if x_limit is None else x_limit
+        y_limit = self.y_limit if y_limit is None else y_limit
+        if (x_limit, y_limit) != (self.x_limit, self.y_limit):
+            self.x_limit, self.y_limit = x_limit, y_limit
+            self.range_changes += 1
+            self.update()
+
+    def view_range(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        return (0.0, self.x_limit), (0.0, self.y_limit)
+
+    def legend_names(self) -> list[str]:
+        """The legend's entries: the named series shown."""
+        return [s.name for s in self.series if s.visible and s.name]
+
+    # -- geometry ----------------------------------------------------------------------------
+
+    def plot_rect(self) -> QRectF:
+        """The data area: right of the y labels, under the title and legend, over the x axis."""
+        metrics = QFontMetrics(self.font())
+        line = metrics.height()
+        left = metrics.horizontalAdvance("0000.0") + line + 10  # tick labels and the axis name
+        top = 2 * line + 10  # the title, then the legend's row
+        bottom = self.height() - 2 * line - 8
+        return QRectF(left, top, max(self.width() - left - 12, 1), max(bottom - top, 1))
+
+    def point_at(self, x: float, y: float) -> QPointF:
+        """Where the data point (x, y) is drawn, in widget pixels."""
+        area = self.plot_rect()
+        return QPointF(
+            area.left() + x / self.x_limit * area.width(),
+            area.bottom() - y / self.y_limit * area.height(),
+        )
+
+    def legend_rect(self) -> QRectF:
+        metrics = QFontMetrics(self.font())
+        line = metrics.height()
+        return QRectF(0, line + 4, self.width(), line + 4)
+
+    # -- painting ----------------------------------------------------------------------------
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.fillRect(self.rect(), BACKGROUND)
+        line = painter.fontMetrics().height()
+        painter.setPen(TITLE)
+        painter.drawText(
+            QRectF(0, 2, self.width(), line + 2), Qt.AlignmentFlag.AlignCenter, self.title
+        )
+        area = self.plot_rect()
+        self._draw_axes(painter, area, line)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setClipRect(area.adjusted(-2, -2, 2, 2))
+        for series in reversed(self.series):  # the first series on top
+            if series.visible and series.x.size:
+                painter.setPen(series.pen())
+                painter.drawPath(self._path(series, area))
+        painter.setClipping(False)
+        self._draw_legend(painter)
+        painter.end()
+
+    def _path(self, series: Series, area: QRectF) -> QPainterPath:
+        xs = area.left() + series.x / self.x_limit * area.width()
+        ys = area.bottom() - series.y / self.y_limit * area.height()
+        path: QPainterPath = pg.arrayToQPath(xs, ys)  # from the arrays at once, not by point
+        return path
+
+    def _draw_axes(self, painter: QPainter, area: QRectF, line: int) -> None:
+        painter.setPen(GRID)
+        painter.drawLine(area.bottomLeft(), area.bottomRight())
+        painter.drawLine(area.topLeft(), area.bottomLeft())
+        x_ticks = nice_ticks(self.x_limit)
+        x_step = float(x_ticks[1] - x_ticks[0]) if x_ticks.size > 1 else 1.0
+        for tick in x_ticks.tolist():
+            x = area.left() + tick / self.x_limit * area.width()
+            painter.setPen(GRID)
+            painter.drawLine(QLineF(x, area.bottom(), x, area.bottom() + 4))
+            painter.setPen(TEXT)
+            label = QRectF(x - 40, area.bottom() + 5, 80, line)
+            painter.drawText(label, Qt.AlignmentFlag.AlignHCenter, tick_text(tick, x_step))
+        caption = QRectF(area.left(), area.bottom() + line + 6, area.width(), line + 2)
+        painter.drawText(caption, Qt.AlignmentFlag.AlignHCenter, self.x_label)
+        scaled = self.y_limit * self.y_scale
+        y_ticks = nice_ticks(scaled)
+        y_step = float(y_ticks[1] - y_ticks[0]) if y_ticks.size > 1 else 1.0
+        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+        for tick in y_ticks.tolist():
+            y = area.bottom() - tick / scaled * area.height() if scaled else area.bottom()
+            painter.setPen(GRID)
+            painter.drawLine(QLineF(area.left() - 4, y, area.left(), y))
+            painter.drawLine(QLineF(area.left(), y, area.right(), y))  # a faint grid line
+            painter.setPen(TEXT)
+            painter.drawText(QRectF(0, y - line / 2, area.left() - 6, line), right,
+                             tick_text(tick, y_step))  # fmt: skip
+        painter.save()
+        painter.translate(2, area.center().y())
+        painter.rotate(-90)
+        painter.drawText(
+            QRectF(-area.height() / 2, 0, area.height(), line),
+            Qt.AlignmentFlag.AlignHCenter,
+            self.y_label,
+        )
+        painter.restore()
+
+    def _draw_legend(self, painter: QPainter) -> None:
+        """The shown series' names in one row above the plot, right-aligned."""
+        shown = [s for s in self.series if s.visible and s.name]
+        if not shown:
+            return
+        metrics = painter.fontMetrics()
+        row = self.legend_rect()
+        widths = [LEGEND_SAMPLE + 6 + metrics.horizontalAdvance(s.name) + 14 for s in shown]
+        x = max(row.right() - sum(widths) - 4, 0.0)
+        middle = row.center().y()
+        for series, width in zip(shown, widths, strict=True):
+            painter.setPen(series.pen())
+            painter.drawLine(QLineF(x, middle, x + LEGEND_SAMPLE, middle))
+            painter.setPen(TEXT)
+            text = QRectF(x + LEGEND_SAMPLE + 6, row.top(), width, row.height())
+            painter.drawText(text, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                             series.name)  # fmt: skip
+            x += width
