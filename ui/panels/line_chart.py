@@ -138,7 +138,7 @@ class LineChart(QWidget):
         """The data area: right of the y labels, under the title and legend, over the x axis."""
         metrics = QFontMetrics(self.font())
         line = metrics.height()
-        left = metrics.horizontalAdvance("0000.0") + line + 10  # tick labels and the axis name
+        left = metrics.horizontalAdvance("0000.0") + 10  # the tick labels
         top = 2 * line + 10  # the title, then the legend's row
         bottom = self.height() - 2 * line - 8
         return QRectF(left, top, max(self.width() - left - 12, 1), max(bottom - top, 1))
@@ -188,7 +188,8 @@ class LineChart(QWidget):
         painter.setPen(GRID)
         painter.drawLine(area.bottomLeft(), area.bottomRight())
         painter.drawLine(area.topLeft(), area.bottomLeft())
-        x_ticks = nice_ticks(self.x_limit)
+        # No more ticks than their labels have room for (a short plot crowded them).
+        x_ticks = nice_ticks(self.x_limit, max(1, min(TICKS, int(area.width() / 70))))
         x_step = float(x_ticks[1] - x_ticks[0]) if x_ticks.size > 1 else 1.0
         for tick in x_ticks.tolist():
             x = area.left() + tick / self.x_limit * area.width()
@@ -200,7 +201,7 @@ class LineChart(QWidget):
         caption = QRectF(area.left(), area.bottom() + line + 6, area.width(), line + 2)
         painter.drawText(caption, Qt.AlignmentFlag.AlignHCenter, self.x_label)
         scaled = self.y_limit * self.y_scale
-        y_ticks = nice_ticks(scaled)
+        y_ticks = nice_ticks(scaled, max(1, min(TICKS, int(area.height() / (1.5 * line)))))
         y_step = float(y_ticks[1] - y_ticks[0]) if y_ticks.size > 1 else 1.0
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
         for tick in y_ticks.tolist():
@@ -211,15 +212,10 @@ class LineChart(QWidget):
             painter.setPen(TEXT)
             painter.drawText(QRectF(0, y - line / 2, area.left() - 6, line), right,
                              tick_text(tick, y_step))  # fmt: skip
-        painter.save()
-        painter.translate(2, area.center().y())
-        painter.rotate(-90)
-        painter.drawText(
-            QRectF(-area.height() / 2, 0, area.height(), line),
-            Qt.AlignmentFlag.AlignHCenter,
-            self.y_label,
-        )
-        painter.restore()
+        # The y axis's name over its labels, in the legend's row: written up the side, it
+        # was cut off in a short plot.
+        painter.drawText(self.legend_rect().adjusted(4, 0, 0, 0), Qt.AlignmentFlag.AlignLeft
+                         | Qt.AlignmentFlag.AlignVCenter, self.y_label)  # fmt: skip
 
     def _draw_legend(self, painter: QPainter) -> None:
         """The shown series' names in one row above the plot, right-aligned."""
@@ -229,7 +225,8 @@ class LineChart(QWidget):
         metrics = painter.fontMetrics()
         row = self.legend_rect()
         widths = [LEGEND_SAMPLE + 6 + metrics.horizontalAdvance(s.name) + 14 for s in shown]
-        x = max(row.right() - sum(widths) - 4, 0.0)
+        named = metrics.horizontalAdvance(self.y_label) + 16  # the y axis's name, left
+        x = max(row.right() - sum(widths) - 4, named)
         middle = row.center().y()
         for series, width in zip(shown, widths, strict=True):
             painter.setPen(series.pen())

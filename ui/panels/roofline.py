@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from engine.events import Peaks, Roofline
 from ui.panels.empty import EmptyState
+from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker, Throttle
 from ui.panels.state import ROOFLINE, InternalsState
@@ -122,7 +123,6 @@ class RooflinePanel(QWidget):
         plot.setMouseEnabled(x=False, y=False)
         plot.setMenuEnabled(False)
         plot.disableAutoRange()
-        legend = plot.addLegend(offset=(5, 5), brush=(0, 0, 0, 170))
         self.bandwidth_line = pg.PlotDataItem(pen=pg.mkPen(BANDWIDTH_PEN, width=2))
         self.compute_line = pg.PlotDataItem(pen=pg.mkPen(COMPUTE_PEN, width=2))
         self.decode_points = pg.PlotDataItem(
@@ -134,21 +134,30 @@ class RooflinePanel(QWidget):
         self.prefill_points = pg.PlotDataItem(
             pen=None, symbol="d", symbolSize=13, symbolPen="w", symbolBrush=PREFILL_BRUSH
         )
-        for item, name in (
-            (self.bandwidth_line, "memory bandwidth × intensity"),
-            (self.compute_line, "compute ceiling"),
-            (self.prefill_points, "prefill (each reply)"),
-            (self.decode_points, "decode steps (this reply)"),
-        ):
+        for item in (self.bandwidth_line, self.compute_line, self.prefill_points):
             plot.addItem(item)
-            legend.addItem(item, name)
+        plot.addItem(self.decode_points)
         plot.addItem(self.latest_decode)
+        # The key above the chart: a legend inside it covered the roof's upper left.
+        self.key = key_label(
+            [
+                (BANDWIDTH_PEN, "memory bandwidth × intensity"),
+                (COMPUTE_PEN, "compute ceiling"),
+                (PREFILL_BRUSH, "prefill (each reply)"),
+                (LATEST_DECODE_BRUSH, "decode steps (this reply)"),
+            ]
+        )
+        chart = QWidget()
+        chart_layout = QVBoxLayout(chart)
+        chart_layout.setContentsMargins(0, 0, 0, 0)
+        chart_layout.addWidget(self.key)
+        chart_layout.addWidget(self.plot_widget, 1)
         self.phases = QLabel("")
         self.phases.setTextFormat(Qt.TextFormat.RichText)
         self.phases.setWordWrap(True)
         self.peaks = QLabel(peaks_sentence(None))
         self.peaks.setWordWrap(True)
-        self.pages = EmptyState(EMPTY_MESSAGE, self.plot_widget)
+        self.pages = EmptyState(EMPTY_MESSAGE, chart)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.pages, 1)
