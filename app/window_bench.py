@@ -16,8 +16,13 @@ measure a second copy of the model, another allocator and thread pool, and would
 into the window's process, which it otherwise never does.
 
 The GUI thread's CPU time is read in the GUI thread (time.thread_time) from the first token
-shown to the Finished delivered; a 5 ms heartbeat QTimer measures event-loop stalls from send
-to Finished.
+shown to the Finished delivered. Event-loop stalls: a 5 ms heartbeat QTimer in the GUI thread
+notes when it fires, from send to the Finished delivered; each gap between beats beyond 5 ms
+is time in which the window could not react to anything (p50, p99 and max over all gaps). The
+heartbeat costs the GUI thread some CPU of its own, which is in the GUI figure:
+gui_cpu_idle_per_s (idle window with heartbeat) less gui_cpu_idle_no_heartbeat_per_s. The
+waits for a reply are woken by its Finished, not by polling, so the benchmark adds no other
+wake-ups to the thread it measures or beside the headless engine.
 """
 
 from __future__ import annotations
@@ -133,6 +138,7 @@ class WindowBench:
         if receiver is not None and receiver.ready_at is not None:
             self.engine_ready_s = self.launch_s + receiver.ready_at - self.started
         self._reply: WindowReply | None = None
+        self._reply_over: Any = None  # ends the wait for the reply in progress
         self._headless: list[Finished | None] = []
         self.headless_cpu_s: list[float | None] = []
         self.window.event_received.connect(self._on_event)
@@ -142,8 +148,32 @@ class WindowBench:
         return self.launch_s + time.perf_counter() - self.started
 
     def _on_event(self, event: Event) -> None:
-        if self._reply is not None:
-            self._reply.on_event(event)
+        reply = self._reply
+        if reply is not None:
+            reply.on_event(event)
+            if reply.finished is not None and self._reply_over is not None:
+                self._reply_over()
+
+    def _wait_for_finished(self, reply: WindowReply, heartbeat: Any) -> None:
+        """Run the event loop until the reply's Finished is delivered; the heartbeat stops
+        right then. Woken by the event itself, not by polling: a 10 ms poll was 100 more
+        wake-ups a second of the GUI thread being measured, which the window never has."""
+        from PySide6.QtCore import QEventLoop, QTimer
+
+        loop = QEventLoop()
+
+        def over() -> None:
+            heartbeat.stop()
+            loop.quit()
+
+        self._reply_over = over
+        QTimer.singleShot(900_000, loop.quit)  # a reply that never ends fails below
+        if reply.finished is None:
+            loop.exec()
+        self._reply_over = None
+        heartbeat.stop()
+        if reply.finished is None:
+            raise TimeoutError("the window's reply did not finish within 900 s")
 
     def prompt(self, tokens: int = CONTEXT_TOKENS) -> str:
         """A user message of about `tokens` tokens (counted by the engine's tokenizer)."""
@@ -177,29 +207,30 @@ class WindowBench:
         cpu = cpu_seconds_of(self.engine.pid)
         if not self.window.send(text):
             raise RuntimeError("the window refused to send")
-        _run_until(lambda: reply.finished is not None, 900)
-        heartbeat.stop()
+        self._wait_for_finished(reply, heartbeat)
         self._reply = None
         _run_until(lambda: not self.worker.busy, 60)
         reply.engine_cpu_s = _less(cpu_seconds_of(self.engine.pid), cpu)
         return reply
 
-    def idle_cpu_per_s(self, seconds: float = 2.0) -> float:
-        """GUI-thread CPU per wall second with the window idle and the heartbeat running: what
-        the measuring itself and an idle window cost, included in every reply's figure."""
+    def idle_cpu_per_s(self, seconds: float = 2.0, heartbeat: bool = True) -> float:
+        """GUI-thread CPU per wall second with the window idle, with or without the heartbeat
+        running: with it, what the measuring and an idle window cost (both are in every
+        reply's figure); the difference is the heartbeat's own cost."""
         from PySide6.QtCore import Qt, QTimer
 
         from app.stall import _run_for
 
-        heartbeat = QTimer()
-        heartbeat.setTimerType(Qt.TimerType.PreciseTimer)
-        heartbeat.setInterval(HEARTBEAT_MS)
         beats: list[float] = []
-        heartbeat.timeout.connect(lambda: beats.append(time.perf_counter()))
-        heartbeat.start()
+        timer = QTimer()
+        timer.setTimerType(Qt.TimerType.PreciseTimer)
+        timer.setInterval(HEARTBEAT_MS)
+        timer.timeout.connect(lambda: beats.append(time.perf_counter()))
+        if heartbeat:
+            timer.start()
         wall, cpu = time.perf_counter(), time.thread_time()
         _run_for(seconds)
-        heartbeat.stop()
+        timer.stop()
         return (time.thread_time() - cpu) / (time.perf_counter() - wall)
 
     def headless_reply(self, text: str, settings: GenerationSettings) -> Finished:
@@ -211,7 +242,9 @@ class WindowBench:
         cpu = cpu_seconds_of(self.engine.pid)
         if not self.worker.generate_headless(messages, settings, probes):
             raise RuntimeError("the engine refused the headless reply")
-        _run_until(lambda: bool(self._headless), 900)
+        # Woken by the Finished, not a poll: a GUI thread polling beside the headless engine
+        # would take CPU from it (and flatter the window's ratio).
+        _wait_for_signal(self.worker.headless_finished, lambda: bool(self._headless), 900)
         _run_until(lambda: not self.worker.busy, 60)
         self.headless_cpu_s.append(_less(cpu_seconds_of(self.engine.pid), cpu))
         finished = self._headless[0]
@@ -275,6 +308,7 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
     bench.window_reply(text, warm)  # first-time allocations and first paint of every panel
     bench.headless_reply(text, warm)
     idle_cpu = bench.idle_cpu_per_s()
+    idle_cpu_alone = bench.idle_cpu_per_s(heartbeat=False)
     windows: list[WindowReply] = []
     headless: list[Finished] = []
     transport = bench.worker.transport
@@ -335,6 +369,9 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
         # The same, with the window idle and only the 5 ms heartbeat running: the part of the
         # figure above that is the measuring (and an idle window), not the streaming.
         "gui_cpu_idle_per_s": round(idle_cpu, 3),
+        # The idle window alone, without the heartbeat: gui_cpu_idle_per_s less this is what
+        # the measuring costs the GUI thread.
+        "gui_cpu_idle_no_heartbeat_per_s": round(idle_cpu_alone, 3),
         "engine_cpu_s_per_reply": {k: round(v, 2) for k, v in engine_cpu.items()},
         "stall_ms": {
             "p50": round(float(np.percentile(stalls, 50)), 1) if stalls.size else 0.0,
@@ -358,6 +395,25 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "python": sys.version.split()[0],
     }
+
+
+def _wait_for_signal(signal: Any, done: Any, timeout_s: float) -> None:
+    """Run the event loop until `done()`, checking it when `signal` fires (no polling)."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+
+    def check(*_args: Any) -> None:
+        if done():
+            loop.quit()
+
+    signal.connect(check)
+    QTimer.singleShot(round(timeout_s * 1000), loop.quit)
+    if not done():
+        loop.exec()
+    signal.disconnect(check)
+    if not done():
+        raise TimeoutError(f"the engine did not answer within {timeout_s:.0f} s")
 
 
 def _run_until(done, timeout_s: float) -> float:
