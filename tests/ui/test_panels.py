@@ -211,7 +211,7 @@ def test_kv_curve_ends_at_the_last_events_bytes(view, rng):
     # Empty cache, one jump for the prompt, then one step per decoded token.
     np.testing.assert_array_equal(x, [0, 5, 6, 7, 8])
     np.testing.assert_array_equal(y, [0, first.kv_bytes] + [t.kv_bytes for t in tokens[1:]])
-    assert view.kv_cache.curve.opts["stepMode"] == "right"
+    assert view.kv_cache.curve.step  # each size holds until the next token
 
 
 def test_kv_per_layer_and_stacked_views(view, rng):
@@ -693,7 +693,6 @@ def test_the_candidate_chart_paints_each_bar_its_length_and_colour(qtbot, view, 
 def test_the_step_latency_chart_paints_each_step_where_its_latency_is(qtbot, view, rng):
     """The pixels: the curve passes through every step's (token, latency) point, inside the
     range shown, and the legend has a row of its own above the plot (it covered the curve)."""
-    from PySide6.QtGui import QColor
 
     view.set_next_reply_label(cache_label(True))
     _first, tokens = run_reply(view, rng, count=6)
@@ -702,7 +701,6 @@ def test_the_step_latency_chart_paints_each_step_where_its_latency_is(qtbot, vie
     chart.resize(480, 260)
     image = chart.grab().toImage()
     ratio = image.devicePixelRatio()
-    green = QColor(52, 168, 83)
     x, y = view.timing.step_curve.getData()
     np.testing.assert_array_equal(y, [t.seconds for t in tokens[1:]])
     (_x0, x1), (_y0, y1) = chart.view_range()
@@ -714,8 +712,48 @@ def test_the_step_latency_chart_paints_each_step_where_its_latency_is(qtbot, vie
             for dx in (-1, 0, 1)
             for dy in (-1, 0, 1)
         ]
-        assert any(
-            abs(c.red() - green.red()) + abs(c.green() - green.green()) < 60 for c in near
-        ), f"no curve at step {point_x}"
+        # The curve's green (52, 168, 83), perhaps blended with the black by antialiasing.
+        assert any(c.green() > 60 and c.green() > 1.5 * max(c.red(), c.blue()) for c in near), (
+            f"no curve at step {point_x}"
+        )
     assert chart.legend_rect().bottom() <= chart.plot_rect().top()
     assert chart.legend_names() == [WITH_CACHE]
+
+
+def test_the_kv_chart_paints_the_cache_size_and_the_stacked_layers(qtbot, view, rng):
+    """The pixels: the total's step line runs at the last event's bytes; stacked, the bands
+    fill the area under the total and nothing above it."""
+    from PySide6.QtGui import QColor
+
+    _first, tokens = run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    chart = view.kv_cache.plot_widget
+    chart.resize(480, 300)
+
+    def near(image, point, colour: QColor) -> bool:
+        ratio = image.devicePixelRatio()
+        return any(
+            sum(abs(a - b) for a, b in zip(c.getRgb()[:3], colour.getRgb()[:3], strict=True)) < 60
+            for c in (
+                image.pixelColor(int((point.x() + dx) * ratio), int((point.y() + dy) * ratio))
+                for dx in (-1, 0, 1)
+                for dy in (-1, 0, 1)
+            )
+        )  # fmt: skip
+
+    x, y = view.kv_cache.curve.getData()
+    image = chart.grab().toImage()
+    assert near(image, chart.point_at(x[-1] + 0.5, y[-1]), QColor(66, 133, 244))
+    assert y[-1] == tokens[-1].kv_bytes and y[-1] <= chart.view_range()[1][1]
+    assert chart.y_title() in ("cache (B)", "cache (KiB)", "cache (MiB)")
+    view.kv_cache.select_view(STACKED)
+    view.redraw(force=True)
+    image = chart.grab().toImage()
+    ratio = image.devicePixelRatio()
+    inside = chart.point_at(x[-1] + 0.5, y[-1] * 0.5)
+    above = chart.point_at(x[-1] + 0.5, min(y[-1] * 1.15, chart.view_range()[1][1]))
+    assert image.pixelColor(int(inside.x() * ratio), int(inside.y() * ratio)) != QColor(0, 0, 0)
+    assert image.pixelColor(int(above.x() * ratio), int(above.y() * ratio)) in (
+        QColor(0, 0, 0),
+        QColor(70, 70, 70),  # a grid line
+    )

@@ -428,9 +428,9 @@ def test_axes_keep_their_pixels_between_frames_and_repaint_when_their_range_chan
     assert axes, "the panels have axes"
     cached = QGraphicsItem.CacheMode.DeviceCoordinateCache
     assert all(axis.cacheMode() == cached for axis in axes)
-    axis = view.kv_cache.plot_widget.getPlotItem().getAxis("bottom")
+    axis = view.timing.turns_plot.getPlotItem().getAxis("bottom")
     axis.picture = object()  # what a range change clears, so the ticks are drawn anew
-    view.kv_cache.plot_widget.getPlotItem().setXRange(0, 1234)
+    view.timing.turns_plot.getPlotItem().setXRange(0, 1234)
     assert axis.picture is None
     view.timer.stop()
 

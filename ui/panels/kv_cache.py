@@ -19,13 +19,15 @@ from PySide6.QtWidgets import (
 from engine.events import ModelInfo
 from engine.kv_cache import formula_bytes, mha_bytes, sliding_tokens
 from ui.panels.empty import EmptyState
-from ui.panels.ranges import AxisLimit, decimate, growing_curve
+from ui.panels.line_chart import LineChart, Series
+from ui.panels.ranges import AxisLimit, decimate
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import KV, InternalsState
 
 TOTAL = "all layers (total)"
 STACKED = "stacked by layer"
+BYTE_UNITS = ((1.0, "B"), (2.0**10, "KiB"), (2.0**20, "MiB"), (2.0**30, "GiB"))
 MATCH_TOLERANCE = 0.01  # the measured size may include a little bookkeeping
 
 EMPTY_MESSAGE = (
@@ -136,15 +138,12 @@ class KvCachePanel(QWidget):
         self.view_choice = QComboBox()
         self.view_choice.addItems([TOTAL, STACKED])
         self.view_choice.currentIndexChanged.connect(lambda _index: self.tracker.mark())
-        self.plot_widget = pg.PlotWidget(title="KV cache size")
-        plot = self.plot_widget.getPlotItem()
-        plot.setLabel("bottom", "tokens in the cache")
-        plot.setLabel("left", "cache", units="B")
-        plot.disableAutoRange()  # set when the cache outgrows the range: see _set_range
-        self._x_limit, self._y_limit = AxisLimit(), AxisLimit()
-        self.curve = growing_curve(pen=pg.mkPen((66, 133, 244), width=2), stepMode="right")
-        plot.addItem(self.curve)
-        self.stack_curves: list[pg.PlotDataItem] = []
+        # Painted (ui.panels.line_chart): as a pyqtgraph plot its one curve's update cost a
+        # frame 3-4 ms of repainting the plot's scene.
+        self.plot_widget = LineChart("KV cache size", "tokens in the cache", "cache", BYTE_UNITS)
+        self._x_limit, self._y_limit = AxisLimit(), AxisLimit()  # see _set_range
+        self.curve = self.plot_widget.add_series(Series((66, 133, 244), width=1, step=True))
+        self.stack_curves: list[Series] = []
         # The model the layer curves were made for: a new chat clears the data, not the model,
         # and making 30 curves again cost its first frame ~40 ms.
         self._built_for: ModelInfo | None = None
@@ -215,21 +214,17 @@ class KvCachePanel(QWidget):
         self._sync_choices()
         info = self._built_for = self._state.info
         layers = info.layers if info is not None else 0
-        plot = self.plot_widget.getPlotItem()
-        for curve in self.stack_curves:
-            plot.removeItem(curve)
+        chart = self.plot_widget
+        chart.series = [self.curve]
         colours = pg.colormap.get("viridis").getLookupTable(nPts=max(layers, 2))
-        # Drawn from the top of the stack down, so each band fills over the ones above it.
+        # Drawn from the top of the stack down (the chart draws its first series last, on
+        # top), so each band fills over the ones above it.
         self.stack_curves = []
         for layer in range(layers):
-            colour = tuple(int(c) for c in colours[layer][:3])
-            curve = growing_curve(
-                pen=pg.mkPen(colour), brush=(*colour, 150), fillLevel=0, stepMode="right"
-            )
-            curve.setZValue(-layer)
+            red, green, blue = (int(c) for c in colours[layer][:3])
+            curve = Series((red, green, blue), width=1, step=True, fill=(red, green, blue, 150))
             curve.setVisible(False)
-            plot.addItem(curve)
-            self.stack_curves.append(curve)
+            self.stack_curves.append(chart.add_series(curve))
 
     def _draw_curves(self) -> None:
         state = self._state
@@ -261,17 +256,15 @@ class KvCachePanel(QWidget):
 
     def _fit(self, tokens: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # The cache only grows or holds: every k-th point of its steps loses nothing visible.
-        pixels = self.plot_widget.getPlotItem().vb.width()
+        pixels = self.plot_widget.plot_rect().width()
         return decimate(tokens, values, pixels, peak=False)
 
     def _set_range(self, last_token: float, values: np.ndarray) -> None:
         """Leave room to grow: the range changes a few times per reply, not every token."""
-        plot = self.plot_widget.getPlotItem()
-        # A step curve ("right") draws its last value one token on.
-        if self._x_limit.update(last_token + 1):
-            plot.setXRange(0, self._x_limit.limit, padding=0)
-        if self._y_limit.update(float(values.max()) if values.size else 0.0):
-            plot.setYRange(0, self._y_limit.limit, padding=0)
+        # A step curve draws its last value one token on.
+        self._x_limit.update(last_token + 1)
+        self._y_limit.update(float(values.max()) if values.size else 0.0)
+        self.plot_widget.set_range(self._x_limit.limit, self._y_limit.limit)
 
     def _draw_text(self) -> None:
         state = self._state

@@ -149,7 +149,7 @@ class TimingPanel(QWidget):
 
     def _build_steps(self) -> LineChart:
         self.steps_plot = LineChart(
-            "Decode step latency", "generated token", "latency (ms)", y_scale=1000
+            "Decode step latency", "generated token", "latency", ((1e-3, "ms"), (1.0, "s"))
         )
         self.steps_plot.setMinimumHeight(120)
         self.step_curve = self.steps_plot.add_series(Series((52, 168, 83)))
