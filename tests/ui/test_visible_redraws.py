@@ -501,3 +501,26 @@ def test_an_attention_panel_behind_another_does_not_pool_arriving_rows(qtbot, do
     view.docks["attention"].raise_()
     qtbot.waitUntil(lambda: docked.counts["attention"] == drawn + 1)  # at once when raised
     assert panel._pooled._rows == view.state.attention[panel.selected_layer].rows
+
+
+def test_frames_counts_the_timer_ticks_that_redrew_a_panel(qtbot, docked, rng, monkeypatch):
+    """What bench --window reports as the panels' frame rate: a tick that redraws panels is
+    one frame however many it drew, even when it yields between them; a tick with nothing
+    new is none."""
+    view = docked.view
+    monkeypatch.setattr(docks, "FRAME_SLICE_S", 0.0)  # yield after every panel
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    view._tick()
+    qtbot.waitUntil(lambda: not view._queued, timeout=2000)  # the rest of the frame
+    assert view.frames == 1 and sum(docked.counts.values()) >= 2
+    while any(panel.needs_redraw() and docks.shown(panel) for panel in view.panels):
+        view._tick()  # what a prompt leaves for later frames (its statistics, the overview)
+        qtbot.waitUntil(lambda: not view._queued, timeout=2000)
+    frames = view.frames
+    view._tick()
+    assert view.frames == frames  # nothing changed: no frame
+    view.ingest(token(rng, 1))
+    view._tick()
+    qtbot.waitUntil(lambda: not view._queued, timeout=2000)
+    assert view.frames == frames + 1
