@@ -33,11 +33,11 @@ class PreparedStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting: OrderedDict[int, tuple[Event, dict[int, RowStats]]] = OrderedDict()
-        self._scratch = np.empty(0, dtype=np.float32)  # used by the preparing thread only
 
     def prepare(self, events: Iterable[Event]) -> None:
+        scratch = [np.empty(0, dtype=np.float32)]  # this call's own: callers may overlap
         for event in events:
-            stats = self._stats_of(event)
+            stats = _stats_of(event, scratch)
             if stats:
                 with self._lock:
                     self._waiting[id(event)] = (event, stats)
@@ -53,20 +53,23 @@ class PreparedStats:
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def _stats_of(self, event: Event) -> dict[int, RowStats]:
-        if isinstance(event, PrefillDone):
-            blocks = event.attention  # [heads, queries, keys]: the queries are the last keys
-        elif isinstance(event, Token):
-            blocks = {layer: row[:, None, :] for layer, row in event.attention.items()}
-        else:
-            return {}
-        out: dict[int, RowStats] = {}
-        for layer, block in blocks.items():
-            heads, queries, keys = block.shape
-            if queries == 0:
-                continue
-            size = heads * min(queries, CHUNK_ROWS) * keys
-            if self._scratch.size < size:
-                self._scratch = np.empty(size, dtype=np.float32)
-            out[layer] = row_stats(block, np.arange(keys - queries, keys), self._scratch)
-        return out
+
+def _stats_of(event: Event, scratch: list[np.ndarray]) -> dict[int, RowStats]:
+    """RowStats per layer of an event's attention (none for other events). `scratch[0]` is a
+    buffer for the logarithms, grown as needed."""
+    if isinstance(event, PrefillDone):
+        blocks = event.attention  # [heads, queries, keys]: the queries are the last keys
+    elif isinstance(event, Token):
+        blocks = {layer: row[:, None, :] for layer, row in event.attention.items()}
+    else:
+        return {}
+    out: dict[int, RowStats] = {}
+    for layer, block in blocks.items():
+        heads, queries, keys = block.shape
+        if queries == 0:
+            continue
+        size = heads * min(queries, CHUNK_ROWS) * keys
+        if scratch[0].size < size:
+            scratch[0] = np.empty(size, dtype=np.float32)
+        out[layer] = row_stats(block, np.arange(keys - queries, keys), scratch[0])
+    return out
