@@ -33,9 +33,11 @@ FRAME_MS = 33  # about 30 redraws a second at most
 SLOWEST_FRAME_MS = 500
 GUI_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
-# The rate the first reply starts at, before any has been found: 10 frames a second. Started at
-# 30, a first reply spent its first second at half a core drawing while the governor measured.
-FIRST_BUSY_FRAME_MS = 100
+# The rate the first reply starts at, before any has been found: 4 frames a second. Started at
+# 30, a first reply spent its first second at half a core drawing while the governor measured;
+# at 10, with five floating panels on 2 cores, still ~0.3 of a core. A machine with room to
+# spare reaches 30 a second within three governor windows (the interval halves each time).
+FIRST_BUSY_FRAME_MS = 250
 # A frame draws panels one after another until this much time has passed, then lets the
 # event loop run (paint, input) before the next ones: no frame holds the loop for all five.
 # Wall time, not the thread's CPU time: on a busy machine a slice of 8 ms of CPU held the loop
