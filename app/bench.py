@@ -99,6 +99,9 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"  live view cost     {results['view_cost']:+.1%}")
         if "ratio_fast_vs_exact" in results:
             print(f"  fast / exact       {results['ratio_fast_vs_exact']:.2f}")
+            print(f"  decode step        {results['compiled_decode']['decode_step']}")
+            if "ratio_compiled_vs_eager" in results:
+                print(f"  compiled / eager   {results['ratio_compiled_vs_eager']:.2f}")
             prefill, long = results["prefill"], results["long_context"]
             ratio, tokens = prefill["ratio_fast_vs_exact"], prefill["tokens"]
             print(f"  prefill fast/exact {ratio:.2f} ({tokens} tokens)")

@@ -89,12 +89,23 @@ def model_options(defaults: bool = True) -> argparse.ArgumentParser:
         help="exact: dequantised weights (the reference); fast: a GGUF's own 4/8-bit weights;"
         " auto: fast where it can run (default)",
     )
+    options.add_argument(
+        "--no-compile",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="fast precision: keep the eager decode step (by default a compiled one is built"
+        " once in the background and used when ready)",
+    )
     return options
 
 
 def load_request(args: argparse.Namespace) -> LoadRequest:
     return LoadRequest(
-        spec=args.model, device=args.device, dtype=args.dtype, precision=args.precision
+        spec=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        precision=args.precision,
+        compiled=not args.no_compile,
     )
 
 

@@ -14,6 +14,8 @@ their numpy arrays out of band, see `send_message`):
   ("cancel", job)                    ("events", queued_at, [Event, ...])  engine events, unchanged
   ("reset",)                         ("done", kind)                a load or generate job ended
   ("count", ident, messages)         ("count", ident, tokens or None)
+                                     ("decode_step", state)        after "loaded", once the
+                                         compiled decode step is attached ("compiled") or not
   ("quit",)
 
 Three threads in the child: the main one runs jobs in order; a listener reads requests and acts
@@ -319,6 +321,20 @@ class _Engine:
         with self._lock:
             self.session = session
         self.outbox.put(("loaded", session.info))
+        self._report_decode_step(session)
+
+    def _report_decode_step(self, session: Any) -> None:
+        """Say when a fast model's compiled decode step is attached (or why not), later."""
+        compiling = getattr(session, "compiling", None)
+        if compiling is None:
+            return
+
+        def report() -> None:
+            compiling.done.wait()
+            state = "compiled" if compiling.error is None else f"eager: {compiling.error}"
+            self.outbox.put(("decode_step", state))
+
+        threading.Thread(target=report, name="decode-step-report", daemon=True).start()
 
     def generate(
         self,

@@ -83,6 +83,7 @@ def run(
     """`loaded` is the exact model (the one `generate` runs); `fast` the same GGUF in fast
     precision, if it can run; `gguf_path` the file llama.cpp reads, if installed."""
     messages = [Message("user", PROMPT)]
+    compiled = wait_for_compiled(fast) if fast is not None else None
     exact = cast("PreTrainedModel", loaded.model)  # `generate` runs it: a transformers model
     ids = torch.tensor([encode_chat(loaded.tokenizer, messages)], device=exact.device)
     sessions = {"engine": ChatSession(loaded)}
@@ -96,6 +97,8 @@ def run(
     for name, session in sessions.items():
         variants[name] = partial(engine_run, session, messages, new_tokens, ProbeSettings.off())
         variants[f"{name}_view_on"] = partial(engine_run, session, messages, new_tokens, VIEW_ON)
+    if compiled is not None and compiled["decode_step"] == "compiled":
+        variants["fast_eager"] = partial(eager_run, sessions["fast"], messages, new_tokens)
     if peer is not None:
         variants["llama_cpp"] = partial(peer.rate, new_tokens)
 
@@ -132,6 +135,10 @@ def run(
     }
     if fast is not None:
         report["ratio_fast_vs_exact"] = median["fast"] / median["engine"]
+        report["compiled_decode"] = compiled
+        if "fast_eager" in median:
+            report["ratio_fast_eager_vs_exact"] = median["fast_eager"] / median["engine"]
+            report["ratio_compiled_vs_eager"] = median["fast"] / median["fast_eager"]
         report["fast_view_cost"] = 1 - median["fast_view_on"] / median["fast"]
         report["prefill"] = prefill_rates(loaded, fast, repeats)
         report["long_context"] = long_context_cost(fast, long_context)
@@ -143,6 +150,30 @@ def run(
         report["llama_cpp"] = peer_note
     report["peak_rss_mb"] = peak_rss_mb()
     return report
+
+
+def wait_for_compiled(fast: LoadedModel) -> dict[str, Any]:
+    """Wait until the fast model's compiled decode step is attached (compiled first if it is not
+    kept: 1-2 minutes, once), so that `fast` is timed as users run it; say how it went."""
+    attacher = fast.compiling
+    if attacher is None:
+        return {"decode_step": "eager (not compiled: turned off or not supported)"}
+    start = time.perf_counter()
+    attacher.done.wait()
+    waited = time.perf_counter() - start
+    model = cast("GGUFLlama", fast.model)
+    state = "compiled" if model.decode_step is not None else f"eager ({attacher.error})"
+    return {"decode_step": state, "waited_s": waited}
+
+
+def eager_run(session: ChatSession, messages: Sequence[Message], new_tokens: int) -> Finished:
+    """engine_run of the fast model with its compiled step set aside: what it replaces."""
+    model = cast("GGUFLlama", session.model)
+    step, model.decode_step = model.decode_step, None
+    try:
+        return engine_run(session, messages, new_tokens, ProbeSettings.off())
+    finally:
+        model.decode_step = step
 
 
 def _rate(result: Finished | float) -> float:

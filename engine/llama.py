@@ -15,7 +15,9 @@ measured 7-13% of a decode step's CPU time (no hooks are ever set on this model)
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +25,12 @@ from torch import nn
 
 from engine.attention_probe import AttentionProbe, attention_weights
 from engine.kv_buffer import KVBuffer
+
+if TYPE_CHECKING:
+    from engine.compiled_decode import CompiledDecode
 from engine.quant import Linear, RowReader
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -253,6 +260,8 @@ class GGUFLlama(nn.Module):
         self.register_buffer("norm", norm, persistent=False)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [d / 2] float32
         self.cache_dtype = torch.bfloat16
+        # one-token passes through a cache run here once compiled (engine/compiled_decode.py)
+        self.decode_step: CompiledDecode | None = None
 
     @property
     def device(self) -> torch.device:
@@ -262,7 +271,7 @@ class GGUFLlama(nn.Module):
         s = self.shape
         return KVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the compiled step guards on plain tensors
     def forward(
         self,
         ids: torch.Tensor,
@@ -279,14 +288,57 @@ class GGUFLlama(nn.Module):
             cache.reserve(start + n)
         rope = Rope(self.inv_freq, start, n)
         x = self.embedding.forward(ids)  # [n, dim] float32
-        for layer, block in enumerate(self.blocks):
-            x = block.forward(x, rope, layer, cache, start, probe)
+        x = self._layers(x, rope, cache, start, probe)
         if cache is not None:
             cache.length = start + n
         if not every_position:
             x = x[-1:]
         logits = self.output.forward(rms_norm(x, self.norm, self.shape.eps))
         return logits if every_position else logits[-1]
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        rope: Rope,
+        cache: KVBuffer | None,
+        start: int,
+        probe: AttentionProbe | None,
+    ) -> torch.Tensor:
+        """Every block, through the compiled step when it can take this pass: one token after
+        at least one cached position (what it was compiled for)."""
+        if self.decode_step is not None and x.shape[0] == 1 and cache is not None and start > 0:
+            try:
+                return self._compiled_layers(self.decode_step, x, rope, cache, start, probe)
+            except RuntimeError as error:  # inputs it was not compiled for: eager from now on
+                log.warning("the compiled decode step failed, decoding eagerly: %s", error)
+                self.decode_step = None
+        for layer, block in enumerate(self.blocks):
+            x = block.forward(x, rope, layer, cache, start, probe)
+        return x
+
+    def _compiled_layers(
+        self,
+        step: CompiledDecode,
+        x: torch.Tensor,
+        rope: Rope,
+        cache: KVBuffer,
+        start: int,
+        probe: AttentionProbe | None,
+    ) -> torch.Tensor:
+        """One token through the compiled step; a watched layer's attention from the queries
+        it returns and the keys it wrote."""
+        assert rope.matrix is not None  # one position: always the matrix form
+        cache.reserve(start + 2)  # it was compiled for a cache with room after this position
+        x, queries = step(x, rope.matrix, start, cache)
+        if probe is None:
+            return x
+        scale = self.shape.head_dim**-0.5
+        for layer in sorted(probe.layers):
+            if layer < len(queries):
+                keys = cache.keys[layer][:, :, : start + 1]
+                weights = attention_weights(queries[layer], keys, None, scale, probe.rows)
+                probe.weights[layer] = weights
+        return x
 
     def weight_bytes(self) -> int:
         """Bytes of the weights a decode step reads (the mapped lookup rows excluded)."""

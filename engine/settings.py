@@ -122,6 +122,8 @@ class LoadRequest:
 
     `precision`: "exact" runs dequantised weights in transformers (the reference), "fast" runs
     a GGUF's own 4/8-bit weights in Glassbox's model, "auto" picks fast where it can.
+    `compiled`: give a fast model a compiled decode step, built once in the background
+    (engine/compiled_decode.py; $GLASSBOX_COMPILE=0 turns it off everywhere).
     """
 
     spec: str = "bundled"
@@ -129,6 +131,7 @@ class LoadRequest:
     dtype: str = "auto"  # "auto", "float32", "bfloat16", "float16"
     extra: dict[str, str] = field(default_factory=dict)
     precision: str = "auto"
+    compiled: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -59,6 +59,9 @@ from tests.models import TINY_ARCHITECTURES, make_tiny  # noqa: E402
 # and tiny random-weight models of four architectures reuse its tokenizer: no network needed.
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Loads decode eagerly unless a test compiles the step itself (test_compiled_decode): a
+# background compile would take a core for a minute or two in the middle of other tests.
+os.environ.setdefault("GLASSBOX_COMPILE", "0")
 # Conversations, logs and Qt's saved layout go to a scratch folder, never the user's own.
 _scratch = tempfile.mkdtemp(prefix="glassbox-tests-")
 os.environ.setdefault("GLASSBOX_DATA_DIR", os.path.join(_scratch, "data"))
