@@ -18,7 +18,9 @@ into the window's process, which it otherwise never does.
 The GUI thread's CPU time is read in the GUI thread (time.thread_time) from the first token
 shown to the Finished delivered. Event-loop stalls: a 5 ms heartbeat QTimer in the GUI thread
 notes when it fires, from send to the Finished delivered; each gap between beats beyond 5 ms
-is time in which the window could not react to anything (p50, p99 and max over all gaps). The
+is time in which the window could not react to anything (p50, p99 and max over all gaps);
+stall_own_cpu_ms keeps of each the GUI thread's own CPU time in it (the rest, it waited: for
+a core another thread or process held, or for the interpreter lock). The
 heartbeat costs the GUI thread some CPU of its own, which is in the GUI figure:
 gui_cpu_idle_per_s (idle window with heartbeat) less gui_cpu_idle_no_heartbeat_per_s. The
 waits for a reply are woken by its Finished, not by polling, so the benchmark adds no other
@@ -59,6 +61,12 @@ class WindowReply:
     end: float | None = None
     end_cpu: float = 0.0
     beats: list[float] = field(default_factory=list)
+    beat_cpu: list[float] = field(default_factory=list)  # the GUI thread's CPU time at each
+
+    def beat(self) -> None:
+        self.beats.append(time.perf_counter())
+        self.beat_cpu.append(time.thread_time())
+
     engine_cpu_s: float | None = None  # the engine process's CPU over the whole reply
     frames: Any = None  # () -> the internals view's frames drawn so far
     first_frames: int = 0
@@ -213,7 +221,7 @@ class WindowBench:
         heartbeat = QTimer()
         heartbeat.setTimerType(Qt.TimerType.PreciseTimer)
         heartbeat.setInterval(HEARTBEAT_MS)
-        heartbeat.timeout.connect(lambda: reply.beats.append(time.perf_counter()))
+        heartbeat.timeout.connect(reply.beat)
         self._reply = reply
         heartbeat.start()
         cpu = cpu_seconds_of(self.engine.pid)
@@ -269,6 +277,25 @@ class WindowBench:
         for dock in self.parts.internals.docks.values():
             dock.close()
         self.parts.shutdown()
+
+
+def own_stalls(reply: WindowReply, interval_s: float) -> np.ndarray:
+    """Per gap between heartbeats, the stall (beyond the interval) the GUI thread spent on a
+    core, in seconds: at most its CPU time in the gap."""
+    stalls = stalls_of(reply.beats, interval_s)
+    if not stalls.size:
+        return stalls
+    return np.minimum(stalls, np.diff(np.asarray(reply.beat_cpu)))
+
+
+def _spread(values_ms: np.ndarray) -> dict[str, float]:
+    if not values_ms.size:
+        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+    return {
+        "p50": round(float(np.percentile(values_ms, 50)), 1),
+        "p99": round(float(np.percentile(values_ms, 99)), 1),
+        "max": round(float(values_ms.max()), 1),
+    }
 
 
 def _less(after: float | None, before: float | None) -> float | None:
@@ -336,6 +363,7 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
                 headless.append(bench.headless_reply(text, settings))
     latencies = np.asarray(transport.latencies_s[sent_before:] or [0.0]) * 1000
     stalls = np.concatenate([stalls_of(r.beats, HEARTBEAT_MS / 1000) for r in windows]) * 1000
+    own = np.concatenate([own_stalls(r, HEARTBEAT_MS / 1000) for r in windows]) * 1000
     finished = [r.finished for r in windows if r.finished is not None]
     decode = {
         "window": _median([f.decode_tokens_per_s for f in finished]),
@@ -389,11 +417,10 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
         # the measuring costs the GUI thread.
         "gui_cpu_idle_no_heartbeat_per_s": round(idle_cpu_alone, 3),
         "engine_cpu_s_per_reply": {k: round(v, 2) for k, v in engine_cpu.items()},
-        "stall_ms": {
-            "p50": round(float(np.percentile(stalls, 50)), 1) if stalls.size else 0.0,
-            "p99": round(float(np.percentile(stalls, 99)), 1) if stalls.size else 0.0,
-            "max": round(float(stalls.max()), 1) if stalls.size else 0.0,
-        },
+        "stall_ms": _spread(stalls),
+        # Of each stall, the part the GUI thread spent running (its CPU time in the gap): the
+        # window's own work. The rest it waited for a core, which another process held.
+        "stall_own_cpu_ms": _spread(own),
         "transport": {
             "messages": transport.messages - sent_before,
             "mb_per_s": round((transport.bytes - bytes_before) / 2**20 / window_seconds, 2)

@@ -103,3 +103,18 @@ def test_bench_gui_only_reports_the_window_numbers_without_a_model(qapp, capsys)
     assert gui["source"] == SOURCE and gui["tokens"] == 200
     assert gui["longest_stall_ms"] < MAX_STALL_MS and gui["redraws"] > 0
     assert gui["tokens_per_s"] == pytest.approx(200 / gui["seconds"], rel=0.05)
+
+
+def test_a_stall_is_split_into_the_gui_threads_own_time_and_waiting():
+    """bench --window's stall_own_cpu_ms: of each gap between heartbeats beyond the interval,
+    the part the GUI thread ran (its CPU time in the gap, never more than the stall)."""
+    from app.window_bench import WindowReply, own_stalls
+
+    reply = WindowReply(sent=0.0)
+    # Beats at 0, 5 ms (on time), 45 ms (a 35 ms stall, 30 ms of it the GUI's own work),
+    # 95 ms (a 45 ms stall the thread spent waiting: 1 ms of CPU).
+    reply.beats = [0.0, 0.005, 0.045, 0.095]
+    reply.beat_cpu = [0.0, 0.0005, 0.0305, 0.0315]
+    np.testing.assert_allclose(own_stalls(reply, 0.005), [0.0, 0.030, 0.001], atol=1e-12)
+    reply.beat_cpu = [0.0, 0.004, 0.050, 0.100]  # more CPU than the stall: capped at it
+    np.testing.assert_allclose(own_stalls(reply, 0.005), [0.0, 0.035, 0.045], atol=1e-12)
