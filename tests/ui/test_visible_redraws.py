@@ -192,7 +192,9 @@ def test_the_redraw_timer_slows_while_the_gui_thread_is_busy(qtbot, monkeypatch)
         clock["wall"] += 1.0
         clock["cpu"] += 0.6 if busy else 0.01
         if busy:
+            view.ingest_many([])  # a reply's events arrive
             view._drawn(4)  # as _draw_queued counts the panels it redrew
+            view.frames += 2  # and the frames they were drawn in
         view._tick()
         intervals.append(view.timer.interval())
     assert intervals[:6] == sorted(intervals[:6]) and intervals[5] == SLOWEST_FRAME_MS
@@ -203,7 +205,19 @@ def test_the_redraw_timer_slows_while_the_gui_thread_is_busy(qtbot, monkeypatch)
     assert view.busy_interval == SLOWEST_FRAME_MS
     view._drawn(4)
     assert view.timer.interval() == SLOWEST_FRAME_MS
-    # A second of frames well under budget speeds them up again.
+    # Redraws on an idle thread without a reply (a new chat clearing the panels) do not speed
+    # the rate up: they say nothing of what streaming frames cost.
+    view._drawn(8)
+    view.frames += 2
+    clock["wall"] += 1.0
+    clock["cpu"] += 0.01
+    view._tick()
+    assert view.busy_interval == SLOWEST_FRAME_MS
+    # A second of a reply's frames (two, all its interval allows) well under budget speeds
+    # them up.
+    view.ingest_many([])
+    view._drawn(8)
+    view.frames += 2
     clock["wall"] += 1.0
     clock["cpu"] += 0.01
     view._tick()

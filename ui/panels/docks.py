@@ -109,6 +109,8 @@ class InternalsView(QObject):
         self._queued: list[Panel] = []  # this frame's panels still to draw
         self.frames = 0  # timer ticks that redrew at least one panel (a benchmark reads it)
         self._frame_counted = False
+        self._frames_at_window = 0
+        self._batches_in_window = 0  # batches of events ingested since the window began
         self.timer.start()
 
     @property
@@ -127,6 +129,7 @@ class InternalsView(QObject):
         """A batch of events in order (e.g. MainWindow.events_received)."""
         for event in events:
             self.state.ingest(event)
+        self._batches_in_window += 1
         if shown(self.attention):  # tabbed behind, closed or minimised: it pools when shown
             self.attention.prepare()
         self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
@@ -174,19 +177,28 @@ class InternalsView(QObject):
     def _govern(self) -> None:
         """Every GOVERN_WINDOW_S, set the frame interval from the GUI thread's CPU share.
 
-        Only a window in which panels redrew moves `busy_interval`. A window without any
-        redraw (idle, or waiting for a prefill) returns the timer to FRAME_MS, so a click on
-        a panel shows at once; the first redraw after it goes back to `busy_interval`.
+        Only a window in which panels redrew moves `busy_interval`, and only one in which
+        events arrived and at least half the frames its interval allows were drawn may make
+        it shorter: a few redraws between replies (a new chat clearing the panels) on an
+        idle thread say nothing about what streaming frames cost, and sped the next reply's
+        first second up to 30 Hz. A
+        window without any redraw (idle, or waiting for a prefill) returns the timer to
+        FRAME_MS, so a click on a panel shows at once; the first redraw after it goes back to
+        `busy_interval`.
         """
         started, cpu = self._window
         now, cpu_now = time.perf_counter(), time.thread_time()
         if now - started < GOVERN_WINDOW_S:
             return
         drawn, self._drawn_in_window = self._drawn_in_window, 0
+        frames, self._frames_at_window = self.frames - self._frames_at_window, self.frames
+        streamed, self._batches_in_window = self._batches_in_window > 0, 0
         self._window = (now, cpu_now)
         if drawn:
             share = (cpu_now - cpu) / (now - started)
-            self.busy_interval = frame_interval(self.busy_interval, share)
+            allowed = (now - started) * 1000 / self.busy_interval
+            if share > GUI_CPU_SHARE or (streamed and frames >= allowed / 2):
+                self.busy_interval = frame_interval(self.busy_interval, share)
         self._set_interval(self.busy_interval if drawn else FRAME_MS)
 
     def _drawn(self, panels: int) -> None:
