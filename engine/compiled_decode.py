@@ -152,13 +152,14 @@ class CompiledDecode:
 # -- where it is kept, how it is built and loaded -------------------------------------------
 
 
-def artifact_path(folder: Path, stem: str, file_key: str) -> Path:
+def artifact_path(folder: Path, stem: str, file_key: str, threads: int) -> Path:
     """Where the compiled step of a GGUF is kept: named by the file, torch, the CPU's vector
-    instructions and this module's own code (a changed step must not load an older one)."""
+    instructions, this module's own code (a changed step must not load an older one) and the
+    thread count (the compiled loops are built for it: another count fails its guard)."""
     version = torch.__version__.replace("+", "-")
     isa = torch.backends.cpu.get_cpu_capability().lower()
     code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-    return folder / f"{stem}-{file_key}-torch{version}-{isa}-{code}.bin"
+    return folder / f"{stem}-{file_key}-torch{version}-{isa}-{threads}t-{code}.bin"
 
 
 def _use_cache_folder(folder: Path) -> None:
@@ -228,7 +229,8 @@ class Attacher:
     def _compile_elsewhere(self) -> None:
         log.info("compiling the decode step in the background (once; 1-2 minutes)")
         files = (str(self.gguf), str(self.path), str(self.cache_dir))
-        command = [*LOW_PRIORITY, sys.executable, "-m", "engine.compiled_decode", *files]
+        threads = f"--threads={torch.get_num_threads()}"  # the count this process decodes with
+        command = [*LOW_PRIORITY, sys.executable, "-m", "engine.compiled_decode", *files, threads]
         root = Path(__file__).parent.parent  # where `engine` imports from
         result = subprocess.run(command, capture_output=True, text=True, cwd=root, check=False)
         if result.returncode != 0:
@@ -246,7 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("gguf", help="the .gguf file")
     parser.add_argument("path", type=Path, help="where to save the compiled step")
     parser.add_argument("cache_dir", type=Path, help="the cache folder the model loads from")
+    parser.add_argument("--threads", type=int, help="torch threads the step will run with")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from engine.loader import load_model
     from engine.settings import LoadRequest
 

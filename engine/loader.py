@@ -188,7 +188,9 @@ def _compile_in_background(model: GGUFLlama, path: Path, cache: Path) -> Attache
     if reason is not None:
         log.info("the decode step stays eager: %s", reason)
         return None
-    artifact = compiled_decode.artifact_path(cache / "compiled", path.stem, _file_key(path))
+    threads = torch.get_num_threads()
+    folder = cache / "compiled"
+    artifact = compiled_decode.artifact_path(folder, path.stem, _file_key(path), threads)
     return Attacher(model, path, artifact, cache).start()
 
 

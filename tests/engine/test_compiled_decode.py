@@ -190,15 +190,15 @@ def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
     assert compiled_decode.disabled() is None
 
 
-def test_the_artifact_is_named_by_file_torch_cpu_and_code(tmp_path, monkeypatch):
-    path = compiled_decode.artifact_path(tmp_path, "model", "abc123")
-    assert path.parent == tmp_path
+def test_the_artifact_is_named_by_file_torch_cpu_threads_and_code(tmp_path, monkeypatch):
+    path = compiled_decode.artifact_path(tmp_path, "model", "abc123", threads=3)
+    assert path.parent == tmp_path and "-3t-" in path.name
     assert path.name.startswith("model-abc123-torch" + torch.__version__.replace("+", "-"))
     assert torch.backends.cpu.get_cpu_capability().lower() in path.name
     changed = tmp_path / "compiled_decode.py"
     changed.write_text("# another version of the step")
     monkeypatch.setattr(compiled_decode, "__file__", str(changed))
-    assert compiled_decode.artifact_path(tmp_path, "model", "abc123") != path
+    assert compiled_decode.artifact_path(tmp_path, "model", "abc123", threads=3) != path
 
 
 # -- the bundled model ---------------------------------------------------------------------------
@@ -213,7 +213,8 @@ def bundled_compiled():
     loaded = load_model(LoadRequest(spec="bundled", device="cpu", precision="fast", compiled=False))
     model = loaded.model
     gguf = bundled_gguf_path()
-    path = compiled_decode.artifact_path(default_cache_dir() / "compiled", gguf.stem, "tests")
+    folder = default_cache_dir() / "compiled"
+    path = compiled_decode.artifact_path(folder, gguf.stem, "tests", torch.get_num_threads())
     if not path.exists():
         compiled_decode.compile_to(model, path)
     model.decode_step = compiled_decode.load(path, model)
