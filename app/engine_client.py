@@ -133,6 +133,7 @@ class EngineProcessWorker(WorkerBase):
         self._jobs: deque[str] = deque()  # kinds of the jobs sent and not yet done, in order
         self._transport = TransportStats()
         self._loads: deque[LoadRequest] = deque()  # requested, neither loaded nor failed yet
+        self.decode_step_state: str | None = None  # the engine's last word on it, this load
         self._loaded_request: LoadRequest | None = None  # what a new engine reloads
         self._counts = 0
         self.restarts = 0
@@ -177,6 +178,7 @@ class EngineProcessWorker(WorkerBase):
         return self._counts
 
     def _send_load(self, request: LoadRequest) -> None:
+        self.decode_step_state = None
         self._loads.append(request)
         self._send(("load", request), "load")
 
@@ -259,6 +261,9 @@ class EngineProcessWorker(WorkerBase):
             self.headless_finished.emit(fields[0])
         elif kind == "count":
             self.tokens_counted.emit(*fields)
+        elif kind == "decode_step":
+            self.decode_step_state = fields[0]
+            self.decode_step.emit(fields[0])
 
     def _on_model(self, info: ModelInfo, announce: bool) -> None:
         if announce:

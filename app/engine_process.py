@@ -324,9 +324,12 @@ class _Engine:
         self._report_decode_step(session)
 
     def _report_decode_step(self, session: Any) -> None:
-        """Say when a fast model's compiled decode step is attached (or why not), later."""
+        """Say when a fast model's compiled decode step is attached, or that it will not be."""
+        if getattr(session, "info", None) is None or session.info.precision != "fast":
+            return
         compiling = getattr(session, "compiling", None)
         if compiling is None:
+            self.outbox.put(("decode_step", "eager: not compiled (turned off or not supported)"))
             return
 
         def report() -> None:

@@ -76,6 +76,8 @@ class WorkerBase(QObject):
       load_failed(str)      a load failed; the previous model (if any) is still loaded
       busy_changed(bool)    whether a load or a generation is queued or running
       engine_stopped(str)   the engine died (its process was killed or crashed); one line why
+      decode_step(str)      after `loaded`, once a fast model's compiled decode step is in use
+                            ("compiled") or will not be ("eager: why")
 
     Subclasses carry requests to the engine (`_send_*`) and feed back what it says through
     `_push` (events, from any thread), `loaded`/`load_progress`/`load_failed` and
@@ -89,6 +91,7 @@ class WorkerBase(QObject):
     load_failed = Signal(str)
     busy_changed = Signal(bool)
     engine_stopped = Signal(str)
+    decode_step = Signal(str)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)

@@ -53,6 +53,7 @@ class Backend(Protocol):
     load_progress: Any  # Signal(str, float)
     load_failed: Any  # Signal(str)
     busy_changed: Any  # Signal(bool)
+    decode_step: Any  # Signal(str): "compiled", or "eager: why"
 
     @property
     def info(self) -> ModelInfo | None: ...
@@ -253,6 +254,7 @@ class MainWindow(QMainWindow):
         self.backend.load_progress.connect(self._on_load_progress)
         self.backend.load_failed.connect(self._on_load_failed)
         self.backend.busy_changed.connect(self._on_busy_changed)
+        self.backend.decode_step.connect(self._on_decode_step)
         if self._info is not None:
             self._show_model(self._info)
 
@@ -513,6 +515,12 @@ class MainWindow(QMainWindow):
             self._picker.set_loaded(info)
         self.model_changed.emit(info)
         self._update_actions()
+
+    def _on_decode_step(self, state: str) -> None:
+        if state == "compiled":
+            self.show_status("Decode step compiled: replies decode faster from now on.")
+        else:
+            self.show_status(f"The decode step stays uncompiled ({state.removeprefix('eager: ')}).")
 
     def _on_load_failed(self, message: str) -> None:
         self._loading = max(self._loading - 1, 0)

@@ -52,3 +52,29 @@ def tiny_llama(request, progress):
     loaded = prepare(LlamaForCausalLM(config), tokenizer, name="tiny-llama", source="memory")
     progress("Ready", 1.0)
     return loaded
+
+
+def compiled_fast_session(loaded):
+    """A session factory: the fake session as a fast model whose compiled decode step is
+    attached (or failed to be, when the load request's extra names an error)."""
+    import threading
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from tests.ui.fakes import process_session
+
+    session = process_session(loaded)
+    session.info = replace(session.info, precision="fast")
+    done = threading.Event()
+    done.set()
+    session.compiling = SimpleNamespace(done=done, error=loaded.error)
+    return session
+
+
+def loader_with_error(request, progress):
+    """process_loader, with request.extra["error"] kept for compiled_fast_session."""
+    from tests.ui.fakes import process_loader
+
+    loaded = process_loader(request, progress)
+    loaded.error = request.extra.get("error")
+    return loaded

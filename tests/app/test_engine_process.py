@@ -233,6 +233,25 @@ def test_sigkill_mid_reply_keeps_the_partial_reply_and_the_next_message_is_answe
     assert len(store.messages(conversation)) == 4
 
 
+@pytest.mark.parametrize(
+    ("error", "state"), [(None, "compiled"), ("RuntimeError: no compiler", "eager: RuntimeError")]
+)
+def test_the_engine_says_when_the_compiled_decode_step_is_attached(qtbot, error, state):
+    spec = EngineSpec(
+        loader="tests.app.engine_models:loader_with_error",
+        session_factory="tests.app.engine_models:compiled_fast_session",
+        preload=(),
+    )
+    worker = EngineProcessWorker(spec=spec)
+    try:
+        extra = {"error": error} if error else {}
+        with qtbot.waitSignal(worker.decode_step, timeout=10_000) as said:
+            worker.load(LoadRequest(spec="fake", extra=extra))
+        assert said.args[0].startswith(state) and worker.decode_step_state == said.args[0]
+    finally:
+        worker.shutdown()
+
+
 def test_the_window_process_never_imports_torch(tmp_path):
     """The real app path (engine spawned first, then the window) with a tiny real Llama in
     the child: a reply streams into the assembled window, and torch stays out of its process."""

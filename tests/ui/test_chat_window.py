@@ -402,3 +402,12 @@ def _frames(view: ChatView):
 )
 def test_human_count(n, text):
     assert human_count(n) == text
+
+
+def test_the_status_bar_says_when_the_decode_step_is_compiled(window):
+    worker = window.backend
+    worker.decode_step.emit("compiled")
+    assert window.statusBar().currentMessage().startswith("Decode step compiled")
+    worker.decode_step.emit("eager: RuntimeError: no C compiler")
+    message = window.statusBar().currentMessage()
+    assert "uncompiled" in message and "no C compiler" in message and "eager:" not in message
