@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import QEvent, QObject
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
 from PySide6.QtWidgets import (
     QApplication,
     QGraphicsItem,
@@ -538,3 +538,40 @@ def test_frames_counts_the_timer_ticks_that_redrew_a_panel(qtbot, docked, rng, m
     view._tick()
     qtbot.waitUntil(lambda: not view._queued, timeout=2000)
     assert view.frames == frames + 1
+
+
+def test_timers_run_between_the_slices_of_a_frame(qtbot, docked, rng, monkeypatch):
+    """A frame's next slice waits for the event loop's timers (input, the heartbeat of
+    bench --window): queued as a posted event, the slices and the repaints they queued ran
+    back to back."""
+    view = docked.view
+    for name in PANELS:
+        view.docks[name].setFloating(True)
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    qtbot.waitUntil(lambda: all(shown(getattr(view, name)) for name in PANELS))
+    qtbot.wait(50)  # the redraw the docks' showing asked for
+    view.ingest(token(rng, 1))  # every panel stale again
+    monkeypatch.setattr(docks, "FRAME_SLICE_S", 0.0)  # yield after every panel
+    order: list[str] = []
+    for name in PANELS:
+        panel = getattr(view, name)
+        redraw = panel.redraw
+
+        def logged(redraw=redraw, name=name) -> None:
+            order.append(name)
+            redraw()
+
+        panel.redraw = logged
+    beat = QTimer()
+    beat.setTimerType(Qt.TimerType.PreciseTimer)
+    beat.setInterval(1)
+    beat.timeout.connect(lambda: order.append("beat"))
+    view._tick()  # the first slice, now
+    beat.start()
+    qtbot.waitUntil(lambda: not view._queued, timeout=3000)
+    beat.stop()
+    drawn = [i for i, item in enumerate(order) if item != "beat"]
+    assert len(drawn) == len(PANELS)
+    between = order[drawn[0] : drawn[-1]]
+    assert between.count("beat") >= len(PANELS) - 1  # a timer ran before every later slice
