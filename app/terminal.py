@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from types import FrameType
 
 from app.chat_log import ChatLog, open_store
@@ -45,8 +46,13 @@ def run_chat(args: argparse.Namespace) -> int:
         print("glassbox chat: the message is empty", file=sys.stderr)
         return 2
     progress = None if args.json else _progress
+    request = load_request(args)
+    if args.prompt is not None:
+        # One reply, then exit: loading the compiled decode step (3-6 s of CPU, ~130 MB of
+        # compiler runtime) would mostly finish after it; a conversation keeps it.
+        request = replace(request, compiled=False)
     try:
-        loaded = load_model(load_request(args), progress=progress)
+        loaded = load_model(request, progress=progress)
     except ModelLoadError as error:
         print(f"glassbox chat: {error}", file=sys.stderr)
         return 1

@@ -300,3 +300,21 @@ def test_bundled_model_knows_the_capital_of_france():
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_a_one_shot_chat_loads_no_compiled_step_and_a_conversation_does(monkeypatch):
+    import app.terminal
+    from app.cli import main
+    from engine.loader import ModelLoadError
+
+    asked = []
+
+    def load_model(request, progress=None):
+        asked.append(request.compiled)
+        raise ModelLoadError("not loaded in this test")
+
+    monkeypatch.setattr(app.terminal, "load_model", load_model)
+    assert main(["chat", "--prompt", "hi"]) == 1
+    assert main(["chat"]) == 1
+    assert main(["chat", "--no-compile"]) == 1
+    assert asked == [False, True, False]
