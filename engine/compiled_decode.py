@@ -189,6 +189,19 @@ def compile_to(model: GGUFLlama, path: Path) -> None:
         step = compiled.aot_compile((inputs, {}))  # type: ignore[attr-defined]
     path.parent.mkdir(parents=True, exist_ok=True)
     step.save_compiled_function(str(path))  # written to a temporary file, then renamed
+    remove_stale(path)
+
+
+def remove_stale(path: Path) -> None:
+    """Delete the steps of the same file that no run can load any more: those of another
+    torch version or of older code (other thread counts stay: another command uses them)."""
+    file_part, _, rest = path.name.partition("-torch")
+    version = rest.split("-", 1)[0]
+    code = path.stem.rsplit("-", 1)[-1]
+    for other in path.parent.glob(f"{file_part}-torch*.bin"):
+        current = other.name.startswith(f"{file_part}-torch{version}-")
+        if other != path and not (current and other.stem.endswith(f"-{code}")):
+            other.unlink(missing_ok=True)
 
 
 def load(path: Path, model: GGUFLlama) -> CompiledDecode:

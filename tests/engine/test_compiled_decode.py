@@ -4,6 +4,8 @@ the bundled model, against the exact model teacher-forced."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -199,6 +201,21 @@ def test_the_artifact_is_named_by_file_torch_cpu_threads_and_code(tmp_path, monk
     changed.write_text("# another version of the step")
     monkeypatch.setattr(compiled_decode, "__file__", str(changed))
     assert compiled_decode.artifact_path(tmp_path, "model", "abc123", threads=3) != path
+
+
+def test_saving_a_step_removes_the_ones_no_run_can_load(tmp_path):
+    def named(threads: int) -> Path:
+        return compiled_decode.artifact_path(tmp_path, "model", "abc123", threads)
+
+    kept_1t, saved_2t = named(1), named(2)
+    code = saved_2t.stem.rsplit("-", 1)[-1]
+    older_code = tmp_path / saved_2t.name.replace(code, "0123456789ab")
+    older_torch = tmp_path / saved_2t.name.replace("-torch", "-torch1.0.0-x")
+    other_file = compiled_decode.artifact_path(tmp_path, "model", "def456", 2)
+    for path in (kept_1t, saved_2t, older_code, older_torch, other_file):
+        path.write_bytes(b"step")
+    compiled_decode.remove_stale(saved_2t)
+    assert sorted(tmp_path.iterdir()) == sorted([kept_1t, saved_2t, other_file])
 
 
 # -- the bundled model ---------------------------------------------------------------------------
