@@ -19,7 +19,7 @@ from engine.llama import GGUFLlama
 from engine.loader import LoadedModel, default_cache_dir, describe_fast
 from engine.session import ChatSession
 from engine.settings import Message
-from tests.engine.test_fast import TEXT, hf_model
+from tests.engine.test_fast import decoded_against_exact, hf_model
 from tests.gguf_files import Q4_1, Q8_0, write_gguf
 
 STEPS = 40  # decode steps compared: past two growths of a 16-position cache
@@ -242,16 +242,8 @@ def bundled_compiled():
 def test_compiled_decode_steps_follow_exact_teacher_forced(bundled, bundled_compiled):
     """test_fast's decode-path check, through the compiled step (measured: 98.8% top-1,
     mean |Δp| 0.0011 over the top 10; the eager step on the same run: 99.0%, 0.0011)."""
-    ids = bundled.tokenizer(TEXT.read_text())["input_ids"][:520]
-    with torch.inference_mode():
-        exact = bundled.model(input_ids=torch.tensor([ids])).logits[0].float().softmax(-1)
     model = bundled_compiled.model
-    cache = model.new_cache()
-    steps = [model.forward(torch.tensor([[token]]), cache, None) for token in ids]
+    agreement, delta, _ = decoded_against_exact(bundled, model, tokens=520)
     assert model.decode_step is not None  # every step after the first went through it
-    fast = torch.stack(steps).softmax(-1)
-    agreement = (exact.argmax(-1) == fast.argmax(-1)).float().mean().item()
-    top = exact.topk(10, dim=-1).indices
-    delta = (exact.gather(1, top) - fast.gather(1, top)).abs().mean().item()
     assert agreement >= 0.97, agreement
     assert delta <= 0.005, delta

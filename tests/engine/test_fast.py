@@ -484,19 +484,25 @@ def test_fast_decode_steps_follow_exact_teacher_forced(bundled, bundled_fast):
     """The same text one token at a time through the cache, as a reply decodes: the int4
     kernels, the one-position RoPE, norms and attention, against the exact model (measured:
     99.1% top-1, mean |Δp| 0.0011 over the top 10)."""
-    ids = bundled.tokenizer(TEXT.read_text())["input_ids"][:520]
+    agreement, delta, cache = decoded_against_exact(bundled, bundled_fast.model, tokens=520)
+    assert cache.length == 520
+    assert agreement >= 0.97, agreement
+    assert delta <= 0.005, delta
+
+
+def decoded_against_exact(exact: LoadedModel, model, tokens: int):
+    """The fixed text fed one token at a time through `model`'s cache: top-1 agreement with
+    the exact model and mean |Δp| over its top 10 at each step, and the cache."""
+    ids = exact.tokenizer(TEXT.read_text())["input_ids"][:tokens]
     with torch.inference_mode():
-        exact = bundled.model(input_ids=torch.tensor([ids])).logits[0].float().softmax(-1)
-    model = bundled_fast.model
+        reference = exact.model(input_ids=torch.tensor([ids])).logits[0].float().softmax(-1)
     cache = model.new_cache()
     steps = [model.forward(torch.tensor([[token]]), cache, None) for token in ids]
     fast = torch.stack(steps).softmax(-1)
-    assert cache.length == len(ids)
-    agreement = (exact.argmax(-1) == fast.argmax(-1)).float().mean().item()
-    top = exact.topk(10, dim=-1).indices
-    delta = (exact.gather(1, top) - fast.gather(1, top)).abs().mean().item()
-    assert agreement >= 0.97, agreement
-    assert delta <= 0.005, delta
+    agreement = (reference.argmax(-1) == fast.argmax(-1)).float().mean().item()
+    top = reference.topk(10, dim=-1).indices
+    delta = (reference.gather(1, top) - fast.gather(1, top)).abs().mean().item()
+    return agreement, delta, cache
 
 
 @pytest.mark.bundled

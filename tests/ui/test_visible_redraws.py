@@ -403,15 +403,21 @@ def test_the_context_bar_moves_without_painting_inside_the_frame(qtbot):
     assert paints.count == before
 
 
-def test_a_frame_slice_is_wall_time_so_a_busy_machine_still_yields(qtbot, docked, rng):
-    """A panel that waits (its CPU preempted on a loaded machine) uses no CPU time of its own:
-    the frame still yields once the slice's wall time has passed."""
+def floating_with_a_reply(qtbot, docked, rng):
+    """Every panel floating and shown, a prompt and a first token drawn: the view."""
     view = docked.view
     for name in PANELS:
         view.docks[name].setFloating(True)
     view.ingest(prefill(rng))
     view.ingest(token(rng, 0))
     qtbot.waitUntil(lambda: all(shown(getattr(view, name)) for name in PANELS))
+    return view
+
+
+def test_a_frame_slice_is_wall_time_so_a_busy_machine_still_yields(qtbot, docked, rng):
+    """A panel that waits (its CPU preempted on a loaded machine) uses no CPU time of its own:
+    the frame still yields once the slice's wall time has passed."""
+    view = floating_with_a_reply(qtbot, docked, rng)
     docked.tick()
     view.ingest(token(rng, 1))
     first = view.panels[0]
@@ -544,12 +550,7 @@ def test_timers_run_between_the_slices_of_a_frame(qtbot, docked, rng, monkeypatc
     """A frame's next slice waits for the event loop's timers (input, the heartbeat of
     bench --window): queued as a posted event, the slices and the repaints they queued ran
     back to back."""
-    view = docked.view
-    for name in PANELS:
-        view.docks[name].setFloating(True)
-    view.ingest(prefill(rng))
-    view.ingest(token(rng, 0))
-    qtbot.waitUntil(lambda: all(shown(getattr(view, name)) for name in PANELS))
+    view = floating_with_a_reply(qtbot, docked, rng)
     qtbot.wait(50)  # the redraw the docks' showing asked for
     view.ingest(token(rng, 1))  # every panel stale again
     monkeypatch.setattr(docks, "FRAME_SLICE_S", 0.0)  # yield after every panel
