@@ -551,7 +551,9 @@ def test_timers_run_between_the_slices_of_a_frame(qtbot, docked, rng, monkeypatc
     bench --window): queued as a posted event, the slices and the repaints they queued ran
     back to back."""
     view = floating_with_a_reply(qtbot, docked, rng)
-    qtbot.wait(50)  # the redraw the docks' showing asked for
+    # the redraws the docks' showing asked for, done (on a loaded machine, 50 ms was not enough)
+    qtbot.waitUntil(lambda: not any(panel.needs_redraw() for panel in view.panels), timeout=5000)
+    qtbot.wait(100)
     view.ingest(token(rng, 1))  # every panel stale again
     monkeypatch.setattr(docks, "FRAME_SLICE_S", 0.0)  # yield after every panel
     order: list[str] = []
