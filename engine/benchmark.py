@@ -154,7 +154,7 @@ def run(
 
 def wait_for_compiled(fast: LoadedModel) -> dict[str, Any]:
     """Wait until the fast model's compiled decode step is attached (compiled first if it is not
-    kept: 1-2 minutes, once), so that `fast` is timed as users run it; say how it went."""
+    kept: a few minutes, once), so that `fast` is timed as users run it; say how it went."""
     attacher = fast.compiling
     if attacher is None:
         return {"decode_step": "eager (not compiled: turned off or not supported)"}

@@ -4,10 +4,11 @@ Eager, a decode step of the bundled model is ~9 ms of int4 kernels and ~1,000 sm
 few µs of dispatch each. torch.compile (inductor, C++ wrapper) runs the same ops as one
 function with the pointwise ones fused: measured 12.5 ms a step against 16.5 eager here.
 
-Compiling takes 1-2 minutes on 2 cores, so it happens once per model file, torch version and
-CPU, in a background process at low priority (`python -m engine.compiled_decode`), and is kept
-in the cache folder beside inductor's own files. Until it is there the model decodes eagerly;
-then a background thread loads it (a few seconds) and the next step goes through it.
+Compiling takes 2-3 minutes on 2 cores (longer under load), so it happens once per model
+file, torch version, CPU, thread count and version of this module, in a background process at
+low priority (`python -m engine.compiled_decode`), and is kept in the cache folder beside
+inductor's own files. Until it is there the model decodes eagerly; then a background thread
+loads it (4-7 s) and the next step goes through it.
 
 Only one-token passes through a cache are compiled; the prompt's pass and the no-cache
 teaching mode stay eager. The probes stay the model's own: the function returns every layer's
@@ -168,7 +169,7 @@ def _use_cache_folder(folder: Path) -> None:
 
 
 def compile_to(model: GGUFLlama, path: Path) -> None:
-    """Compile the model's decode step and save it at `path` (1-2 minutes on 2 cores)."""
+    """Compile the model's decode step and save it at `path` (2-3 minutes on 2 cores)."""
     _use_cache_folder(path.parent)
     import torch._dynamo
     import torch._inductor.config
@@ -240,7 +241,7 @@ class Attacher:
             self.done.set()
 
     def _compile_elsewhere(self) -> None:
-        log.info("compiling the decode step in the background (once; 1-2 minutes)")
+        log.info("compiling the decode step in the background (once; a few minutes)")
         files = (str(self.gguf), str(self.path), str(self.cache_dir))
         threads = f"--threads={torch.get_num_threads()}"  # the count this process decodes with
         command = [*LOW_PRIORITY, sys.executable, "-m", "engine.compiled_decode", *files, threads]
