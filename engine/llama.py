@@ -25,10 +25,10 @@ from torch import nn
 
 from engine.attention_probe import AttentionProbe, attention_weights
 from engine.kv_buffer import KVBuffer
+from engine.quant import Linear, RowReader
 
 if TYPE_CHECKING:
     from engine.compiled_decode import CompiledDecode
-from engine.quant import Linear, RowReader
 
 log = logging.getLogger(__name__)
 
