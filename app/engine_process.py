@@ -329,13 +329,14 @@ class _Engine:
             return
         compiling = getattr(session, "compiling", None)
         if compiling is None:
-            self.outbox.put(("decode_step", "eager: not compiled (turned off or not supported)"))
+            from engine.compiled_decode import NOT_COMPILED
+
+            self.outbox.put(("decode_step", NOT_COMPILED))
             return
 
         def report() -> None:
             compiling.done.wait()
-            state = "compiled" if compiling.error is None else f"eager: {compiling.error}"
-            self.outbox.put(("decode_step", state))
+            self.outbox.put(("decode_step", compiling.state))
 
         threading.Thread(target=report, name="decode-step-report", daemon=True).start()
 

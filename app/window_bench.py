@@ -171,7 +171,7 @@ class WindowBench:
         if info is None or info.precision != "fast":
             return 0.0
         start = time.perf_counter()
-        _run_until(lambda: self.worker.decode_step_state is not None, 900)
+        _wait_for_signal(self.worker.decode_step, lambda: self.worker.decode_step_state, 900)
         return time.perf_counter() - start
 
     def _since_launch(self) -> float:

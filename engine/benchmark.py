@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from engine import llama_cpp_peer
+from engine.compiled_decode import NOT_COMPILED
 from engine.decoder import decoder_for
 from engine.device import synchronize
 from engine.events import Finished
@@ -157,13 +158,10 @@ def wait_for_compiled(fast: LoadedModel) -> dict[str, Any]:
     kept: a few minutes, once), so that `fast` is timed as users run it; say how it went."""
     attacher = fast.compiling
     if attacher is None:
-        return {"decode_step": "eager (not compiled: turned off or not supported)"}
+        return {"decode_step": NOT_COMPILED}
     start = time.perf_counter()
     attacher.done.wait()
-    waited = time.perf_counter() - start
-    model = cast("GGUFLlama", fast.model)
-    state = "compiled" if model.decode_step is not None else f"eager ({attacher.error})"
-    return {"decode_step": state, "waited_s": waited}
+    return {"decode_step": attacher.state, "waited_s": time.perf_counter() - start}
 
 
 def eager_run(session: ChatSession, messages: Sequence[Message], new_tokens: int) -> Finished:

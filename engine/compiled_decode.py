@@ -213,6 +213,9 @@ def load(path: Path, model: GGUFLlama) -> CompiledDecode:
     return CompiledDecode(step, model)
 
 
+NOT_COMPILED = "eager: not compiled (turned off or not supported)"  # a load without an Attacher
+
+
 class Attacher:
     """Gives a fast model its compiled step in the background: loads it if it is kept, else
     compiles it in a process of its own at low priority first. `done` is set either way."""
@@ -226,6 +229,11 @@ class Attacher:
     def start(self) -> Attacher:
         self.thread.start()
         return self
+
+    @property
+    def state(self) -> str:
+        """Once `done`: "compiled", or "eager: why"."""
+        return "compiled" if self.error is None else f"eager: {self.error}"
 
     def _run(self) -> None:
         try:

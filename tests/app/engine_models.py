@@ -67,7 +67,8 @@ def compiled_fast_session(loaded):
     session.info = replace(session.info, precision="fast")
     done = threading.Event()
     done.set()
-    session.compiling = SimpleNamespace(done=done, error=loaded.error)
+    state = "compiled" if loaded.error is None else f"eager: {loaded.error}"  # Attacher.state
+    session.compiling = SimpleNamespace(done=done, state=state)
     return session
 
 
