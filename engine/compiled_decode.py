@@ -55,12 +55,22 @@ def refusal(model: GGUFLlama) -> str | None:
     """Why this model's decode step cannot be compiled here, or None if it can."""
     if model.device.type != "cpu":
         return f"the compiled step runs on the CPU, not on {model.device.type}"
+    if not hasattr(torch.compiler, "load_compiled_function"):  # a cheap check: no dynamo import
+        return f"torch {torch.__version__} cannot load a saved compiled step"
     for block in _blocks(model):
         if block.attention.bias is not None:
             return "its attention has biases"
         if not all(isinstance(linear, Int4Linear) and linear.plain for linear in _linears(block)):
             return "some of its weights are not plain 4-bit"
     return None
+
+
+def can_save_compiled() -> bool:
+    """Whether this torch has the precompile API the step is saved and loaded with (2.11's
+    compiled functions have no `aot_compile`). Imports dynamo (seconds): for the compiling
+    process and the tests; where it is missing, a load's background compile fails and says so."""
+    has_loader = hasattr(torch.compiler, "load_compiled_function")
+    return has_loader and hasattr(torch.compile(_blocks), "aot_compile")
 
 
 def _blocks(model: GGUFLlama) -> list[Block]:
@@ -280,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     request = LoadRequest(args.gguf, precision="fast", compiled=False)
     model = cast("GGUFLlama", load_model(request, cache_dir=args.cache_dir).model)
     reason = refusal(model)
+    if reason is None and not can_save_compiled():
+        reason = f"torch {torch.__version__} cannot save a compiled step"
     if reason is not None:
         print(f"not compiled: {reason}", file=sys.stderr)
         return 2

@@ -93,10 +93,20 @@ def bundled_fast():
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    """The bundled model's tokenizer alone (tiny models share it): no weights loaded."""
+    """The bundled model's tokenizer alone (tiny models share it): no weights loaded.
+
+    $GLASSBOX_TEST_TOKENIZER names a folder holding it instead (saved with save_pretrained),
+    for a machine without the bundled package, such as a GPU machine the tests are copied to.
+    """
     from engine.loader import bundled_gguf_path, default_cache_dir, gguf_tokenizer
 
-    tokenizer = gguf_tokenizer(bundled_gguf_path(), default_cache_dir(), lambda *_: None)
+    folder = os.environ.get("GLASSBOX_TEST_TOKENIZER")
+    if folder:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    else:
+        tokenizer = gguf_tokenizer(bundled_gguf_path(), default_cache_dir(), lambda *_: None)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
