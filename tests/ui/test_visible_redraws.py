@@ -231,6 +231,7 @@ def test_a_frame_yields_to_the_event_loop_between_expensive_panels(qtbot, docked
     view.ingest(prefill(rng))
     view.ingest(token(rng, 0))
     qtbot.waitUntil(lambda: all(shown(getattr(view, name)) for name in PANELS))
+    frames_asked_for_are_done(qtbot, view)
     docked.tick()  # draw everything once: the frame below starts from a clean slate
     view.ingest(token(rng, 1))
     monkeypatch.setattr(docks, "FRAME_SLICE_S", 0.0)  # every panel is over the slice
@@ -411,7 +412,14 @@ def floating_with_a_reply(qtbot, docked, rng):
     view.ingest(prefill(rng))
     view.ingest(token(rng, 0))
     qtbot.waitUntil(lambda: all(shown(getattr(view, name)) for name in PANELS))
+    frames_asked_for_are_done(qtbot, view)
     return view
+
+
+def frames_asked_for_are_done(qtbot, view: InternalsView) -> None:
+    """Docks shown ask for a frame, drawn in slices: wait until its last slice is drawn."""
+    qtbot.wait(20)  # the frames the docks' showing posted have started
+    qtbot.waitUntil(lambda: not view._queued, timeout=2000)
 
 
 def test_a_frame_slice_is_wall_time_so_a_busy_machine_still_yields(qtbot, docked, rng):
@@ -578,3 +586,128 @@ def test_timers_run_between_the_slices_of_a_frame(qtbot, docked, rng, monkeypatc
     assert len(drawn) == len(PANELS)
     between = order[drawn[0] : drawn[-1]]
     assert between.count("beat") >= len(PANELS) - 1  # a timer ran before every later slice
+
+
+class _Paints(QObject):
+    """Counts the paint events a widget receives."""
+
+    def __init__(self, widget: QWidget) -> None:
+        super().__init__()
+        self.count = 0
+        widget.installEventFilter(self)
+
+    def eventFilter(self, _watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Paint:
+            self.count += 1
+        return False
+
+
+def test_the_mosaic_paints_once_a_frame_as_its_extent_grows(qtbot, docked, rng):
+    """A new row moves the mosaic's view; the view settles before it paints, so each frame is
+    one paint of the mosaic (pyqtgraph's deferred update queued a second one after it)."""
+    view = floating_with_a_reply(qtbot, docked, rng)
+    panel = view.attention
+    paints = _Paints(panel.grid.viewport())
+    for index in range(1, 6):
+        view.ingest(token(rng, index))
+        extent = panel._mosaic_extent
+        before = paints.count
+        panel.redraw()
+        assert panel._mosaic_extent != extent  # a row and a key more: the view moved
+        qtbot.waitUntil(lambda before=before: paints.count > before)
+        qtbot.wait(30)  # anything the paint queued behind it
+        assert paints.count == before + 1
+
+
+def test_hidden_token_axes_do_no_work_when_the_view_moves(qtbot, docked, rng):
+    """The token axes show only for a lone head with room for its tokens; hidden, they are not
+    linked to the view, so a moving view re-lays out no axis label."""
+    view = floating_with_a_reply(qtbot, docked, rng)
+    panel = view.attention
+    docked.tick()
+    assert panel.slots == tuple(range(HEADS))
+    for axis in (panel.key_axis, panel.query_axis):
+        assert not axis.isVisible() and axis.linkedView() is None
+    panel.show_head(1)
+    docked.tick()
+    for axis in (panel.key_axis, panel.query_axis):
+        assert axis.isVisible() and axis.linkedView() is panel.heads_view
+    panel.show_head(None)
+    docked.tick()
+    assert all(axis.linkedView() is None for axis in (panel.key_axis, panel.query_axis))
+
+
+def test_head_labels_stay_at_screen_size_on_their_tiles(qtbot, docked, rng):
+    view = floating_with_a_reply(qtbot, docked, rng)
+    panel = view.attention
+    docked.tick()
+    labels = [label for label in panel.head_labels if label.isVisible()]
+    assert [label.toPlainText() for label in labels] == [f"head {h}" for h in range(HEADS)]
+    flag = QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations
+    for slot, label in enumerate(labels):
+        assert label.flags() & flag  # placed by Qt, drawn at the font's size
+        rect = label.boundingRect()
+        assert rect.right() == 0 and rect.top() == 0 and rect.width() > 0  # anchored top-right
+        y, x = panel.layout.origin(slot)
+        key_size, row_size = panel._pixel
+        width = panel.layout.tile_shape[1]
+        assert (label.pos().x(), label.pos().y()) == ((x + width) * key_size, y * row_size)
+
+
+def test_a_readout_lays_out_a_text_again_only_when_more_than_its_digits_changed(qtbot):
+    panel = QWidget()
+    qtbot.addWidget(panel)
+    label = QLabel("")
+    label.setTextFormat(Qt.TextFormat.RichText)
+    label.setWordWrap(True)
+    box = ReadoutBox(label)
+    QVBoxLayout(panel).addWidget(box)
+    panel.resize(260, 200)
+    panel.show()
+    qtbot.waitExposed(panel)
+    label.setText("<b>decode</b> 12.5 tok/s (live, 10 steps in 800 ms)")
+    QApplication.processEvents()
+    laid_out, height = box.layouts, box.height()
+    for step in range(11, 60):  # only numbers change: the same lines, no layout
+        label.setText(f"<b>decode</b> {step + 0.5:.1f} tok/s (live, {step} steps in 8{step} ms)")
+        QApplication.processEvents()
+    assert box.layouts == laid_out and box.height() == height
+    assert box.height() == label.heightForWidth(box.width())  # and it is still the right one
+    label.setText("<b>decode</b> 59.5 tok/s (final, 59 steps in 859 ms)")  # a word changed
+    QApplication.processEvents()
+    assert box.layouts == laid_out + 1
+    label.setText("<b>decode</b> 59.5 tok/s " * 6)  # more lines: taller, laid out
+    QApplication.processEvents()
+    assert box.layouts > laid_out + 1
+    assert box.height() == label.heightForWidth(box.width()) > height
+    styled = "<span style='font-size:{}pt'>59.5 tok/s</span>"
+    label.setText(styled.format(9))
+    QApplication.processEvents()
+    small, laid_out = box.height(), box.layouts
+    label.setText(styled.format(30))  # a digit in the markup: another size, laid out again
+    QApplication.processEvents()
+    assert box.layouts > laid_out
+    assert box.height() == label.heightForWidth(box.width()) > small
+
+
+def test_docks_shown_again_draw_in_the_timers_slices(qtbot, docked, rng, monkeypatch):
+    """Showing docks draws their latest data at once, a panel a slice, never one unsliced
+    redraw of every panel."""
+    view = docked.view
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    for name in PANELS:
+        view.docks[name].close()
+    QApplication.processEvents()
+    view.ingest(token(rng, 1))
+
+    def unsliced(force: bool = False) -> None:
+        raise AssertionError("an unsliced redraw of every panel")
+
+    monkeypatch.setattr(view, "redraw", unsliced)
+    before = dict(docked.counts)
+    for name in PANELS:
+        view.docks[name].setFloating(True)
+        view.docks[name].show()
+    qtbot.waitUntil(lambda: all(docked.counts[n] > before[n] for n in PANELS), timeout=3000)
+    assert not view.timer.isActive()  # the timer took no part: the showing asked for it

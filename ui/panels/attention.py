@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
+    QGraphicsItem,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -197,6 +199,48 @@ class PooledRows:
         self.histogram.shift(blocks)
 
 
+class TileLabel(QGraphicsItem):
+    """A head's name at its tile's top-right corner, at screen size whatever the view's scale.
+
+    Qt places it (ItemIgnoresTransformations): a pg.TextItem worked out its own transform in
+    Python at every change of the view's range and at every paint, about a fifth of the
+    mosaic's paint while the range grew with each token.
+    """
+
+    PAD = 2.0
+    FILL = QColor(0, 0, 0, 150)
+    PEN = QColor(255, 255, 255)
+
+    def __init__(self, font: QFont) -> None:
+        super().__init__()
+        self.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations)
+        self._font = font
+        self._text = ""
+        self._rect = QRectF()
+
+    def setText(self, text: str) -> None:
+        if text == self._text:
+            return
+        self.prepareGeometryChange()
+        self._text = text
+        metrics = QFontMetricsF(self._font)
+        width = metrics.horizontalAdvance(text) + 2 * self.PAD
+        self._rect = QRectF(-width, 0.0, width, metrics.height() + 2 * self.PAD)  # anchor (1, 0)
+        self.update()
+
+    def toPlainText(self) -> str:
+        return self._text
+
+    def boundingRect(self) -> QRectF:
+        return self._rect
+
+    def paint(self, painter: QPainter, _option: object, _widget: object = None) -> None:
+        painter.fillRect(self._rect, self.FILL)
+        painter.setFont(self._font)
+        painter.setPen(self.PEN)
+        painter.drawText(self._rect, Qt.AlignmentFlag.AlignCenter, self._text)
+
+
 def display_token(text: str) -> str:
     return repr(text)[1:-1] if text.strip() else repr(text)
 
@@ -248,6 +292,7 @@ class AttentionPanel(QWidget):
         self.pool_factors = (1, 1)  # buffer rows and keys per display cell
         self._pixel = (1.0, 1.0)
         self._image_buffer: np.ndarray | None = None
+        self._mosaic_extent: tuple[QRectF, float] | None = None  # as last set: rect, ratio
         self._build_controls()
         self._build_mosaic()
         self._build_overview()
@@ -315,8 +360,10 @@ class AttentionPanel(QWidget):
         self.heads_view.setMouseEnabled(x=False, y=False)
         self.heads_view.disableAutoRange()  # the range is set when the mosaic's extent changes
         # Token text along the axes of a head shown alone, when there is room to read it.
-        self.key_axis = pg.AxisItem("top", linkView=self.heads_view)
-        self.query_axis = pg.AxisItem("left", linkView=self.heads_view)
+        # Linked to the view only while shown: a hidden axis linked to it still re-laid out
+        # its label at every change of the view's range.
+        self.key_axis = pg.AxisItem("top")
+        self.query_axis = pg.AxisItem("left")
         self.grid.addItem(self.key_axis, row=0, col=1)
         self.grid.addItem(self.query_axis, row=1, col=0)
         for axis in (self.key_axis, self.query_axis):
@@ -326,7 +373,7 @@ class AttentionPanel(QWidget):
         self.mosaic = pg.ImageItem(axisOrder="row-major")
         self.mosaic.setLookupTable(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
         self.heads_view.addItem(self.mosaic)
-        self.head_labels: list[pg.TextItem] = []
+        self.head_labels: list[TileLabel] = []
         self.heads_view.sigResized.connect(self._on_mosaic_resized)
         self.grid.scene().sigMouseMoved.connect(self._on_hover)
         self.grid.scene().sigMouseClicked.connect(self._on_mosaic_click)
@@ -537,19 +584,24 @@ class AttentionPanel(QWidget):
         key_size, row_size = pixel
         height, width = layout.shape
         rect = QRectF(0, 0, width * key_size, height * row_size)
-        self.mosaic.setRect(rect)
         # Tiles keep their rows x keys shape on screen (square cells), or FLATTEST_TILE when
         # flatter. The lock is in view units per pixel: x (keys) over y (rows).
         tile_height, tile_width = layout.tile_shape
         shape = tile_height * row_size / (tile_width * key_size)  # rows per key in a tile
-        self.heads_view.setAspectLocked(True, ratio=shape / min(max(shape, FLATTEST_TILE), 1.0))
-        self.heads_view.setRange(rect, padding=0)
+        ratio = shape / min(max(shape, FLATTEST_TILE), 1.0)
+        if (rect, ratio) != self._mosaic_extent:  # else the view already shows just this
+            self._mosaic_extent = (rect, ratio)
+            self.mosaic.setRect(rect)
+            self.heads_view.setAspectLocked(True, ratio=ratio)
+            self.heads_view.setRange(rect, padding=0)
+            # Now, not in the coming paint (pyqtgraph's default): moving the image while
+            # the view paints queued a second paint of the whole view after it.
+            self.heads_view.updateMatrix()
         while len(self.head_labels) < len(slots):
-            label = pg.TextItem(color=(255, 255, 255), fill=(0, 0, 0, 150), anchor=(1, 0))
+            label = TileLabel(self.font())
             label.setZValue(1)
-            self.heads_view.addItem(label)
+            self.heads_view.addItem(label, ignoreBounds=True)
             self.head_labels.append(label)
-        _tile_height, tile_width = layout.tile_shape
         for slot, label in enumerate(self.head_labels):
             label.setVisible(slot < len(slots))
             if slot < len(slots):
@@ -570,8 +622,7 @@ class AttentionPanel(QWidget):
         if key == self._token_ticks:
             return
         self._token_ticks = key
-        for axis in (self.key_axis, self.query_axis):
-            axis.setVisible(readable)
+        self._show_token_axes(readable)
         if not readable:
             return
         text = self._state.token_text
@@ -586,6 +637,14 @@ class AttentionPanel(QWidget):
         labels = words if fits else [f"#{k}" for k in range(rows.keys)]
         self.key_axis.setTicks([[(k + 0.5, label) for k, label in enumerate(labels)]])
 
+    def _show_token_axes(self, shown: bool) -> None:
+        for axis in (self.key_axis, self.query_axis):
+            if shown and axis.linkedView() is None:
+                axis.linkToView(self.heads_view)
+            elif not shown and axis.linkedView() is not None:
+                axis.unlinkFromView()
+            axis.setVisible(shown)
+
     def _on_mosaic_click(self, event) -> None:
         """A click on a head's tile shows it alone; a click on a lone head shows them all."""
         position = event.scenePos()
@@ -599,13 +658,12 @@ class AttentionPanel(QWidget):
     def _clear_mosaic(self) -> None:
         if self._token_ticks:
             self._token_ticks = ()
-            for axis in (self.key_axis, self.query_axis):
-                axis.setVisible(False)
+            self._show_token_axes(False)
         if self.mosaic.image is not None:
             self.mosaic.clear()
         for label in self.head_labels:
             label.setVisible(False)
-        self.layout, self.slots = None, ()
+        self.layout, self.slots, self._mosaic_extent = None, (), None
 
     def _on_hover(self, position: QPointF) -> None:
         if not self.heads_view.sceneBoundingRect().contains(position):

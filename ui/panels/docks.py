@@ -162,10 +162,21 @@ class InternalsView(QObject):
         self._govern()
         if self.state.stats_pending:
             self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
+        self._start_frame()
+
+    def _start_frame(self) -> None:
         if not self._queued:  # else the last frame is still being drawn
             self._queued = list(self.panels)
             self._frame_counted = False
             self._draw_queued()
+
+    def _frame_for_shown_dock(self) -> None:
+        """A dock was shown: a frame now, or, with one under way, every panel it has passed
+        (one skipped while its dock was still hidden) joins it."""
+        if self._queued:
+            self._queued += [panel for panel in self.panels if panel not in self._queued]
+        else:
+            self._start_frame()
 
     def _draw_queued(self) -> None:
         """Draw this frame's panels that are stale and on screen, a slice at a time."""
@@ -219,8 +230,10 @@ class InternalsView(QObject):
             self.timer.setInterval(interval)
 
     def _on_dock_visibility(self, visible: bool) -> None:
+        # A frame in slices, as the timer's: several docks shown at once (a restored window,
+        # floated docks) each asked for an unsliced redraw of every panel.
         if visible:
-            QTimer.singleShot(0, self, self.redraw)
+            QTimer.singleShot(0, self, self._frame_for_shown_dock)
 
     def redraw(self, force: bool = False) -> None:
         """The timer's slot: redraw the visible panels whose data changed (all with force)."""
