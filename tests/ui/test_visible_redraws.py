@@ -654,42 +654,6 @@ def test_head_labels_stay_at_screen_size_on_their_tiles(qtbot, docked, rng):
         assert (label.pos().x(), label.pos().y()) == ((x + width) * key_size, y * row_size)
 
 
-def test_a_readout_lays_out_a_text_again_only_when_more_than_its_digits_changed(qtbot):
-    panel = QWidget()
-    qtbot.addWidget(panel)
-    label = QLabel("")
-    label.setTextFormat(Qt.TextFormat.RichText)
-    label.setWordWrap(True)
-    box = ReadoutBox(label)
-    QVBoxLayout(panel).addWidget(box)
-    panel.resize(260, 200)
-    panel.show()
-    qtbot.waitExposed(panel)
-    label.setText("<b>decode</b> 12.5 tok/s (live, 10 steps in 800 ms)")
-    QApplication.processEvents()
-    laid_out, height = box.layouts, box.height()
-    for step in range(11, 60):  # only numbers change: the same lines, no layout
-        label.setText(f"<b>decode</b> {step + 0.5:.1f} tok/s (live, {step} steps in 8{step} ms)")
-        QApplication.processEvents()
-    assert box.layouts == laid_out and box.height() == height
-    assert box.height() == label.heightForWidth(box.width())  # and it is still the right one
-    label.setText("<b>decode</b> 59.5 tok/s (final, 59 steps in 859 ms)")  # a word changed
-    QApplication.processEvents()
-    assert box.layouts == laid_out + 1
-    label.setText("<b>decode</b> 59.5 tok/s " * 6)  # more lines: taller, laid out
-    QApplication.processEvents()
-    assert box.layouts > laid_out + 1
-    assert box.height() == label.heightForWidth(box.width()) > height
-    styled = "<span style='font-size:{}pt'>59.5 tok/s</span>"
-    label.setText(styled.format(9))
-    QApplication.processEvents()
-    small, laid_out = box.height(), box.layouts
-    label.setText(styled.format(30))  # a digit in the markup: another size, laid out again
-    QApplication.processEvents()
-    assert box.layouts > laid_out
-    assert box.height() == label.heightForWidth(box.width()) > small
-
-
 def test_docks_shown_again_draw_in_the_timers_slices(qtbot, docked, rng, monkeypatch):
     """Showing docks draws their latest data at once, a panel a slice, never one unsliced
     redraw of every panel."""
