@@ -159,3 +159,21 @@ def test_prepared_statistics_are_only_used_for_their_own_event():
     taken = prepared.take(one)
     assert taken is not None and set(taken) == set(one.attention)
     assert prepared.take(one) is None  # once only
+
+
+def test_a_tokens_layers_are_summarised_in_one_pass_as_each_on_its_own():
+    from ui.panels.state.attention import row_stats
+    from ui.panels.state.prepared import PreparedStats
+
+    rng = np.random.default_rng(13)
+    event = token(rng, 3, prompt=PROMPT)
+    assert len(event.attention) > 1  # every layer's row in one block
+    prepared = PreparedStats()
+    prepared.prepare([event])
+    stats = prepared.take(event)
+    assert stats is not None and set(stats) == set(event.attention)
+    for layer, row in event.attention.items():
+        alone = row_stats(row[:, None, :], np.array([row.shape[1] - 1]))
+        np.testing.assert_allclose(stats[layer].max_weight, alone.max_weight, rtol=1e-6)
+        np.testing.assert_allclose(stats[layer].entropy, alone.entropy, rtol=1e-6)
+        assert stats[layer].rows == 1

@@ -117,14 +117,14 @@ class MosaicLayout:
             out = np.full(self.shape, GAP_VALUE, dtype=np.float32)
         height, width = self.tile_shape
         up_rows, up_columns = self.upsample
+        rows, columns = self.data_rows, self.data_columns
         for slot in range(self.tiles):
             y, x = self.origin(slot)
             tile = out[y : y + height, x : x + width]
-            if up_rows == up_columns == 1:
-                np.multiply(data[slot], scale[slot], out=tile)
-            else:
-                cells = data[slot] * scale[slot]
-                tile[...] = np.repeat(np.repeat(cells, up_rows, axis=0), up_columns, axis=1)
+            # Each cell written straight into its up_rows x up_columns block: one pass, no
+            # repeated copies (two np.repeat made two temporaries per tile).
+            blocks = tile.reshape(rows, up_rows, columns, up_columns)
+            np.multiply(data[slot][:, None, :, None], scale[slot], out=blocks)
         return out
 
     def tile(self, image: np.ndarray, slot: int) -> np.ndarray:
