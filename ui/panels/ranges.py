@@ -75,3 +75,28 @@ def decimate(
         xs, ys = starts, y[:whole:step]
     tail = slice(whole, count) if whole < count else slice(count - 1, count)
     return np.concatenate([xs, x[tail]]), np.concatenate([ys, y[tail]])
+
+
+class Bars(pg.BarGraphItem):
+    """A BarGraphItem that works out its bounding rectangle once per change of its bars or of
+    the view's transform. pyqtgraph's measured its pixel padding (a device transform, in
+    Python) on each of the several calls Qt makes per paint: a third of the reply timeline's
+    paint while its decode bar grew."""
+
+    def __init__(self, **opts: Any) -> None:
+        self._bounds: Any = None  # set before the base class, whose __init__ sets the bars
+        super().__init__(**opts)
+
+    def setOpts(self, **opts: Any) -> None:
+        self._bounds = None
+        super().setOpts(**opts)
+
+    def viewTransformChanged(self) -> None:
+        self._bounds = None
+        self.prepareGeometryChange()
+        super().viewTransformChanged()
+
+    def boundingRect(self) -> Any:
+        if self._bounds is None:
+            self._bounds = super().boundingRect()
+        return self._bounds

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 from ui.panels.empty import EmptyState
 from ui.panels.key import key_label
 from ui.panels.line_chart import LineChart, Series
-from ui.panels.ranges import AxisLimit, decimate
+from ui.panels.ranges import AxisLimit, Bars, decimate
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker, Throttle
 from ui.panels.state import TIMING, InternalsState, Reply
@@ -139,9 +139,9 @@ class TimingPanel(QWidget):
         plot.invertY(True)
         plot.setMouseEnabled(x=True, y=False)
         plot.disableAutoRange()
-        self.phase_bars: dict[str, pg.BarGraphItem] = {}
+        self.phase_bars: dict[str, Bars] = {}
         for name, colour in PHASES:
-            bar = pg.BarGraphItem(x0=[], y=[], width=[], height=0.6, brush=colour, pen=None)
+            bar = Bars(x0=[], y=[], width=[], height=0.6, brush=colour, pen=None)
             plot.addItem(bar)
             self.phase_bars[name] = bar
         self.phase_key = key_label([(colour, name) for name, colour in PHASES])
@@ -172,10 +172,8 @@ class TimingPanel(QWidget):
         plot.setLabel("left", "prompt tokens")
         plot.setMouseEnabled(x=False, y=False)
         plot.disableAutoRange()
-        self.reused_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush=REUSED_BRUSH)
-        self.processed_bars = pg.BarGraphItem(
-            x=[], y0=[], height=[], width=0.6, brush=PROCESSED_BRUSH
-        )
+        self.reused_bars = Bars(x=[], height=[], width=0.6, brush=REUSED_BRUSH)
+        self.processed_bars = Bars(x=[], y0=[], height=[], width=0.6, brush=PROCESSED_BRUSH)
         plot.addItem(self.reused_bars)
         plot.addItem(self.processed_bars)
         # TTFT on a second y axis (right) sharing the turn axis.
