@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -51,7 +52,8 @@ class MosaicLayout:
 
     Each head's data is [rows, columns] (display cells); small data is repeated `upsample`
     times along each axis so gaps of one pixel stay thin beside it. Tiles are placed left to
-    right, top to bottom, `columns_of_tiles` per line, `gap` pixels apart.
+    right, top to bottom, `columns_of_tiles` per line, `gap` pixels apart. Its sizes are
+    worked out once per layout (a frame and each hover read them many times).
     """
 
     tiles: int
@@ -59,11 +61,11 @@ class MosaicLayout:
     data_columns: int
     columns_of_tiles: int
 
-    @property
+    @cached_property
     def lines_of_tiles(self) -> int:
         return max(math.ceil(self.tiles / self.columns_of_tiles), 1)
 
-    @property
+    @cached_property
     def upsample(self) -> tuple[int, int]:
         """(rows, columns) repeat factors of each data cell."""
         return (
@@ -71,19 +73,19 @@ class MosaicLayout:
             max(math.ceil(MIN_TILE_PIXELS / max(self.data_columns, 1)), 1),
         )
 
-    @property
+    @cached_property
     def tile_shape(self) -> tuple[int, int]:
         """A tile's (height, width) in image pixels."""
         up_rows, up_columns = self.upsample
         return self.data_rows * up_rows, self.data_columns * up_columns
 
-    @property
+    @cached_property
     def gap(self) -> tuple[int, int]:
         """The (vertical, horizontal) gap between tiles in image pixels."""
         height, width = self.tile_shape
         return max(round(height * GAP), 1), max(round(width * GAP), 1)
 
-    @property
+    @cached_property
     def shape(self) -> tuple[int, int]:
         """The whole image's (height, width) in pixels."""
         (height, width), (gap_y, gap_x) = self.tile_shape, self.gap

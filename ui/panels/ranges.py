@@ -77,7 +77,7 @@ def decimate(
     return np.concatenate([xs, x[tail]]), np.concatenate([ys, y[tail]])
 
 
-class Bars(pg.BarGraphItem):
+class Bars(pg.BarGraphItem):  # type: ignore[misc]  # pyqtgraph is untyped
     """A BarGraphItem that works out its bounding rectangle once per change of its bars or of
     the view's transform. pyqtgraph's measured its pixel padding (a device transform, in
     Python) on each of the several calls Qt makes per paint: a third of the reply timeline's
