@@ -711,3 +711,26 @@ def test_bars_measure_their_bounds_once_per_change(qtbot, monkeypatch):
     widget.getPlotItem().vb.updateMatrix()
     assert bars.boundingRect() == measure(bars)
     assert len(measured) == before + 1
+
+
+def test_the_roofline_cloud_renders_its_symbol_once(qtbot):
+    """Each redraw of the decode cloud gives new points only: its symbol stays the one entry
+    of the item's atlas (re-styled every time, it was rendered and packed again)."""
+    from ui.panels.roofline import LogPoints
+
+    widget = pg.PlotWidget()
+    qtbot.addWidget(widget)
+    widget.getPlotItem().setLogMode(x=True, y=True)
+    points = LogPoints(symbol="o", size=5, pen=None, brush=(52, 168, 83, 110))
+    widget.addItem(points)
+    widget.show()
+    qtbot.waitExposed(widget)
+    for count in range(1, 6):
+        x = np.linspace(1.0, 10.0, count * 10)
+        points.set_points(x, x * 1e9)
+        widget.repaint()
+        assert len(points.fragmentAtlas) == 1
+    np.testing.assert_array_equal(points.xData, x)  # data units, as given
+    np.testing.assert_allclose(points.getData()[1], np.log10(x * 1e9))  # drawn on log axes
+    points.set_points(np.array([0.0, 2.0]), np.array([1.0, 5.0]))  # no place on a log axis
+    assert len(points.getData()[0]) == 1 and len(points.xData) == 2

@@ -101,6 +101,28 @@ def decade_ticks(low: int, high: int, unit: str) -> list[tuple[float, str]]:
     return [(float(power), si(10.0**power, unit).strip()) for power in range(low, high + 1)]
 
 
+class LogPoints(pg.ScatterPlotItem):  # type: ignore[misc]  # pyqtgraph is untyped
+    """Points of the log-log chart, styled once: given in data units (kept as `xData` and
+    `yData`, as a PlotDataItem keeps them), drawn at their base-10 logarithms.
+
+    As a PlotDataItem, each new set of points passed the symbol's brush and pen again;
+    pyqtgraph copies them, and a new brush object is a new entry in the item's symbol atlas:
+    the symbol was rendered and the atlas packed again at every redraw of the cloud, most of
+    its cost. Points that a log axis cannot place (zero or less) are not drawn.
+    """
+
+    def __init__(self, **style: object) -> None:
+        super().__init__(pxMode=True, **style)
+        self.xData = np.zeros(0)
+        self.yData = np.zeros(0)
+
+    def set_points(self, x: np.ndarray, y: np.ndarray) -> None:
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        self.xData, self.yData = x, y
+        drawn = (x > 0) & (y > 0)
+        self.setData(x=np.log10(x[drawn]), y=np.log10(y[drawn]))
+
+
 class RooflinePanel(QWidget):
     """The roofline chart, one sentence per phase and how the peaks were measured."""
 
@@ -125,15 +147,9 @@ class RooflinePanel(QWidget):
         plot.disableAutoRange()
         self.bandwidth_line = pg.PlotDataItem(pen=pg.mkPen(BANDWIDTH_PEN, width=2))
         self.compute_line = pg.PlotDataItem(pen=pg.mkPen(COMPUTE_PEN, width=2))
-        self.decode_points = pg.PlotDataItem(
-            pen=None, symbol="o", symbolSize=5, symbolPen=None, symbolBrush=DECODE_BRUSH
-        )
-        self.latest_decode = pg.PlotDataItem(
-            pen=None, symbol="o", symbolSize=11, symbolPen="w", symbolBrush=LATEST_DECODE_BRUSH
-        )
-        self.prefill_points = pg.PlotDataItem(
-            pen=None, symbol="d", symbolSize=13, symbolPen="w", symbolBrush=PREFILL_BRUSH
-        )
+        self.decode_points = LogPoints(symbol="o", size=5, pen=None, brush=DECODE_BRUSH)
+        self.latest_decode = LogPoints(symbol="o", size=11, pen="w", brush=LATEST_DECODE_BRUSH)
+        self.prefill_points = LogPoints(symbol="d", size=13, pen="w", brush=PREFILL_BRUSH)
         for item in (self.bandwidth_line, self.compute_line, self.prefill_points):
             plot.addItem(item)
         plot.addItem(self.decode_points)
@@ -209,11 +225,11 @@ class RooflinePanel(QWidget):
         prefill_y = np.array([r.flops_per_s for r in prefills], dtype=np.float64)
         if (id(trace), len(prefills)) != self._prefills_drawn:  # once a reply
             self._prefills_drawn = (id(trace), len(prefills))
-            self.prefill_points.setData(prefill_x, prefill_y)
+            self.prefill_points.set_points(prefill_x, prefill_y)
         decode_x = trace.decode_intensity.view()[-DECODE_POINTS:]
         decode_y = trace.decode_flops_per_s.view()[-DECODE_POINTS:]
-        self.decode_points.setData(decode_x, decode_y)
-        self.latest_decode.setData(decode_x[-1:], decode_y[-1:])
+        self.decode_points.set_points(decode_x, decode_y)
+        self.latest_decode.set_points(decode_x[-1:], decode_y[-1:])
         xs = [*prefill_x, *(decode_x.min(), decode_x.max())] if decode_x.size else [*prefill_x]
         ys = [*prefill_y, *(decode_y.min(), decode_y.max())] if decode_y.size else [*prefill_y]
         peaks = self._state.peaks
