@@ -734,3 +734,33 @@ def test_the_roofline_cloud_renders_its_symbol_once(qtbot):
     np.testing.assert_allclose(points.getData()[1], np.log10(x * 1e9))  # drawn on log axes
     points.set_points(np.array([0.0, 2.0]), np.array([1.0, 5.0]))  # no place on a log axis
     assert len(points.getData()[0]) == 1 and len(points.xData) == 2
+
+
+def test_a_line_chart_draws_its_axes_again_only_when_they_change(qtbot):
+    """Points added within the ranges repaint the curves over the axes, title and legend
+    kept as pixels; a new range or legend draws those again."""
+    from ui.panels.line_chart import LineChart, Series
+
+    chart = LineChart("Decode step latency", "generated token", "latency", ((1e-3, "ms"),))
+    qtbot.addWidget(chart)
+    curve = chart.add_series(Series((52, 168, 83), name="this reply"))
+    chart.set_range(100, 0.05)
+    chart.resize(400, 200)
+    chart.show()
+    qtbot.waitExposed(chart)
+    chart.grab()
+    drawn = chart.frames_drawn
+    for count in range(2, 40):
+        curve.setData(np.arange(count), np.full(count, 0.03))
+        chart.grab()
+    assert chart.frames_drawn == drawn  # only the curve changed
+    chart.set_range(200, 0.05)
+    chart.grab()
+    assert chart.frames_drawn == drawn + 1  # new ticks
+    curve.name = "with KV cache"
+    chart.grab()
+    assert chart.frames_drawn == drawn + 2  # a new legend
+    # The curve is drawn over the kept pixels: its line is where its points are.
+    image = chart.grab().toImage()
+    point = chart.point_at(20, 0.03).toPoint()
+    assert image.pixelColor(point).green() > 100

@@ -19,7 +19,15 @@ import numpy as np
 import pyqtgraph as pg
 from numpy.typing import ArrayLike
 from PySide6.QtCore import QLineF, QPointF, QRectF, Qt
-from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPainterPath, QPaintEvent, QPen
+from PySide6.QtGui import (
+    QColor,
+    QFontMetrics,
+    QPainter,
+    QPainterPath,
+    QPaintEvent,
+    QPen,
+    QPixmap,
+)
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 BACKGROUND = QColor(0, 0, 0)
@@ -112,6 +120,9 @@ class LineChart(QWidget):
         self.series: list[Series] = []
         self.x_limit, self.y_limit = 1.0, 1.0
         self.range_changes = 0  # how often a range moved (a test reads it)
+        self._frame_pixmap: QPixmap | None = None  # see _frame
+        self._frame_key: tuple[object, ...] = ()
+        self.frames_drawn = 0  # how often the axes, title and legend were drawn (a test reads it)
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
@@ -173,14 +184,8 @@ class LineChart(QWidget):
 
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
-        painter.fillRect(self.rect(), BACKGROUND)
-        line = painter.fontMetrics().height()
-        painter.setPen(TITLE)
-        painter.drawText(
-            QRectF(0, 2, self.width(), line + 2), Qt.AlignmentFlag.AlignCenter, self.title
-        )
+        painter.drawPixmap(0, 0, self._frame())
         area = self.plot_rect()
-        self._draw_axes(painter, area, line)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         painter.setClipRect(area.adjusted(-2, -2, 2, 2))
         for series in reversed(self.series):  # the first series on top
@@ -190,9 +195,33 @@ class LineChart(QWidget):
                     self._fill_under(painter, path, series, area)
                 painter.setPen(series.pen())
                 painter.drawPath(path)
-        painter.setClipping(False)
-        self._draw_legend(painter)
         painter.end()
+
+    def _frame(self) -> QPixmap:
+        """Everything but the curves (background, title, axes, legend), drawn again only when
+        the size, a range or the legend changes: a frame that adds points draws its text from
+        the pixels kept, not the ~20 labels again (half of a paint)."""
+        legend = tuple((s.name, s.colour, s.dashed, s.width) for s in self.series if s.visible)
+        ratio = self.devicePixelRatioF()
+        key = (self.size(), ratio, self.x_limit, self.y_limit, self.title, self.font(), legend)
+        if key != self._frame_key or self._frame_pixmap is None:
+            pixmap = QPixmap(self.size() * ratio)
+            pixmap.setDevicePixelRatio(ratio)
+            painter = QPainter(pixmap)
+            painter.setFont(self.font())
+            painter.fillRect(self.rect(), BACKGROUND)
+            line = painter.fontMetrics().height()
+            painter.setPen(TITLE)
+            painter.drawText(
+                QRectF(0, 2, self.width(), line + 2), Qt.AlignmentFlag.AlignCenter, self.title
+            )
+            self._draw_axes(painter, self.plot_rect(), line)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)  # the legend's samples
+            self._draw_legend(painter)
+            painter.end()
+            self._frame_pixmap, self._frame_key = pixmap, key
+            self.frames_drawn += 1
+        return self._frame_pixmap
 
     def _fill_under(
         self, painter: QPainter, path: QPainterPath, series: Series, area: QRectF
