@@ -1,14 +1,17 @@
 """The fast model's decode step compiled ahead of time: one C++ function for every layer.
 
 Eager, a decode step of the bundled model is ~9 ms of int4 kernels and ~1,000 small ops at a
-few µs of dispatch each. torch.compile (inductor, C++ wrapper) runs the same ops as one
-function with the pointwise ones fused: measured 12.5 ms a step against 16.5 eager here.
+few µs of dispatch each. AOTInductor (torch.export, then inductor's C++ code in a shared
+library) runs the same ops as one function with the pointwise ones fused: measured 12.5 ms a
+step against 16.5 eager here.
 
 Compiling takes 2-3 minutes on 2 cores (longer under load), so it happens once per model
 file, torch version, CPU, thread count and version of this module, in a background process at
-low priority (`python -m engine.compiled_decode`), and is kept in the cache folder beside
-inductor's own files. Until it is there the model decodes eagerly; then a background thread
-loads it (4-7 s) and the next step goes through it.
+low priority (`python -m engine.compiled_decode`), and is kept in the cache folder as a .pt2
+package. Until it is there the model decodes eagerly; then a background thread loads it
+through torch's C++ package loader (well under a second, and no dynamo or inductor import:
+~1 MB, where loading a torch.compile'd function took 4-7 s and ~130 MB) and the next step
+goes through it.
 
 Only one-token passes through a cache are compiled; the prompt's pass and the no-cache
 teaching mode stay eager. The probes stay the model's own: the function returns every layer's
@@ -19,14 +22,16 @@ the q and k it attended with.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -47,16 +52,18 @@ _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 LayerWeights = tuple[torch.Tensor, ...]  # norms, then packed weights and scales of 4 linears
 
 
-class Step(Protocol):
-    def __call__(self, *args: Any) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+class Runner(Protocol):
+    """torch._C._aoti.AOTIModelPackageLoader: the package's function on flat tensor lists."""
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
 
 
 def refusal(model: GGUFLlama) -> str | None:
     """Why this model's decode step cannot be compiled here, or None if it can."""
     if model.device.type != "cpu":
         return f"the compiled step runs on the CPU, not on {model.device.type}"
-    if not hasattr(torch.compiler, "load_compiled_function"):  # a cheap check: no dynamo import
-        return f"torch {torch.__version__} cannot load a saved compiled step"
+    if _package_loader() is None:
+        return f"torch {torch.__version__} cannot load a compiled package (AOTInductor)"
     for block in _blocks(model):
         if block.attention.bias is not None:
             return "its attention has biases"
@@ -65,12 +72,18 @@ def refusal(model: GGUFLlama) -> str | None:
     return None
 
 
+def _package_loader() -> Any:
+    """AOTInductor's C++ package loader, or None in a torch without it."""
+    aoti = getattr(torch._C, "_aoti", None)
+    return getattr(aoti, "AOTIModelPackageLoader", None)
+
+
 def can_save_compiled() -> bool:
-    """Whether this torch has the precompile API the step is saved and loaded with (2.11's
-    compiled functions have no `aot_compile`). Imports dynamo (seconds): for the compiling
-    process and the tests; where it is missing, a load's background compile fails and says so."""
-    has_loader = hasattr(torch.compiler, "load_compiled_function")
-    return has_loader and hasattr(torch.compile(_blocks), "aot_compile")
+    """Whether this torch can compile and package the step (imports inductor: seconds, for the
+    compiling process and the tests; where it cannot, a load's background compile says so)."""
+    import torch._inductor
+
+    return _package_loader() is not None and hasattr(torch._inductor, "aoti_compile_and_package")
 
 
 def _blocks(model: GGUFLlama) -> list[Block]:
@@ -149,15 +162,35 @@ def layer_weights(model: GGUFLlama) -> list[LayerWeights]:
 class CompiledDecode:
     """The loaded compiled function with the model's weights, called like llama's layers."""
 
-    def __init__(self, step: Step, model: GGUFLlama) -> None:
-        self.step, self.weights = step, layer_weights(model)
+    def __init__(self, runner: Runner, model: GGUFLlama) -> None:
+        self.runner = runner
+        # decode_layers' inputs flattened as torch.export flattened them: depth first
+        self.weights = [t for layer in layer_weights(model) for t in layer]
         self.eps = torch.full((1, 1), model.shape.eps)
 
     def __call__(
         self, x: torch.Tensor, rotation: torch.Tensor, start: int, cache: KVBuffer
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         filled = torch.empty(start + 1, 0)
-        return self.step(x, rotation, filled, self.eps, self.weights, cache.keys, cache.values)
+        inputs = [x, rotation, filled, self.eps, *self.weights, *cache.keys, *cache.values]
+        x, *queries = self.runner.run(inputs)
+        return x, queries
+
+
+class _DecodeLayers(torch.nn.Module):
+    """decode_layers as the module torch.export traces."""
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotation: torch.Tensor,
+        filled: torch.Tensor,
+        eps: torch.Tensor,
+        weights: list[LayerWeights],
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return decode_layers(x, rotation, filled, eps, weights, keys, values)
 
 
 # -- where it is kept, how it is built and loaded -------------------------------------------
@@ -166,40 +199,54 @@ class CompiledDecode:
 def artifact_path(folder: Path, stem: str, file_key: str, threads: int) -> Path:
     """Where the compiled step of a GGUF is kept: named by the file, torch, the CPU's vector
     instructions, this module's own code (a changed step must not load an older one) and the
-    thread count (the compiled loops are built for it: another count fails its guard)."""
+    thread count (the compiled loops are built for it)."""
     version = torch.__version__.replace("+", "-")
     isa = torch.backends.cpu.get_cpu_capability().lower()
     code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-    return folder / f"{stem}-{file_key}-torch{version}-{isa}-{threads}t-{code}.bin"
+    return folder / f"{stem}-{file_key}-torch{version}-{isa}-{threads}t-{code}.pt2"
 
 
-def _use_cache_folder(folder: Path) -> None:
-    """inductor's compiled kernels must outlive /tmp, next to the artifact that names them."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
+@contextlib.contextmanager
+def _scratch_beside(path: Path) -> Iterator[Path]:
+    """A scratch folder next to `path` for the package and inductor's own kernel cache: the
+    package holds all it needs, so nothing else is kept (the kernels took ~150 MB)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(path.parent / "inductor", ignore_errors=True)  # kept by earlier versions
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(scratch) / "inductor")
+        try:
+            yield Path(scratch)
+        finally:
+            if before is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
 def compile_to(model: GGUFLlama, path: Path) -> None:
     """Compile the model's decode step and save it at `path` (2-3 minutes on 2 cores)."""
-    _use_cache_folder(path.parent)
-    import torch._dynamo
-    import torch._inductor.config
+    import torch._inductor
+    from torch.export import Dim
 
-    torch._inductor.config.cpp_wrapper = True  # the wrapper in C++: no Python per kernel
     cache = model.new_cache()
-    cache.reserve(2)
-    for tensor in (*cache.keys, *cache.values):
-        torch._dynamo.mark_dynamic(tensor, 2)  # the capacity grows by chunks
-    filled = torch.empty(2, 0)
-    torch._dynamo.mark_dynamic(filled, 0)
+    cache.reserve(64)  # example sizes that differ, so export does not take them for one
+    filled = torch.empty(3, 0)
     x = torch.zeros(1, model.shape.dim)
     rotation = torch.eye(model.shape.head_dim)[None]
     eps = torch.full((1, 1), model.shape.eps)
-    inputs = (x, rotation, filled, eps, layer_weights(model), cache.keys, cache.values)
-    compiled = torch.compile(decode_layers, fullgraph=True, dynamic=False)
+    weights = layer_weights(model)
+    inputs = (x, rotation, filled, eps, weights, cache.keys, cache.values)
+    positions = Dim("positions", min=2)  # a one-token pass after at least one cached position
+    capacity = Dim("capacity", min=3)  # the cache grows by chunks, keeping one position free
+    dynamic = (None, None, {0: positions}, None, [(None,) * len(w) for w in weights],
+               [{2: capacity}] * len(cache.keys), [{2: capacity}] * len(cache.values))  # fmt: skip
     with torch.no_grad():
-        step = compiled.aot_compile((inputs, {}))  # type: ignore[attr-defined]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    step.save_compiled_function(str(path))  # written to a temporary file, then renamed
+        exported = torch.export.export(_DecodeLayers(), inputs, dynamic_shapes=dynamic)
+    with _scratch_beside(path) as scratch:
+        partial = scratch / "step.pt2"  # whole, then renamed: a load never sees half of one
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(partial))
+        partial.replace(path)
     remove_stale(path)
 
 
@@ -209,18 +256,19 @@ def remove_stale(path: Path) -> None:
     file_part, _, rest = path.name.partition("-torch")
     version = rest.split("-", 1)[0]
     code = path.stem.rsplit("-", 1)[-1]
-    for other in path.parent.glob(f"{file_part}-torch*.bin"):
+    for other in path.parent.glob(f"{file_part}-torch*"):
         current = other.name.startswith(f"{file_part}-torch{version}-")
-        if other != path and not (current and other.stem.endswith(f"-{code}")):
+        if other != path and not (current and other.name.endswith(f"-{code}{path.suffix}")):
             other.unlink(missing_ok=True)
 
 
 def load(path: Path, model: GGUFLlama) -> CompiledDecode:
     """The compiled step saved at `path`, bound to `model`'s weights."""
-    _use_cache_folder(path.parent)
-    with open(path, "rb") as file:
-        step = torch.compiler.load_compiled_function(file)
-    return CompiledDecode(step, model)
+    loader = _package_loader()
+    if loader is None:
+        raise RuntimeError(f"torch {torch.__version__} cannot load a compiled package")
+    # (package, model name, run single-threaded, runners, device index: -1 is the CPU)
+    return CompiledDecode(loader(str(path), "model", False, 1, -1), model)
 
 
 NOT_COMPILED = "eager: not compiled (turned off or not supported)"  # a load without an Attacher

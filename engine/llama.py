@@ -271,7 +271,7 @@ class GGUFLlama(nn.Module):
         s = self.shape
         return KVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device)
 
-    @torch.no_grad()  # not inference_mode: the compiled step guards on plain tensors
+    @torch.no_grad()
     def forward(
         self,
         ids: torch.Tensor,

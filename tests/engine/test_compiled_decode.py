@@ -58,7 +58,7 @@ def compiled(tiny_gguf, tmp_path_factory):
     needs_a_compiler()
     model = build(tiny_gguf)
     assert compiled_decode.refusal(model) is None
-    path = tmp_path_factory.mktemp("compiled") / "llama.bin"
+    path = tmp_path_factory.mktemp("compiled") / "llama.pt2"
     compiled_decode.compile_to(model, path)
     model.decode_step = compiled_decode.load(path, model)  # from the file, as a later start
     return model, path
@@ -153,10 +153,10 @@ def test_a_failed_compile_leaves_the_eager_step_and_says_why(tiny_gguf, tmp_path
     monkeypatch.setattr(compiled_decode, "LOW_PRIORITY", [])  # not left waiting for idle CPU
     model = build(tiny_gguf)
     missing = tmp_path / "missing.gguf"
-    attacher = Attacher(model, missing, tmp_path / "step.bin", tmp_path).start()
+    attacher = Attacher(model, missing, tmp_path / "step.pt2", tmp_path).start()
     assert attacher.done.wait(300)
     assert attacher.error is not None and "compiling exited" in attacher.error
-    assert model.decode_step is None and not (tmp_path / "step.bin").exists()
+    assert model.decode_step is None and not (tmp_path / "step.pt2").exists()
 
 
 def test_a_step_that_fails_falls_back_to_eager_for_good(tiny_gguf):
