@@ -62,14 +62,19 @@ def refusal(model: GGUFLlama) -> str | None:
     """Why this model's decode step cannot be compiled here, or None if it can."""
     if model.device.type != "cpu":
         return f"the compiled step runs on the CPU, not on {model.device.type}"
-    if _package_loader() is None:
-        return f"torch {torch.__version__} cannot load a compiled package (AOTInductor)"
+    if _package_loader() is None or torch.__version__ < MIN_TORCH:
+        return f"torch {torch.__version__} is older than the {MIN_TORCH} the step is built for"
     for block in _blocks(model):
         if block.attention.bias is not None:
             return "its attention has biases"
         if not all(isinstance(linear, Int4Linear) and linear.plain for linear in _linears(block)):
             return "some of its weights are not plain 4-bit"
     return None
+
+
+# torch 2.11's package loader crashed (a segmentation fault) on a package it had just built
+# here; 2.13 is the version the step is built and tested with.
+MIN_TORCH = "2.13"
 
 
 def _package_loader() -> Any:
@@ -83,7 +88,8 @@ def can_save_compiled() -> bool:
     compiling process and the tests; where it cannot, a load's background compile says so)."""
     import torch._inductor
 
-    return _package_loader() is not None and hasattr(torch._inductor, "aoti_compile_and_package")
+    has_compiler = hasattr(torch._inductor, "aoti_compile_and_package")
+    return has_compiler and _package_loader() is not None and torch.__version__ >= MIN_TORCH
 
 
 def _blocks(model: GGUFLlama) -> list[Block]:
@@ -265,8 +271,8 @@ def remove_stale(path: Path) -> None:
 def load(path: Path, model: GGUFLlama) -> CompiledDecode:
     """The compiled step saved at `path`, bound to `model`'s weights."""
     loader = _package_loader()
-    if loader is None:
-        raise RuntimeError(f"torch {torch.__version__} cannot load a compiled package")
+    if loader is None or torch.__version__ < MIN_TORCH:
+        raise RuntimeError(f"torch {torch.__version__} cannot load the compiled step")
     # (package, model name, run single-threaded, runners, device index: -1 is the CPU)
     return CompiledDecode(loader(str(path), "model", False, 1, -1), model)
 

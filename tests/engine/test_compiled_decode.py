@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.torch_version import TorchVersion
 
 from engine import benchmark, compiled_decode, gguf_model
 from engine.attention_probe import AttentionProbe
@@ -198,6 +199,10 @@ def test_only_one_token_after_a_cached_position_goes_through_the_step(tiny_gguf)
 def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
     qwen = build(write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), Q4_1, Q8_0))
     assert "biases" in (compiled_decode.refusal(qwen) or "")
+    llama = build(write_gguf(tmp_path / "llama.gguf", hf_model("llama"), Q4_1, Q8_0))
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.11.0+cu130"))
+    assert "older than" in (compiled_decode.refusal(llama) or "")
+    assert not compiled_decode.can_save_compiled()
     monkeypatch.setenv("GLASSBOX_COMPILE", "0")
     assert compiled_decode.disabled() is not None
     monkeypatch.setenv("GLASSBOX_COMPILE", "1")
