@@ -198,6 +198,7 @@ def test_only_one_token_after_a_cached_position_goes_through_the_step(tiny_gguf)
 
 def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
     qwen = build(write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), Q4_1, Q8_0))
+    monkeypatch.setattr(torch, "__version__", TorchVersion(compiled_decode.MIN_TORCH + ".0"))
     assert "biases" in (compiled_decode.refusal(qwen) or "")
     llama = build(write_gguf(tmp_path / "llama.gguf", hf_model("llama"), Q4_1, Q8_0))
     monkeypatch.setattr(torch, "__version__", TorchVersion("2.11.0+cu130"))
