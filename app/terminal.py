@@ -48,9 +48,9 @@ def run_chat(args: argparse.Namespace) -> int:
     progress = None if args.json else _progress
     request = load_request(args)
     if args.prompt is not None:
-        # One reply, then exit: loading the compiled decode step (3-6 s of CPU, ~130 MB of
-        # compiler runtime) would mostly finish after it; a conversation keeps it.
-        request = replace(request, compiled=False)
+        # One reply, then exit: a kept compiled step loads in milliseconds, but building one
+        # takes minutes, long after the reply; a conversation starts that build.
+        request = replace(request, build_compiled=False)
     try:
         loaded = load_model(request, progress=progress)
     except ModelLoadError as error:

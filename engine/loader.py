@@ -173,7 +173,7 @@ def _load_gguf(
             packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
             progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
             fast = build_fast(file, progress, packs)
-            compiling = _compile_in_background(fast, path, cache) if request.compiled else None
+            compiling = _compile_in_background(fast, path, cache, request)
             info = describe_fast(fast, name, source)
             return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
         model = build_exact(file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9))
@@ -182,8 +182,13 @@ def _load_gguf(
     return _finish(model, tokenizer, name, source, device, report)
 
 
-def _compile_in_background(model: GGUFLlama, path: Path, cache: Path) -> Attacher | None:
-    """Start attaching the compiled decode step (compiling it first if it is not kept)."""
+def _compile_in_background(
+    model: GGUFLlama, path: Path, cache: Path, request: LoadRequest
+) -> Attacher | None:
+    """Start attaching the compiled decode step (compiling it first if it is not kept and the
+    request builds one)."""
+    if not request.compiled:
+        return None
     reason = compiled_decode.refusal(model) or compiled_decode.disabled()
     if reason is not None:
         log.info("the decode step stays eager: %s", reason)
@@ -191,6 +196,9 @@ def _compile_in_background(model: GGUFLlama, path: Path, cache: Path) -> Attache
     threads = torch.get_num_threads()
     folder = cache / "compiled"
     artifact = compiled_decode.artifact_path(folder, path.stem, _file_key(path), threads)
+    if not (artifact.exists() or request.build_compiled):
+        log.info("the decode step stays eager: none is kept for %d threads", threads)
+        return None
     return Attacher(model, path, artifact, cache).start()
 
 

@@ -123,7 +123,9 @@ class LoadRequest:
     `precision`: "exact" runs dequantised weights in transformers (the reference), "fast" runs
     a GGUF's own 4/8-bit weights in Glassbox's model, "auto" picks fast where it can.
     `compiled`: give a fast model a compiled decode step, built once in the background
-    (engine/compiled_decode.py; $GLASSBOX_COMPILE=0 turns it off everywhere).
+    (engine/compiled_decode.py; $GLASSBOX_COMPILE=0 turns it off everywhere);
+    `build_compiled=False` uses one only if it is already kept (a one-shot reply, which would
+    exit long before a build ends).
     """
 
     spec: str = "bundled"
@@ -132,6 +134,7 @@ class LoadRequest:
     extra: dict[str, str] = field(default_factory=dict)
     precision: str = "auto"
     compiled: bool = True
+    build_compiled: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -302,7 +302,7 @@ def test_bundled_model_knows_the_capital_of_france():
     assert "Traceback" not in result.stderr
 
 
-def test_a_one_shot_chat_loads_no_compiled_step_and_a_conversation_does(monkeypatch):
+def test_a_one_shot_chat_builds_no_compiled_step_and_a_conversation_does(monkeypatch):
     import app.terminal
     from app.cli import main
     from engine.loader import ModelLoadError
@@ -310,11 +310,12 @@ def test_a_one_shot_chat_loads_no_compiled_step_and_a_conversation_does(monkeypa
     asked = []
 
     def load_model(request, progress=None):
-        asked.append(request.compiled)
+        asked.append((request.compiled, request.build_compiled))
         raise ModelLoadError("not loaded in this test")
 
     monkeypatch.setattr(app.terminal, "load_model", load_model)
     assert main(["chat", "--prompt", "hi"]) == 1
     assert main(["chat"]) == 1
     assert main(["chat", "--no-compile"]) == 1
-    assert asked == [False, True, False]
+    # a one-shot uses a kept step only; --no-compile none at all
+    assert asked == [(True, False), (True, True), (False, True)]

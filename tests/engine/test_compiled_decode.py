@@ -150,6 +150,26 @@ def test_the_benchmark_times_the_compiled_step_and_the_eager_one_beside(
     assert model.decode_step is attacher.model.decode_step is not None  # set back afterwards
 
 
+def test_a_load_that_builds_no_step_uses_a_kept_one_only(compiled, tiny_gguf, tmp_path,
+                                                          monkeypatch):  # fmt: skip
+    from engine.loader import _compile_in_background, _file_key
+    from engine.settings import LoadRequest
+
+    monkeypatch.setenv("GLASSBOX_COMPILE", "1")
+    _, kept = compiled
+    request = LoadRequest(precision="fast", build_compiled=False)
+    fresh = build(tiny_gguf)
+    assert _compile_in_background(fresh, tiny_gguf, tmp_path, request) is None  # none kept
+    threads = torch.get_num_threads()
+    path = compiled_decode.artifact_path(tmp_path / "compiled", tiny_gguf.stem,
+                                         _file_key(tiny_gguf), threads)  # fmt: skip
+    path.parent.mkdir()
+    shutil.copy(kept, path)
+    attacher = _compile_in_background(fresh, tiny_gguf, tmp_path, request)
+    assert attacher is not None and attacher.done.wait(60)
+    assert attacher.state == "compiled" and fresh.decode_step is not None
+
+
 def test_a_failed_compile_leaves_the_eager_step_and_says_why(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setattr(compiled_decode, "LOW_PRIORITY", [])  # not left waiting for idle CPU
     model = build(tiny_gguf)
