@@ -180,6 +180,16 @@ def test_a_failed_compile_leaves_the_eager_step_and_says_why(tiny_gguf, tmp_path
     assert model.decode_step is None and not (tmp_path / "step.pt2").exists()
 
 
+def test_a_damaged_package_leaves_the_eager_step_and_says_why(tiny_gguf, tmp_path):
+    model = build(tiny_gguf)
+    damaged = tmp_path / "step.pt2"
+    damaged.write_bytes(b"not a package")  # saving renames whole files: only damage does this
+    attacher = Attacher(model, tiny_gguf, damaged, tmp_path).start()
+    assert attacher.done.wait(60)
+    assert attacher.state.startswith("eager: RuntimeError") and "zip" in attacher.state
+    assert model.decode_step is None
+
+
 def test_a_step_that_fails_falls_back_to_eager_for_good(tiny_gguf):
     model = build(tiny_gguf)
     calls = []
