@@ -67,6 +67,9 @@ def assemble(
     controller = ConversationController(window, store, sidebar)
     _connect_internals(window, internals)
     worker.set_preparer(internals.state.prepared.prepare)  # attention statistics, off the GUI
+    # Events come as often as the panels draw, at least as often as the chat draws text.
+    internals.frame_interval_changed.connect(worker.set_drain_interval)
+    worker.set_drain_interval(internals.busy_interval)
     _connect_engine_notes(window, worker)
     controller.reopen_last()
     return Parts(window, worker, internals, controller)

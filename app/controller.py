@@ -25,6 +25,7 @@ from ui.conversation import (
     ReplyAbandoned,
     ReplyEnded,
     ReplyEvent,
+    ReplyTokens,
     Reset,
     Truncated,
 )
@@ -94,6 +95,8 @@ class ConversationController(QObject):
             self._add_user(change.entry)
         elif isinstance(change, Truncated):  # the last reply is regenerated
             self.recorder.truncate(len(change.entries))
+        elif isinstance(change, ReplyTokens):  # tokens delivered together: saved as one piece
+            self.recorder.record_text(change.text)
         elif isinstance(change, ReplyEvent):
             reply = change.reply
             self.recorder.record(change.event, model=reply.model, settings=reply.settings)

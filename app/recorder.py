@@ -74,12 +74,17 @@ class ConversationRecorder:
         if isinstance(event, PrefillDone):
             reply = self.store.begin_reply(self.conversation_id, model, settings)
             self._saver, self._cut_off = ReplySaver(self.store, reply), False
-        elif isinstance(event, Token) and self._saver is not None:
-            self._saver.append(event.text)
+        elif isinstance(event, Token):
+            self.record_text(event.text)
         elif isinstance(event, Failed) and event.error_type == ENGINE_STOPPED:
             self._cut_off = True
         elif isinstance(event, Finished):
             self._finish(event, model, settings)
+
+    def record_text(self, text: str) -> None:
+        """The streaming reply's next text (one token's, or several delivered together)."""
+        if self._saver is not None:
+            self._saver.append(text)
 
     def interrupted(self) -> None:
         """Save what streamed so far now; the reply stays incomplete (quit, switch, Ctrl+C)."""

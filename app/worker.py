@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
 from app.jobs import (
     Loader,
@@ -43,12 +43,15 @@ from app.jobs import (
     load_session,
     run_generation,
 )
-from engine.events import Event, Finished, ModelInfo
+from engine.events import Event, Finished, ModelInfo, PrefillDone, Token
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 log = logging.getLogger(__name__)
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz: one GUI update per frame whatever the token rate
+# The longest interval `set_drain_interval` takes: 10 deliveries a second, as often as the
+# chat view draws streamed text (ui.chat_view.STREAM_FRAME_MS).
+SLOWEST_DRAIN_MS = 100
 # Wall time one drain may spend delivering before the event loop runs again. At 12 ms, a busy
 # machine stretched a drain and the frame queued behind it past 60 ms at the 99th percentile
 # of a 10,000-token stream; at 6 ms the stream is as fast and the p99 stall ~45 ms.
@@ -92,6 +95,7 @@ class WorkerBase(QObject):
     busy_changed = Signal(bool)
     engine_stopped = Signal(str)
     decode_step = Signal(str)
+    _first_tokens = Signal()  # from the receiving thread: a reply's first events are here
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -117,6 +121,22 @@ class WorkerBase(QObject):
         self._again.setSingleShot(True)
         self._again.setInterval(0)
         self._again.timeout.connect(self.drain)
+        # A reply's start is delivered at once, not at the next tick of a slow drain timer:
+        # the time to its first token shown stays what the engine made it.
+        self._first_tokens.connect(self.drain, Qt.ConnectionType.QueuedConnection)
+
+    def set_drain_interval(self, interval_ms: int) -> None:
+        """Deliver every `interval_ms` (DRAIN_INTERVAL_MS to SLOWEST_DRAIN_MS): no more often
+        than the window draws what it is given. Each delivery wakes the GUI thread and costs
+        it per batch (the chat view, the store, the panels' ingest); at 30 a second with the
+        panels drawing twice a second, most deliveries were drawn by nothing."""
+        interval = min(max(interval_ms, DRAIN_INTERVAL_MS), SLOWEST_DRAIN_MS)
+        if interval != self._timer.interval():
+            self._timer.setInterval(interval)
+
+    @property
+    def drain_interval(self) -> int:
+        return self._timer.interval()
 
     def set_preparer(self, prepare: Callable[[list[Event]], None] | None) -> None:
         """Work to do on each batch of events in the thread that receives them, before the GUI
@@ -241,6 +261,9 @@ class WorkerBase(QObject):
                 self._buffer.append((event, weight))
                 self._buffered_weight += weight
             self._pushed += len(events)
+        if any(_starts_reply(event) for event in events):
+            self._first_tokens.emit()
+        with self._drained:
             while wait and self._buffered_weight > MAX_BUFFERED_WEIGHT and not self._stopping():
                 self._drained.wait(0.1)
 
@@ -306,6 +329,10 @@ class WorkerBase(QObject):
             return
         self._job_ends.append(pushed)
         self.drain()  # ends the job now if its events are all out, else when they are
+
+
+def _starts_reply(event: Event) -> bool:
+    return isinstance(event, PrefillDone) or (isinstance(event, Token) and event.index == 0)
 
 
 class _Runner(QObject):

@@ -4,6 +4,8 @@ A reply streams in as plain text at the end of the reply's frame, so nothing abo
 Streamed text is shown at most every STREAM_FRAME_MS, in one edit block: each insertion lays
 the reply out and repaints the view, so drawing every token of a fast model costs the GUI
 thread more than the reader gains (a reader does not need more than 10 updates a second).
+Tokens delivered together (ui.conversation.ReplyTokens) are one insertion; text that arrives
+a frame or more after the last one drawn is drawn at once, the rest when its frame is due.
 When the reply ends, its frame content is replaced once by the rendered Markdown.
 The view keeps no messages of its own: it draws a ui.conversation.Conversation's changes.
 """
@@ -11,6 +13,7 @@ The view keeps no messages of its own: it draws a ui.conversation.Conversation's
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 
 import markdown
@@ -18,7 +21,6 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFrameFormat
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
-from engine.events import Token
 from engine.settings import Message
 from ui.conversation import (
     Added,
@@ -27,8 +29,8 @@ from ui.conversation import (
     Entry,
     ReplyAbandoned,
     ReplyEnded,
-    ReplyEvent,
     ReplyStarted,
+    ReplyTokens,
     Reset,
     Truncated,
 )
@@ -90,6 +92,8 @@ class ChatView(QTextBrowser):
         self._reply_cursor: QTextCursor | None = None
         self._reply_start = 0
         self._pending: list[str] = []  # streamed, shown at the next stream frame
+        self._shown_at = -float("inf")  # time.monotonic() of the last streamed text drawn
+        self.stream_updates = 0  # insertions of streamed text, ever (tests count them)
         self._stream_timer = QTimer(self)
         self._stream_timer.setSingleShot(True)
         self._stream_timer.setInterval(STREAM_FRAME_MS)
@@ -145,8 +149,8 @@ class ChatView(QTextBrowser):
             self._draw(change.entry)
         elif isinstance(change, ReplyStarted):
             self._begin_reply()
-        elif isinstance(change, ReplyEvent) and isinstance(change.event, Token):
-            self._append_reply(change.event.text)
+        elif isinstance(change, ReplyTokens):
+            self._append_reply(change.text)
         elif isinstance(change, ReplyEnded):
             self._end_reply(change.entry)
         elif isinstance(change, ReplyAbandoned):
@@ -167,12 +171,18 @@ class ChatView(QTextBrowser):
         self._follow(at_bottom)
 
     def _append_reply(self, text: str) -> None:
-        """Stream text into the open reply: drawn as plain text within STREAM_FRAME_MS."""
+        """Stream text into the open reply: drawn as plain text now if the last text was drawn
+        a stream frame ago or more, else when that frame is due (within STREAM_FRAME_MS)."""
         if self._reply_cursor is None or not text:
             return
         self._pending.append(text)
-        if not self._stream_timer.isActive():
-            self._stream_timer.start()
+        if self._stream_timer.isActive():
+            return
+        wait_ms = STREAM_FRAME_MS - (time.monotonic() - self._shown_at) * 1000
+        if wait_ms <= 0:
+            self._show_pending()
+        else:
+            self._stream_timer.start(max(1, round(wait_ms)))
 
     def _end_reply(self, entry: Entry) -> None:
         """Replace the streamed text by the reply rendered as Markdown, with its stats line."""
@@ -204,6 +214,8 @@ class ChatView(QTextBrowser):
         self._reply_cursor.insertText(text)
         self._reply_cursor.endEditBlock()
         self._follow(at_bottom)
+        self._shown_at = time.monotonic()
+        self.stream_updates += 1
 
     def _drop_pending(self) -> None:
         self._pending = []

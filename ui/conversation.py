@@ -107,10 +107,27 @@ class ReplyStarted:
 
 @dataclass(frozen=True, slots=True)
 class ReplyEvent:
-    """An engine event of the reply in progress, after the reply took it in."""
+    """An engine event of the reply in progress other than a Token (see ReplyTokens), after
+    the reply took it in."""
 
     event: Event
     reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyTokens:
+    """Tokens of the reply in progress, delivered together, after the reply took them in.
+
+    One change per run of tokens the engine's events arrived with (tens a second, not one
+    per token): the chat view draws their text once and the store saves it once.
+    """
+
+    tokens: tuple[Token, ...]
+    reply: Reply
+
+    @property
+    def text(self) -> str:
+        return "".join(token.text for token in self.tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +145,16 @@ class ReplyAbandoned:
     reply: Reply
 
 
-Change = Reset | Added | Truncated | ReplyStarted | ReplyEvent | ReplyEnded | ReplyAbandoned
+Change = (
+    Reset
+    | Added
+    | Truncated
+    | ReplyStarted
+    | ReplyEvent
+    | ReplyTokens
+    | ReplyEnded
+    | ReplyAbandoned
+)
 Listener = Callable[[Change], None]
 
 
@@ -214,13 +240,36 @@ class Conversation:
 
     def apply(self, event: Event) -> None:
         """Take in an event of the reply in progress (ignored when no reply is)."""
+        self.apply_many((event,))
+
+    def apply_many(self, events: Sequence[Event]) -> None:
+        """Take in a batch of events in order: each run of Tokens is one ReplyTokens change.
+
+        Events after the reply ended (or when no reply is in progress) are ignored.
+        """
+        run: list[Token] = []
+        for event in events:
+            if isinstance(event, Token):
+                run.append(event)
+                continue
+            self._apply_tokens(run)
+            run = []
+            self._apply_other(event)
+        self._apply_tokens(run)
+
+    def _apply_tokens(self, tokens: list[Token]) -> None:
+        reply = self.reply
+        if not tokens or reply is None or not self.replying:
+            return
+        reply.parts.extend(token.text for token in tokens)
+        self._announce(ReplyTokens(tuple(tokens), reply))
+
+    def _apply_other(self, event: Event) -> None:
         reply = self.reply
         if reply is None or not self.replying:
             return
         if isinstance(event, PrefillDone):
             reply.prefill, self.state = event, ReplyState.STREAMING
-        elif isinstance(event, Token):
-            reply.parts.append(event.text)
         elif isinstance(event, Failed):
             reply.failure = event
         self._announce(ReplyEvent(event, reply))

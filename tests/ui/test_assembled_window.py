@@ -6,12 +6,16 @@ that reached them, and every message against what SQLite holds afterwards.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
-from app.store import ConversationStore
+from app import recorder
+from app.store import ConversationStore, ReplySaver
 from engine.events import Finished, PrefillDone, Token
-from engine.settings import GenerationSettings
-from tests.ui.fakes import FakeBackend
+from engine.settings import GenerationSettings, Message
+from engine.synthetic import SyntheticSession
+from tests.ui.fakes import REPLY, FakeBackend, fake_info
 
 
 def send_and_wait(qtbot, parts, text: str) -> list:
@@ -105,3 +109,33 @@ def test_a_damaged_database_is_set_aside_and_the_window_says_so(qtbot, build, tm
     assert "damaged" in text and "kept aside" in text
     assert list(tmp_path.glob("chats.sqlite3.corrupt*"))
     assert parts.window.send("still works")
+
+
+def test_tokens_delivered_together_are_stored_and_shown_as_one_by_one(qtbot, build, monkeypatch):
+    """A batch of tokens (one delivery of the worker) reaches the store and the chat as the
+    same tokens delivered one at a time: the same saved text mid-reply and at its end."""
+    monkeypatch.setattr(recorder, "ReplySaver", partial(ReplySaver, interval_s=0.0))  # each
+    backend = FakeBackend()
+    parts = build(backend.load, backend.make_session)
+    model = parts.window.conversation_model
+    settings = GenerationSettings(max_new_tokens=len(REPLY) + 1)
+    session = SyntheticSession(fake_info(), REPLY)
+    prefill, *tokens, finished = session.generate([Message("user", "Hi")], settings)
+    store = parts.controller.store
+    saved = []
+    for deliveries in ([[prefill, *tokens]], [[prefill], *[[token] for token in tokens]]):
+        model.clear()  # a new chat, as New chat makes one
+        model.add_user("Hi", settings, "fake")
+        model.start_reply(settings, "fake")
+        for batch in deliveries:
+            model.apply_many(batch)
+        conversation_id = parts.controller.conversation_id
+        streaming = [(m.text, m.complete) for m in store.messages(conversation_id)]
+        shown = parts.window.chat.reply_text()
+        model.apply(finished)
+        stored = [(m.text, m.complete) for m in store.messages(conversation_id)]
+        saved.append((streaming, shown, stored))
+    text = "".join(REPLY)
+    assert (
+        saved[0] == saved[1] == ([("Hi", True), (text, False)], text, [("Hi", True), (text, True)])
+    )

@@ -19,6 +19,7 @@ from ui.conversation import (
     ReplyEvent,
     ReplyStarted,
     ReplyState,
+    ReplyTokens,
     Reset,
     Truncated,
 )
@@ -34,7 +35,8 @@ def recorded(conversation: Conversation) -> list:
 
 def reply_events(pieces=("Hi", " there")) -> list:
     session = SyntheticSession(fake_info(), pieces)
-    return list(session.generate([Message("user", "Hello")], SETTINGS))
+    settings = GenerationSettings(max_new_tokens=max(len(pieces) + 1, SETTINGS.max_new_tokens))
+    return list(session.generate([Message("user", "Hello")], settings))
 
 
 def test_a_reply_goes_from_sent_to_streaming_to_finished_and_becomes_a_message():
@@ -60,8 +62,35 @@ def test_a_reply_goes_from_sent_to_streaming_to_finished_and_becomes_a_message()
     assert reply.stats["generated_tokens"] == 2 and reply.stats["finish_reason"] == "eos"
     # Every change in the order it happened; the Finished event before the reply's end.
     kinds = [type(change) for change in changes]
-    assert kinds == [Added, ReplyStarted, *[ReplyEvent] * 4, ReplyEnded]
+    assert kinds == [Added, ReplyStarted, ReplyEvent, *[ReplyTokens] * 2, ReplyEvent, ReplyEnded]
     assert changes[-2].event is finished and changes[-1].entry is reply
+    assert [change.tokens for change in changes[3:5]] == [(tokens[0],), (tokens[1],)]
+
+
+def test_tokens_delivered_together_are_one_change_with_the_same_text():
+    """A batch of tokens is taken in as N single tokens are (every piece, the same text and
+    message) but announced once per run of tokens, so its listeners work once per batch."""
+    pieces = ("Hi", " there", ",", " you", "\n", "ok")
+    prefill, *tokens, finished = reply_events(pieces)
+    one_by_one, together = Conversation(), Conversation()
+    changes = recorded(together)
+    for conversation in (one_by_one, together):
+        conversation.add_user("Hello", SETTINGS, None)
+        conversation.start_reply(SETTINGS, None)
+    for event in (prefill, *tokens):
+        one_by_one.apply(event)
+    together.apply_many([prefill, *tokens[:4]])
+    together.apply_many(tokens[4:])
+    assert together.reply.parts == one_by_one.reply.parts == list(pieces)
+    runs = [change for change in changes if isinstance(change, ReplyTokens)]
+    assert [run.tokens for run in runs] == [tuple(tokens[:4]), tuple(tokens[4:])]
+    assert "".join(run.text for run in runs) == "".join(pieces)
+
+    one_by_one.apply(finished)
+    together.apply_many([finished, tokens[0]])  # what follows the end is not the reply's
+    assert together.entries == one_by_one.entries
+    assert together.entries[-1].text == "".join(pieces)
+    assert isinstance(changes[-1], ReplyEnded)
 
 
 def test_a_reply_cut_off_with_its_engine_is_kept_incomplete_and_fails():

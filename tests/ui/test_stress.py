@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from app.stall import SOURCE, StallRun, stall_statistics
-from engine.events import Token
-from ui.conversation import Change, ReplyEvent
+from ui.conversation import Change, ReplyTokens
 from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
 
 TOKENS = 10_000
@@ -46,8 +45,8 @@ def test_ten_thousand_tokens_keep_the_window_responsive_and_reach_every_panel(ru
     streamed: list[str] = []
 
     def record(change: Change) -> None:
-        if isinstance(change, ReplyEvent) and isinstance(change.event, Token):
-            streamed.append(change.event.text)
+        if isinstance(change, ReplyTokens):
+            streamed.extend(token.text for token in change.tokens)
 
     run.window.conversation_model.subscribe(record)
     result = run.stream(TOKENS)

@@ -243,6 +243,53 @@ def test_a_frame_yields_to_the_event_loop_between_expensive_panels(qtbot, docked
     assert all(docked.counts[n] - before[n] == 1 for n in PANELS)
 
 
+def test_the_timer_sleeps_with_nothing_on_screen_to_draw_and_wakes_when_there_is(
+    qtbot, docked, rng, monkeypatch
+):
+    """Idle, or with every dock closed, the panel timer does not tick at all; data for a panel
+    on screen, a dock shown or a panel's own choice starts it again."""
+    view = docked.view
+    monkeypatch.setattr(docks, "SLEEP_AFTER_S", 0.0)
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    view.timer.start()  # as the window runs it
+    # It draws the panels on screen, then sleeps: those tabbed behind wait to be raised.
+    qtbot.waitUntil(lambda: view.asleep, timeout=3000)
+    assert not view.timer.isActive() and docked.counts["timing"] >= 1
+    assert view.kv_cache.needs_redraw() and not view.timing.needs_redraw()
+
+    drawn = docked.counts["timing"]
+    view.ingest_many([token(rng, 1)])  # for the timing panel, on screen: awake, and drawn
+    assert view.timer.isActive() and not view.asleep
+    qtbot.waitUntil(lambda: docked.counts["timing"] > drawn and view.asleep, timeout=3000)
+
+    for dock in view.docks.values():
+        dock.close()
+    qtbot.waitUntil(lambda: view.asleep, timeout=3000)
+    sleeps = view.sleeps
+    view.ingest_many([token(rng, 2)])  # nothing on screen to draw it: it sleeps on
+    assert view.asleep and not view.timer.isActive()
+
+    view.docks["kv_cache"].show()  # shown: awake, and drawn with the latest data
+    qtbot.waitUntil(lambda: view.timer.isActive() or view.sleeps > sleeps, timeout=3000)
+    qtbot.waitUntil(lambda: not view.kv_cache.needs_redraw() and view.asleep, timeout=3000)
+    _x, y = view.kv_cache.curve.getData()
+    assert y[-1] == view.state.kv_bytes.last()
+
+    view.kv_cache.tracker.mark()  # a choice on the panel itself (another view of the cache)
+    assert view.timer.isActive() and not view.asleep
+
+
+def test_a_timer_stopped_by_its_owner_is_not_woken(qtbot, docked, rng):
+    """Tests drive frames by hand with the timer stopped: data and shown docks leave it so."""
+    view = docked.view  # its timer stopped, as Docked does
+    view.ingest_many([prefill(rng), token(rng, 0)])
+    view.docks["kv_cache"].raise_()
+    view.kv_cache.tracker.mark()
+    qtbot.wait(50)
+    assert not view.timer.isActive() and not view.asleep and view.sleeps == 0
+
+
 class _LayoutRequests(QObject):
     """Counts the layout requests a widget receives (its layout was invalidated)."""
 
@@ -300,10 +347,12 @@ def test_streamed_chat_text_is_drawn_once_per_stream_frame(qtbot):
             conversation.apply(Token(index, index, text, text, 0.01, 0, ()))
 
     stream(3)
-    assert "Hello" not in view.document().toPlainText() and edits == []  # not drawn yet
+    # The first text is drawn at once; what follows within a stream frame waits for it.
+    assert "Hel" in view.document().toPlainText() and edits == [len("Hel")]
+    assert "Hello" not in view.document().toPlainText()
     assert view.reply_text() == "Hello world"  # but kept
     qtbot.waitUntil(lambda: "Hello world" in view.document().toPlainText(), timeout=2000)
-    assert edits == [len("Hello world")]  # one insertion for the three chunks
+    assert edits == [len("Hel"), len("lo world")]  # one insertion for the two chunks
     stream(1)
     assert "world!" in view.toPlainText()  # reading the transcript shows what is pending
     stream(1)
@@ -311,6 +360,36 @@ def test_streamed_chat_text_is_drawn_once_per_stream_frame(qtbot):
     QApplication.processEvents()
     assert view.messages()[-1].content == "Hello world! more"
     assert view.document().toPlainText().count("Hello world! more") == 1
+
+
+def test_a_batch_of_tokens_is_one_chat_update_with_the_text_of_single_deliveries(qtbot):
+    """N tokens delivered together (one worker batch) draw the same text as N delivered one
+    by one, in one insertion into the chat view, and the conversation keeps every token."""
+    pieces = ("Hel", "lo ", "**wor", "ld**", "\n", "ok")
+    tokens = [Token(i, i, text, text, 0.01, 0, ()) for i, text in enumerate(pieces)]
+    end = Tally(started=0.0, generated=len(pieces)).finished("eos", "".join(pieces))
+    views = []
+    for batches in ([[one] for one in tokens], [tokens[:1], tokens[1:]]):
+        conversation = Conversation()
+        view = ChatView(conversation)
+        qtbot.addWidget(view)
+        conversation.add_user("Hi", GenerationSettings(), None)
+        conversation.start_reply(GenerationSettings(), None)
+        updates = []
+        for batch in batches:
+            before = view.stream_updates
+            conversation.apply_many(batch)
+            view.flush()  # the batch's frame, now
+            updates.append(view.stream_updates - before)
+        assert updates == [1] * len(batches)  # one chat update per delivery, whatever its size
+        assert conversation.reply.parts == list(pieces)
+        views.append(view)
+    assert views[0].toPlainText() == views[1].toPlainText()
+    assert views[1].reply_text() == "".join(pieces)
+    for view in views:
+        view.conversation.apply(end)
+    assert views[0].toPlainText() == views[1].toPlainText()
+    assert views[1].messages()[-1].content == "".join(pieces)
 
 
 def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng):

@@ -44,6 +44,12 @@ FIRST_BUSY_FRAME_MS = 250
 # for two or three times as long. In practice one panel a slice: a panel's repaint runs in the
 # loop's next pass, with the next panel's redraw, and a slice of 8 ms made passes of 30-45 ms.
 FRAME_SLICE_S = 0.002
+# The timer sleeps once no panel on screen has anything left to draw and none has drawn for
+# this long (longer than the panels' throttled summaries wait: TIMELINE_INTERVAL_S and the
+# like, 1 s); data for a panel on screen, a dock shown or a panel's own choice wakes it. Each
+# tick wakes the GUI thread (~0.1 ms of CPU here) whether or not it draws: 30 a second while
+# idle, waiting for a prefill or with every dock closed.
+SLEEP_AFTER_S = 1.5
 # Statistics a long block of attention rows left to sum (a prompt's) are summed for about this
 # long after each delivered batch and each tick, a piece at a time (InternalsState.settle).
 SETTLE_SLICE_S = 0.004
@@ -76,10 +82,16 @@ class InternalsView(QObject):
     Feed it from the GUI thread: `set_model` on load, `ingest` for every engine event.
     Ingesting never draws; the timer redraws each visible panel whose data changed, about 30
     times a second, less often while the GUI thread is busier than GUI_CPU_SHARE of a core.
+    The timer sleeps while no panel on screen has anything to draw (see SLEEP_AFTER_S); it
+    only ever sleeps while running, so a timer stopped by its owner (a test driving frames by
+    hand) stays stopped.
     """
 
     # The user picked a layer that is not watched: capture these layers from the next reply on.
     watched_layers_requested = Signal(tuple)
+    # The interval between frames while panels redraw changed (ms): events need not arrive
+    # more often than that (app.assembly has the worker deliver them at that pace).
+    frame_interval_changed = Signal(int)
 
     def __init__(self, parent: QObject | None = None, max_attention_rows: int = 256) -> None:
         super().__init__(parent)
@@ -119,6 +131,10 @@ class InternalsView(QObject):
         self._frame_counted = False
         self._frames_at_window = 0
         self._batches_in_window = 0  # batches of events ingested since the window began
+        self.asleep = False  # the timer was stopped because nothing on screen needed it
+        self._active_at = time.monotonic()  # last redraw or wake-up: sleep comes after it
+        self.sleeps = 0  # times the timer went to sleep (tests read it)
+        self.state.panel_changed = self.wake
         self.timer.start()
 
     @property
@@ -129,9 +145,11 @@ class InternalsView(QObject):
 
     def set_model(self, info: ModelInfo) -> None:
         self.state.set_model(info)
+        self.wake()
 
     def ingest(self, event: Event) -> None:
         self.state.ingest(event)
+        self._wake_for_data()
 
     def ingest_many(self, events: Iterable[Event]) -> None:
         """A batch of events in order (e.g. MainWindow.events_received)."""
@@ -141,6 +159,7 @@ class InternalsView(QObject):
         if shown(self.attention):  # tabbed behind, closed or minimised: it pools when shown
             self.attention.prepare()
         self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
+        self._wake_for_data()
 
     def set_next_reply_label(self, label: str) -> None:
         """Legend label of the coming reply's step-latency curve; see timing.cache_label."""
@@ -148,6 +167,7 @@ class InternalsView(QObject):
 
     def set_watched_layers(self, layers: Sequence[int]) -> None:
         self.state.set_watched_layers(layers)
+        self.wake()
 
     def compare_with_previous(self, enabled: bool) -> None:
         self.timing.compare_with_previous(enabled)
@@ -155,6 +175,36 @@ class InternalsView(QObject):
     def clear(self) -> None:
         """A new chat: forget every reply, keep the model and the watched layers."""
         self.state.clear()
+        self.wake()
+
+    # -- sleeping --------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Start the timer again if it sleeps (new data, a dock shown, a panel's choice)."""
+        self._active_at = time.monotonic()
+        if self.asleep:
+            self.asleep = False
+            self._window = (time.perf_counter(), time.thread_time())  # a fresh CPU window
+            self._drawn_in_window = 0
+            self._frames_at_window = self.frames
+            self.timer.start()
+
+    def _wake_for_data(self) -> None:
+        # A panel off screen draws when it is shown (its dock's visibilityChanged wakes us).
+        if self.asleep and any(on_screen(panel) for panel in self.panels):
+            self.wake()
+
+    def _sleep_if_idle(self) -> None:
+        """Stop the timer when nothing on screen is left to draw (only a running timer)."""
+        if self._queued or not self.timer.isActive() or self.state.stats_pending:
+            return
+        if time.monotonic() - self._active_at < SLEEP_AFTER_S:
+            return
+        if any(panel.needs_redraw() and on_screen(panel) for panel in self.panels):
+            return
+        self.timer.stop()
+        self.asleep = True
+        self.sleeps += 1
 
     # -- drawing ---------------------------------------------------------------------------
 
@@ -163,6 +213,7 @@ class InternalsView(QObject):
         if self.state.stats_pending:
             self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
         self._start_frame()
+        self._sleep_if_idle()
 
     def _start_frame(self) -> None:
         if not self._queued:  # else the last frame is still being drawn
@@ -217,13 +268,17 @@ class InternalsView(QObject):
             share = (cpu_now - cpu) / (now - started)
             allowed = (now - started) * 1000 / self.busy_interval
             if share > GUI_CPU_SHARE or (streamed and frames >= allowed / 2):
-                self.busy_interval = frame_interval(self.busy_interval, share)
+                interval = frame_interval(self.busy_interval, share)
+                if interval != self.busy_interval:
+                    self.busy_interval = interval
+                    self.frame_interval_changed.emit(interval)
         self._set_interval(self.busy_interval if drawn else FRAME_MS)
 
     def _drawn(self, panels: int) -> None:
         if not self._drawn_in_window:  # the first redraw after an idle window
             self._set_interval(self.busy_interval)
         self._drawn_in_window += panels
+        self._active_at = time.monotonic()
 
     def _set_interval(self, interval: int) -> None:
         if interval != self.timer.interval():
@@ -233,6 +288,7 @@ class InternalsView(QObject):
         # A frame in slices, as the timer's: several docks shown at once (a restored window,
         # floated docks) each asked for an unsliced redraw of every panel.
         if visible:
+            self.wake()
             QTimer.singleShot(0, self, self._frame_for_shown_dock)
 
     def redraw(self, force: bool = False) -> None:
@@ -270,6 +326,12 @@ def frame_interval(interval_ms: int, cpu_share: float) -> int:
     if cpu_share < GUI_CPU_SHARE / 2:
         return max(math.floor(interval_ms / 2), FRAME_MS)
     return interval_ms
+
+
+def on_screen(panel: Panel) -> bool:
+    """Whether the panel is visible and not covered by a tab: `shown`, or in a minimised
+    window (whose restoring no dock announces, so a panel there keeps the timer awake)."""
+    return panel.isVisible() and not panel.visibleRegion().isEmpty()
 
 
 def shown(panel: Panel) -> bool:

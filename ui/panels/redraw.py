@@ -20,6 +20,7 @@ class RedrawTracker:
     def mark(self) -> None:
         """Something on the panel itself changed (a selection): redraw on the next tick."""
         self._dirty = True
+        self._state.panel_changed()
 
     @property
     def stale(self) -> bool:

@@ -8,7 +8,7 @@ compare those counters on a timer and redraw what changed.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -39,6 +39,10 @@ MODEL = "model"
 KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL)
 
 
+def _nothing() -> None:
+    pass
+
+
 class InternalsState:
     """Everything the panels draw, updated from events in O(1)-ish time per event."""
 
@@ -50,6 +54,9 @@ class InternalsState:
         self._next_curve_label: str | None = None
         # Row statistics the receiving thread worked out before ingest (app.engine_client).
         self.prepared = PreparedStats()
+        # Called when a panel's own choice changed (RedrawTracker.mark): whoever redraws the
+        # panels (ui.panels.docks.InternalsView) wakes its timer.
+        self.panel_changed: Callable[[], None] = _nothing
         self.clear()
 
     # -- lifecycle -------------------------------------------------------------------------
