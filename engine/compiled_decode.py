@@ -184,19 +184,9 @@ class CompiledDecode:
 
 
 class _DecodeLayers(torch.nn.Module):
-    """decode_layers as the module torch.export traces."""
+    """decode_layers as the module torch.export traces (it reads the inputs' names off it)."""
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rotation: torch.Tensor,
-        filled: torch.Tensor,
-        eps: torch.Tensor,
-        weights: list[LayerWeights],
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return decode_layers(x, rotation, filled, eps, weights, keys, values)
+    forward = staticmethod(decode_layers)
 
 
 # -- where it is kept, how it is built and loaded -------------------------------------------
