@@ -5,7 +5,7 @@ few µs of dispatch each. AOTInductor (torch.export, then inductor's C++ code in
 library) runs the same ops as one function with the pointwise ones fused: measured 21.0 ms of
 CPU a step against 36.1 eager here, on one thread.
 
-Compiling takes 2-3 minutes on 2 cores (longer under load), so it happens once per model
+Compiling takes ~2 minutes on 2 cores (longer under load), so it happens once per model
 file, torch version, CPU, thread count and version of the step's code, in a background
 process at low priority (`python -m engine.compiled_decode`), and is kept in the cache folder
 as a .pt2 package. Until it is there the model decodes eagerly; then a background thread loads it
