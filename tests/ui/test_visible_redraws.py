@@ -290,16 +290,17 @@ def test_a_timer_stopped_by_its_owner_is_not_woken(qtbot, docked, rng):
     assert not view.timer.isActive() and not view.asleep and view.sleeps == 0
 
 
-class _LayoutRequests(QObject):
-    """Counts the layout requests a widget receives (its layout was invalidated)."""
+class _Events(QObject):
+    """Counts the events of one type a widget receives (layout requests: its layout was
+    invalidated; paints)."""
 
-    def __init__(self, widget: QWidget) -> None:
+    def __init__(self, widget: QWidget, kind: QEvent.Type) -> None:
         super().__init__(widget)
-        self.count = 0
+        self.kind, self.count = kind, 0
         widget.installEventFilter(self)
 
     def eventFilter(self, _watched: QObject, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.LayoutRequest:
+        if event.type() == self.kind:
             self.count += 1
         return False
 
@@ -319,7 +320,7 @@ def test_a_readout_relays_out_its_panel_only_when_its_height_changes(qtbot):
     QApplication.processEvents()
     one_line = box.height()
     assert one_line == label.heightForWidth(box.width()) and label.geometry() == box.rect()
-    requests = _LayoutRequests(panel)
+    requests = _Events(panel, QEvent.Type.LayoutRequest)
     for step in range(2, 30):  # one line each: the panel is not laid out again
         label.setText(f"Step {step}: chose 'b', candidate #2.")
         QApplication.processEvents()
@@ -443,20 +444,6 @@ def test_rows_arriving_between_frames_are_pooled_with_their_batch(qtbot, docked,
     assert 0 < sum(pooled_rows) <= 2 * key[3]  # the frame: the last block or two
 
 
-class _Paints(QObject):
-    """Counts the paint events a widget receives."""
-
-    def __init__(self, widget: QWidget) -> None:
-        super().__init__(widget)
-        self.count = 0
-        widget.installEventFilter(self)
-
-    def eventFilter(self, _watched: QObject, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.Paint:
-            self.count += 1
-        return False
-
-
 def test_the_context_bar_moves_without_painting_inside_the_frame(qtbot):
     """QProgressBar.setValue paints the bar at once when it moves; the KV panel's bar paints
     with the next ordinary paint instead, and shows the new value."""
@@ -465,7 +452,7 @@ def test_the_context_bar_moves_without_painting_inside_the_frame(qtbot):
     bar.resize(400, 20)
     bar.show()
     qtbot.waitExposed(bar)
-    paints = _Paints(bar)
+    paints = _Events(bar, QEvent.Type.Paint)
     bar.setRange(0, 1000)
     qtbot.waitUntil(lambda: paints.count > 0)  # the first paint
     QApplication.processEvents()
@@ -667,26 +654,12 @@ def test_timers_run_between_the_slices_of_a_frame(qtbot, docked, rng, monkeypatc
     assert between.count("beat") >= len(PANELS) - 1  # a timer ran before every later slice
 
 
-class _Paints(QObject):
-    """Counts the paint events a widget receives."""
-
-    def __init__(self, widget: QWidget) -> None:
-        super().__init__()
-        self.count = 0
-        widget.installEventFilter(self)
-
-    def eventFilter(self, _watched: QObject, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.Paint:
-            self.count += 1
-        return False
-
-
 def test_the_mosaic_paints_once_a_frame_as_its_extent_grows(qtbot, docked, rng):
     """A new row moves the mosaic's view; the view settles before it paints, so each frame is
     one paint of the mosaic (pyqtgraph's deferred update queued a second one after it)."""
     view = floating_with_a_reply(qtbot, docked, rng)
     panel = view.attention
-    paints = _Paints(panel.grid.viewport())
+    paints = _Events(panel.grid.viewport(), QEvent.Type.Paint)
     for index in range(1, 6):
         view.ingest(token(rng, index))
         extent = panel._mosaic_extent
