@@ -63,7 +63,7 @@ def refusal(model: GGUFLlama) -> str | None:
     """Why this model's decode step cannot be compiled here, or None if it can."""
     if model.device.type != "cpu":
         return f"the compiled step runs on the CPU, not on {model.device.type}"
-    if _package_loader() is None or torch.__version__ < MIN_TORCH:
+    if _package_loader() is None:
         return f"torch {torch.__version__} is older than the {MIN_TORCH} the step is built for"
     for block in _blocks(model):
         if block.attention.bias is not None:
@@ -79,7 +79,10 @@ MIN_TORCH = "2.13"
 
 
 def _package_loader() -> Any:
-    """AOTInductor's C++ package loader, or None in a torch without it."""
+    """AOTInductor's C++ package loader, or None in a torch without it or older than
+    MIN_TORCH (the one check of the version: refusing, building and loading all ask here)."""
+    if torch.__version__ < MIN_TORCH:
+        return None
     aoti = getattr(torch._C, "_aoti", None)
     return getattr(aoti, "AOTIModelPackageLoader", None)
 
@@ -89,8 +92,7 @@ def can_save_compiled() -> bool:
     compiling process and the tests; where it cannot, a load's background compile says so)."""
     import torch._inductor
 
-    has_compiler = hasattr(torch._inductor, "aoti_compile_and_package")
-    return has_compiler and _package_loader() is not None and torch.__version__ >= MIN_TORCH
+    return _package_loader() is not None and hasattr(torch._inductor, "aoti_compile_and_package")
 
 
 def _blocks(model: GGUFLlama) -> list[Block]:
@@ -269,7 +271,7 @@ def remove_stale(path: Path) -> None:
 def load(path: Path, model: GGUFLlama) -> CompiledDecode:
     """The compiled step saved at `path`, bound to `model`'s weights."""
     loader = _package_loader()
-    if loader is None or torch.__version__ < MIN_TORCH:
+    if loader is None:
         raise RuntimeError(f"torch {torch.__version__} cannot load the compiled step")
     # (package, model name, run single-threaded, runners, device index: -1 is the CPU)
     return CompiledDecode(loader(str(path), "model", False, 1, -1), model)
