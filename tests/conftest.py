@@ -53,6 +53,7 @@ def _garbage_collected_between_tests() -> Iterator[None]:
     finally:
         gc.enable()
         gc.collect()
+        gc.freeze()  # what survives (modules, session fixtures) is not walked again: app.collector
 
 
 def _threads_checked(qtcore, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
