@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import argparse
 import ctypes.util
+import gc
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from app import collector
 from app.cli import load_request, parser
 
 if TYPE_CHECKING:
+    from app.assembly import Parts
     from app.engine_client import EngineProcessWorker
     from app.engine_process import EngineProcess
 
@@ -72,6 +75,26 @@ def engine_backend(engine: EngineProcess) -> EngineProcessWorker:
     return EngineProcessWorker(engine)
 
 
+def open_window(engine: EngineProcess, **options: Any) -> Parts:
+    """Import Qt, build the window on `engine` and show it; `options` go to `assemble`.
+
+    The collector is paused meanwhile, and what the imports made is frozen out of its reach:
+    see app.collector."""
+    with collector.paused():
+        from PySide6.QtWidgets import QApplication
+
+        from app.assembly import assemble
+
+        backend = engine_backend(engine)
+        gc.freeze()
+        app = QApplication.instance() or QApplication(["glassbox"])
+        app.setOrganizationName("Glassbox")
+        app.setApplicationName("Glassbox")
+        parts = assemble(backend, **options)
+        parts.window.show()
+    return parts
+
+
 def run_gui(argv: list[str] | None = None) -> int:
     """Open the window and load the model; returns the process exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -84,18 +107,15 @@ def run_gui(argv: list[str] | None = None) -> int:
         return 2
 
     engine = spawn_engine()
-    from PySide6.QtWidgets import QApplication
-
-    from app.assembly import assemble
     from app.logs import setup_logging
 
     setup_logging()
-    app = QApplication.instance() or QApplication(["glassbox"])
-    app.setOrganizationName("Glassbox")
-    app.setApplicationName("Glassbox")
-    parts = assemble(engine_backend(engine))
+    parts = open_window(engine)
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    assert app is not None  # made by open_window
     app.aboutToQuit.connect(parts.shutdown)  # however the loop ends, no thread outlives it
-    parts.window.show()
     parts.window.load_model(load_request(args))
     code = app.exec()
     parts.window.close()

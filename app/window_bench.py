@@ -134,17 +134,15 @@ class WindowBench:
         self.started = time.perf_counter()
         self.engine = EngineProcess(spec)  # first: torch imports while the window is built
         from PySide6.QtCore import QSettings
-        from PySide6.QtWidgets import QApplication
 
-        from app.assembly import assemble
         from app.engine_client import EngineProcessWorker
+        from app.gui import open_window
 
-        self._app = QApplication.instance() or QApplication(["glassbox-bench"])
-        self.worker = EngineProcessWorker(self.engine)
         layout = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
-        self.parts = assemble(self.worker, database=folder / "chats.sqlite3", settings=layout)
+        self.parts = open_window(self.engine, database=folder / "chats.sqlite3", settings=layout)
+        assert isinstance(self.parts.worker, EngineProcessWorker)
+        self.worker = self.parts.worker
         self.window = self.parts.window
-        self.window.show()
         float_docks(self.parts.internals)
         self.window_shown_s = self._since_launch()
         self.window.load_model(request)

@@ -265,15 +265,13 @@ def test_the_window_process_never_imports_torch(tmp_path):
             engine = EngineProcess(EngineSpec(loader="tests.app.engine_models:tiny_llama"))
             from PySide6.QtCore import QSettings
             from PySide6.QtWidgets import QApplication
-            from app.assembly import assemble
-            from app.engine_client import EngineProcessWorker
+            from app.gui import open_window
             from engine.events import Finished
             from engine.settings import GenerationSettings, LoadRequest
-            app = QApplication([])
-            worker = EngineProcessWorker(engine)
             layout = QSettings({str(tmp_path / "layout.ini")!r}, QSettings.Format.IniFormat)
-            parts = assemble(worker, database={str(tmp_path / "db.sqlite3")!r}, settings=layout)
-            parts.window.show()
+            database = {str(tmp_path / "db.sqlite3")!r}
+            parts = open_window(engine, database=database, settings=layout)
+            app = QApplication.instance()
             parts.window.load_model(LoadRequest("tiny"))
             parts.window.settings_panel.set_settings(
                 GenerationSettings(greedy=True, max_new_tokens=8))
@@ -316,7 +314,7 @@ def test_the_window_process_never_imports_torch(tmp_path):
 def test_the_engine_process_modules_load_no_qt():
     """What the child imports to serve (its contract is in pyproject.toml, run by lint-imports)."""
     code = (
-        "import sys, app.engine_process, app.jobs\n"
+        "import sys, app.engine_server, app.jobs\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('PySide6', 'shiboken6', 'pyqtgraph', 'superqt', 'ui', 'torch')))\n"
     )
@@ -325,6 +323,21 @@ def test_the_engine_process_modules_load_no_qt():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"  # torch too: it is imported once the child has started
+
+
+def test_the_engine_is_started_before_numpy_or_the_engine_is_imported():
+    """The window's process spawns the engine first: the handle it imports for that is light,
+    so torch starts importing in the child at once (the engine's modules cost 0.25 s more)."""
+    code = (
+        "import sys, app.engine_process\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in"
+        " ('numpy', 'torch', 'engine') or m in ('app.jobs', 'app.engine_server')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_bench_window_and_transport_report_their_numbers(qapp):
