@@ -1,4 +1,4 @@
-"""The engine in a process of its own: the child side of the window's engine.
+"""The engine in a process of its own: how the window starts it, and the messages between them.
 
 Python's interpreter lock is shared by the threads of a process: a model thread dispatching
 hundreds of small torch ops per step waits for it whenever the GUI thread paints (measured
@@ -18,8 +18,9 @@ their numpy arrays out of band, see `send_message`):
                                          compiled decode step is attached ("compiled") or not
   ("quit",)
 
-The child's side, its threads and jobs, is app.engine_server: this module is what the GUI
-imports to start it, so it imports nothing heavy (the child starts before numpy is imported).
+The child's side, its threads and jobs, is app.engine_server. This module is what the window
+imports to start the child, so it imports nothing heavy: the child starts importing torch
+before the window's process has imported even numpy.
 """
 
 from __future__ import annotations
