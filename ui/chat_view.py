@@ -18,7 +18,14 @@ from collections.abc import Sequence
 
 import markdown
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFrameFormat
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextFrameFormat,
+)
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from engine.settings import Message
@@ -269,7 +276,9 @@ class ChatView(QTextBrowser):
         if not entry.complete:
             stats = " · ".join(part for part in (stats, "incomplete: cut off") if part)
         if stats:
-            cursor.insertBlock()
+            # A plain block: one inheriting the reply's last block would be its list's next
+            # item, or a line of its code block.
+            cursor.insertBlock(QTextBlockFormat())
             fmt = QTextCharFormat()
             fmt.setForeground(self._colors.muted)
             fmt.setFontPointSize(max(self.font().pointSizeF() - 1, 6))

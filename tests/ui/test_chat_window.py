@@ -387,6 +387,23 @@ def test_a_reloaded_reply_shows_its_stats_and_whether_it_was_cut_off(qtbot):
     assert "incomplete: cut off" in view.toPlainText()
 
 
+@pytest.mark.parametrize(
+    "text", ["Colours:\n\n1. Green\n2. Red", "- one\n- two", "```\nprint(1)\n```"]
+)
+def test_the_stats_line_stands_apart_from_a_reply_that_ends_in_a_list_or_code(qtbot, text):
+    """It was drawn as the list's next item ("4. 34-token prompt ...") in the real window."""
+    stats = {"generated_tokens": 2, "ttft_s": 0.5, "decode_tokens_per_s": 4.0}
+    conversation = Conversation()
+    view = ChatView(conversation)
+    qtbot.addWidget(view)
+    conversation.load([Entry("user", "Hi"), Entry("assistant", text, stats=stats)])
+    block = view.document().find("2 tokens · TTFT").block()
+    assert block.isValid() and block.text().startswith("2 tokens")
+    assert block.textList() is None
+    assert block.blockFormat().nonBreakableLines() is False  # not inside the code block
+    assert block.blockFormat().indent() == 0 and block.blockFormat().leftMargin() == 0
+
+
 def _frames(view: ChatView):
     stack, found = [view.document().rootFrame()], []
     while stack:
