@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from app.engine_process import EngineProcess, EngineSpec
 from app.stall import HEARTBEAT_MS, float_docks, peak_rss_mb, stalls_of
 from engine.events import Event, Finished, Token
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
@@ -127,12 +128,12 @@ def peak_rss_of(pid: int | None) -> int | None:
 class WindowBench:
     """The assembled window on the real engine process; see the module docstring."""
 
-    def __init__(self, request: LoadRequest, folder: Path, spec: Any = None) -> None:
-        from app.engine_process import EngineProcess
-
-        self.launch_s = process_age_s() or 0.0  # how long this process ran before the spawn
-        self.started = time.perf_counter()
-        self.engine = EngineProcess(spec)  # first: torch imports while the window is built
+    def __init__(self, request: LoadRequest, folder: Path, engine: EngineProcess) -> None:
+        """`engine`: spawned as `glassbox` spawns it, before Qt or numpy is imported."""
+        self.engine = engine
+        self.started = engine.started_at
+        # how long this process ran before the spawn
+        self.launch_s = (process_age_s() or 0.0) - (time.perf_counter() - self.started)
         from PySide6.QtCore import QSettings
 
         from app.engine_client import EngineProcessWorker
@@ -329,10 +330,12 @@ def measure_window(
     new_tokens: int = 128,
     repeats: int = 3,
     context: int = CONTEXT_TOKENS,
-    spec: Any = None,
+    engine: EngineProcess | None = None,
+    spec: EngineSpec | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON-ready results (see the module docstring).
-    `spec` (app.engine_process.EngineSpec) runs another session in the engine (tests)."""
+    `engine`: already spawned (`glassbox bench` spawns it first, as the app does), else one
+    is spawned running `spec` (another session in the engine: tests)."""
     from PySide6.QtCore import qInstallMessageHandler
 
     from app.stall import _quiet_offscreen
@@ -340,7 +343,7 @@ def measure_window(
     previous = qInstallMessageHandler(_quiet_offscreen)
     try:
         with tempfile.TemporaryDirectory(prefix="glassbox-window-bench-") as folder:
-            bench = WindowBench(request, Path(folder), spec)
+            bench = WindowBench(request, Path(folder), engine or EngineProcess(spec))
             try:
                 return _run(bench, new_tokens, repeats, context)
             finally:
@@ -490,7 +493,6 @@ def measure_transport(
     from PySide6.QtWidgets import QApplication
 
     from app.engine_client import EngineProcessWorker
-    from app.engine_process import EngineSpec
 
     _app = QApplication.instance() or QApplication(["glassbox-bench"])
     spec = EngineSpec("app.stall:synthetic_loader", "app.stall:synthetic_session", preload=())
