@@ -341,7 +341,7 @@ def shown(panel: Panel) -> bool:
     minimised window keeps both, so every window up the parent chain is asked too (a floating
     dock is a window of its own whose parent is the main window).
     """
-    if not panel.isVisible() or panel.visibleRegion().isEmpty():
+    if not on_screen(panel):
         return False
     widget: QWidget | None = panel.window()
     while widget is not None:
