@@ -122,9 +122,13 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"{window['model']}: window vs headless, {window['prompt_tokens']}-token prompt")
         print(f"  decode tokens/s    {window['decode_tokens_per_s']}")
         print(f"  decode ratio       {window['decode_ratio_window_vs_headless']}")
+        print(
+            f"  paired, 90% range  {window['decode_ratio_paired_median']}"
+            f" {window['decode_ratio_paired_ci90']}"
+        )
         print(f"  TTFT s             {window['ttft_s']}")
         print(f"  GUI CPU per second {window['gui_cpu_per_s']}")
-        print(f"  of it, measuring   {window['gui_cpu_idle_per_s']}")
+        print(f"  idle window        {window['gui_cpu_idle_per_s']}")
         print(f"  stall ms           {window['stall_ms']}")
         print(f"  start s            {window['start_s']}")
     gui = results.get("gui")

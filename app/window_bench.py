@@ -16,15 +16,20 @@ measure a second copy of the model, another allocator and thread pool, and would
 into the window's process, which it otherwise never does.
 
 The GUI thread's CPU time is read in the GUI thread (time.thread_time) from the first token
-shown to the Finished delivered. Event-loop stalls: a 5 ms heartbeat QTimer in the GUI thread
-notes when it fires, from send to the Finished delivered; each gap between beats beyond 5 ms
-is time in which the window could not react to anything (p50, p99 and max over all gaps);
-stall_own_cpu_ms keeps of each the GUI thread's own CPU time in it (the rest, it waited: for
-a core another thread or process held, or for the interpreter lock). The
-heartbeat costs the GUI thread some CPU of its own, which is in the GUI figure:
-gui_cpu_idle_per_s (idle window with heartbeat) less gui_cpu_idle_no_heartbeat_per_s. The
-waits for a reply are woken by its Finished, not by polling, so the benchmark adds no other
-wake-ups to the thread it measures or beside the headless engine.
+shown to the Finished delivered. Event-loop stalls are measured in replies of their own,
+one per two pairs: a 5 ms heartbeat QTimer in the GUI thread notes when it fires, from send
+to the Finished delivered; each gap between beats beyond 5 ms is time in which the window
+could not react to anything (p50, p99 and max over all gaps); stall_own_cpu_ms keeps of
+each the GUI thread's own CPU time in it (the rest, it waited: for a core another thread or
+process held, or for the interpreter lock). The heartbeat is the benchmark's, not the
+window's (heartbeat_cpu_per_s: 200 wake-ups a second), so the replies that are compared with
+headless ones, and whose GUI CPU is reported, run without it. The waits for a reply are
+woken by its Finished, not by polling, so the benchmark adds no other wake-ups to the
+thread it measures or beside the headless engine.
+
+Paired ratios (each window reply over the headless one beside it) come with a 90%
+bootstrap interval: on a shared machine one reply's decode speed drifts by 10-15%, and the
+interval says how far the run's median can be trusted.
 """
 
 from __future__ import annotations
@@ -221,23 +226,30 @@ class WindowBench:
         self.worker.tokens_counted.disconnect(on_count)
         return answers[ident]
 
-    def window_reply(self, text: str, settings: GenerationSettings) -> WindowReply:
+    def window_reply(
+        self, text: str, settings: GenerationSettings, heartbeat: bool = False
+    ) -> WindowReply:
+        """One reply sent in the window. With `heartbeat`, the 5 ms timer that finds the event
+        loop's stalls runs through it: 200 wake-ups a second of the GUI thread that the window
+        never has (0.03 of a core here, and the frame governor counts it), so the replies
+        that compare speeds run without it and others measure the stalls."""
         from PySide6.QtCore import Qt, QTimer
 
         self.window.new_chat()
         self.window.settings_panel.settings = lambda: settings  # no ignore_eos switch there
         internals = self.parts.internals
         reply = WindowReply(sent=time.perf_counter(), frames=lambda: internals.frames)
-        heartbeat = QTimer()
-        heartbeat.setTimerType(Qt.TimerType.PreciseTimer)
-        heartbeat.setInterval(HEARTBEAT_MS)
-        heartbeat.timeout.connect(reply.beat)
+        beats = QTimer()
+        beats.setTimerType(Qt.TimerType.PreciseTimer)
+        beats.setInterval(HEARTBEAT_MS)
+        beats.timeout.connect(reply.beat)
         self._reply = reply
-        heartbeat.start()
+        if heartbeat:
+            beats.start()
         cpu = cpu_seconds_of(self.engine.pid)
         if not self.window.send(text):
             raise RuntimeError("the window refused to send")
-        self._wait_for_finished(reply, heartbeat)
+        self._wait_for_finished(reply, beats)
         self._reply = None
         _run_until(lambda: not self.worker.busy, 60)
         reply.engine_cpu_s = _less(cpu_seconds_of(self.engine.pid), cpu)
@@ -321,6 +333,18 @@ def _paired(window: list[float], headless: list[float]) -> float | None:
     return round(statistics.median(ratios), 3) if ratios else None
 
 
+def _paired_interval(
+    window: list[float], headless: list[float], draws: int = 2000
+) -> list[float] | None:
+    """A 90% bootstrap interval of the paired median ratio (resampling the pairs)."""
+    ratios = np.asarray([w / h for w, h in zip(window, headless, strict=False) if h])
+    if ratios.size < 2:
+        return None
+    picks = np.random.default_rng(0).integers(0, ratios.size, (draws, ratios.size))
+    medians = np.median(ratios[picks], axis=1)
+    return [round(float(q), 3) for q in np.percentile(medians, [5, 95])]
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
@@ -358,9 +382,10 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
     warm = GenerationSettings(greedy=True, max_new_tokens=4, ignore_eos=True)
     bench.window_reply(text, warm)  # first-time allocations and first paint of every panel
     bench.headless_reply(text, warm)
-    idle_cpu = bench.idle_cpu_per_s()
-    idle_cpu_alone = bench.idle_cpu_per_s(heartbeat=False)
-    windows: list[WindowReply] = []
+    idle_cpu = bench.idle_cpu_per_s(heartbeat=False)
+    heartbeat_cpu = bench.idle_cpu_per_s() - idle_cpu
+    windows: list[WindowReply] = []  # compared with headless: no heartbeat
+    probed: list[WindowReply] = []  # with the heartbeat, for the stalls
     headless: list[Finished] = []
     transport = bench.worker.transport
     sent_before, bytes_before = transport.messages, transport.bytes
@@ -373,9 +398,11 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
                 window_seconds += (reply.end or 0.0) - reply.sent
             else:
                 headless.append(bench.headless_reply(text, settings))
+        if repeat % 2 == 1 or repeats == 1:  # one stall reply per two pairs
+            probed.append(bench.window_reply(text, settings, heartbeat=True))
     latencies = np.asarray(transport.latencies_s[sent_before:] or [0.0]) * 1000
-    stalls = np.concatenate([stalls_of(r.beats, HEARTBEAT_MS / 1000) for r in windows]) * 1000
-    own = np.concatenate([own_stalls(r, HEARTBEAT_MS / 1000) for r in windows]) * 1000
+    stalls = np.concatenate([stalls_of(r.beats, HEARTBEAT_MS / 1000) for r in probed]) * 1000
+    own = np.concatenate([own_stalls(r, HEARTBEAT_MS / 1000) for r in probed]) * 1000
     finished = [r.finished for r in windows if r.finished is not None]
     decode = {
         "window": _median([f.decode_tokens_per_s for f in finished]),
@@ -385,6 +412,8 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
         "window": _median([f.ttft_s for f in finished]),
         "headless": _median([f.ttft_s for f in headless]),
     }
+    window_decode = [f.decode_tokens_per_s for f in finished]
+    headless_decode = [f.decode_tokens_per_s for f in headless]
     shown_ttft = _median([(r.first_token or r.sent) - r.sent for r in windows])
     gui_cpu = [r.gui_cpu_per_s for r in windows]
     # The engine's own CPU per reply, both ways: equal means the window adds no work to the
@@ -404,11 +433,18 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
         "decode_ratio_window_vs_headless": _ratio(decode["window"], decode["headless"]),
         # Each window reply over the headless one next to it: drift in the machine's load
         # (other jobs on a shared machine) cancels within a pair.
-        "decode_ratio_paired_median": _paired(
-            [f.decode_tokens_per_s for f in finished], [f.decode_tokens_per_s for f in headless]
-        ),
+        "decode_ratio_paired_median": _paired(window_decode, headless_decode),
+        # Where the paired median lies, 90% of the time: how far one run's figure can be
+        # trusted on a machine whose speed drifts (bootstrap over the pairs).
+        "decode_ratio_paired_ci90": _paired_interval(window_decode, headless_decode),
         "ttft_s": {k: round(v, 3) for k, v in ttft.items()},
         "ttft_ratio_window_vs_headless": _ratio(ttft["window"], ttft["headless"]),
+        "ttft_ratio_paired_median": _paired(
+            [f.ttft_s for f in finished], [f.ttft_s for f in headless]
+        ),
+        "ttft_ratio_paired_ci90": _paired_interval(
+            [f.ttft_s for f in finished], [f.ttft_s for f in headless]
+        ),
         "ttft_shown_s": round(shown_ttft, 3),  # send pressed -> first token in the chat
         "runs": {
             "window_decode": [round(f.decode_tokens_per_s, 2) for f in finished],
@@ -422,12 +458,11 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
         # How often the panels redrew while the model streamed: the frame-rate governor keeps
         # the GUI thread near its share of a core (ui.panels.docks), between 2 and 30 a second.
         "panel_frames_per_s": round(_median([r.frames_per_s for r in windows]), 2),
-        # The same, with the window idle and only the 5 ms heartbeat running: the part of the
-        # figure above that is the measuring (and an idle window), not the streaming.
+        # The window idle (no reply, no heartbeat): what it costs when nothing happens.
         "gui_cpu_idle_per_s": round(idle_cpu, 3),
-        # The idle window alone, without the heartbeat: gui_cpu_idle_per_s less this is what
-        # the measuring costs the GUI thread.
-        "gui_cpu_idle_no_heartbeat_per_s": round(idle_cpu_alone, 3),
+        # What the 5 ms heartbeat of the stall replies costs the GUI thread on its own.
+        "heartbeat_cpu_per_s": round(heartbeat_cpu, 3),
+        "stall_replies": len(probed),
         "engine_cpu_s_per_reply": {k: round(v, 2) for k, v in engine_cpu.items()},
         "stall_ms": _spread(stalls),
         # Of each stall, the part the GUI thread spent running (its CPU time in the gap): the

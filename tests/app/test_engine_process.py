@@ -351,7 +351,10 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     assert result["decode_tokens_per_s"]["window"] > 0 and result["ttft_s"]["headless"] > 0
     assert result["decode_ratio_window_vs_headless"] > 0
     assert 0 < result["gui_cpu_per_s"] < 2  # the GUI thread's own CPU, not the process's
-    assert 0 < result["gui_cpu_idle_per_s"] < 2  # the heartbeat alone costs something
+    assert 0 <= result["gui_cpu_idle_per_s"] < 2
+    assert result["stall_replies"] == 1  # one per two pairs, beside the compared replies
+    low, high = result["decode_ratio_paired_ci90"]
+    assert low <= result["decode_ratio_paired_median"] <= high
     assert set(result["engine_cpu_s_per_reply"]) == {"window", "headless"}
     assert 0 <= result["stall_ms"]["p50"] <= result["stall_ms"]["p99"] <= result["stall_ms"]["max"]
     assert result["start_s"]["window_shown"] <= result["start_s"]["model_ready"]
@@ -362,6 +365,19 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     for mode in ("flood", "paced"):
         assert transport[mode]["mb_per_token"] == pytest.approx(per_token, rel=0.05)
         assert transport[mode]["latency_ms_p50"] <= transport[mode]["latency_ms_max"]
+
+
+def test_the_paired_interval_holds_the_median_and_narrows_with_more_pairs():
+    from app.window_bench import _paired, _paired_interval
+
+    assert _paired_interval([1.0], [1.0]) is None  # one pair has no spread to resample
+    assert _paired_interval([0.9] * 5, [1.0] * 5) == [0.9, 0.9]
+    noisy = np.random.default_rng(1).normal(0.95, 0.08, 40)
+    few = _paired_interval(list(noisy[:6]), [1.0] * 6)
+    many = _paired_interval(list(noisy), [1.0] * 40)
+    assert few is not None and many is not None
+    assert many[0] <= _paired(list(noisy), [1.0] * 40) <= many[1]
+    assert many[1] - many[0] < few[1] - few[0]
 
 
 def test_quitting_while_the_engine_still_imports_does_not_wait_for_it(qtbot):
