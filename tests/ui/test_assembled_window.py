@@ -55,6 +55,24 @@ def test_a_real_generation_fills_every_panel_with_its_events(qtbot, build, tiny_
     np.testing.assert_allclose(stack[:, -1, :], tokens[-1].attention[layer], rtol=1e-6)
 
 
+def test_a_long_prompt_sends_only_the_rows_the_attention_panel_keeps(qtbot, build, tiny_loader):
+    """The engine's prompt block has the view's rows, not ProbeSettings' default 512: the rows
+    past them were sent only to be dropped (half of what crossed from the engine)."""
+    parts = build(tiny_loader)
+    kept = parts.internals.state.max_attention_rows
+    events = send_and_wait(qtbot, parts, "tokens " * (kept + 100))
+    prefill = next(e for e in events if isinstance(e, PrefillDone))
+    assert prefill.prompt_tokens > kept + 100
+    layer = parts.internals.attention.selected_layer
+    assert prefill.attention[layer].shape[1] == kept  # [heads, queries, keys]
+    rows = parts.internals.state.attention[layer]  # what the attention panel draws from
+    prompt_rows = int((rows.positions < prefill.prompt_tokens).sum())
+    assert 0 < prompt_rows < kept  # the first tokens' rows pushed the older half out
+    keys = prefill.prompt_tokens
+    kept_rows = rows.matrix()[:, :prompt_rows, :keys]
+    np.testing.assert_array_equal(kept_rows, prefill.attention[layer][:, -prompt_rows:])
+
+
 def test_every_message_is_stored_with_its_stats_and_reopens(qtbot, build, tiny_loader, tmp_path):
     parts = build(tiny_loader)
     events = send_and_wait(qtbot, parts, "First question")
