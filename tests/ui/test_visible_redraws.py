@@ -147,6 +147,29 @@ def test_a_minimised_window_redraws_nothing_until_restored(qtbot, docked, rng):
     assert drawn["timing"] == drawn["attention"] == drawn["next_token"] == 1
 
 
+def test_the_timer_sleeps_in_a_minimised_window_and_draws_when_it_is_restored(
+    qtbot, docked, rng, monkeypatch
+):
+    """Minimised mid-reply, the panels need drawing but none can be seen: the timer sleeps
+    (it ticked 30 times a second until the window came back) and restoring wakes it."""
+    view = docked.view
+    monkeypatch.setattr(docks, "SLEEP_AFTER_S", 0.0)
+    view.ingest_many([prefill(rng), token(rng, 0)])
+    view.timer.start()  # as the window runs it
+    qtbot.waitUntil(lambda: not view.timing.needs_redraw(), timeout=3000)
+    docked.window.showMinimized()
+    qtbot.waitUntil(docked.window.isMinimized)
+    view.ingest_many([token(rng, 1)])
+    assert view.timing.needs_redraw()
+    qtbot.waitUntil(lambda: view.asleep, timeout=3000)
+    view.ingest_many([token(rng, 2)])  # more data, still nothing on screen: asleep
+    assert view.asleep and view.timing.needs_redraw()
+    docked.window.showNormal()
+    qtbot.waitUntil(lambda: not view.timing.needs_redraw(), timeout=3000)
+    _x, steps = view.timing.step_curve.getData()
+    assert len(steps) == 2  # the two decode steps that arrived while minimised
+
+
 def test_a_panel_whose_data_did_not_change_does_not_redraw(docked, rng):
     view = docked.view
     view.docks["kv_cache"].setFloating(True)  # all four on screen

@@ -191,7 +191,7 @@ class InternalsView(QObject):
 
     def _wake_for_data(self) -> None:
         # A panel off screen draws when it is shown (its dock's visibilityChanged wakes us).
-        if self.asleep and any(on_screen(panel) for panel in self.panels):
+        if self.asleep and any(shown(panel) for panel in self.panels):
             self.wake()
 
     def _sleep_if_idle(self) -> None:
@@ -200,7 +200,7 @@ class InternalsView(QObject):
             return
         if time.monotonic() - self._active_at < SLEEP_AFTER_S:
             return
-        if any(panel.needs_redraw() and on_screen(panel) for panel in self.panels):
+        if any(panel.needs_redraw() and shown(panel) for panel in self.panels):
             return
         self.timer.stop()
         self.asleep = True
@@ -329,8 +329,9 @@ def frame_interval(interval_ms: int, cpu_share: float) -> int:
 
 
 def on_screen(panel: Panel) -> bool:
-    """Whether the panel is visible and not covered by a tab: `shown`, or in a minimised
-    window (whose restoring no dock announces, so a panel there keeps the timer awake)."""
+    """Whether the panel is visible and not covered by a tab; in a minimised window too. (The
+    timer may sleep while every panel is minimised: a restored window's docks report their
+    visibility, which wakes it.)"""
     return panel.isVisible() and not panel.visibleRegion().isEmpty()
 
 
