@@ -55,10 +55,14 @@ class EngineSpec:
     loader: str = "app.jobs:default_loader"
     session_factory: str = "app.jobs:default_session_factory"
     preload: tuple[str, ...] = ("engine.loader", "engine.session")  # imported at start
-    # torch's intra-op threads; None: one per core but one, left to the window. A window
-    # drawing on a core that an OpenMP thread also wants stalls every op at its barrier: on
-    # this 2-core machine two threads decoded at 0.2x the headless speed beside a busy window.
+    # torch's intra-op threads while decoding; None: one per core but one, left to the
+    # window. A window drawing on a core that an OpenMP thread also wants stalls every op at
+    # its barrier: here two threads decoded 0.8x as fast beside the window as alone, and
+    # the window's event loop stalled three times longer (p99 18 ms).
     threads: int | None = None
+    # ... and while a prompt is processed; None: every core. The window has little to draw
+    # until the first token, and prefill, all large matrix products, gains most from them.
+    prefill_threads: int | None = None
 
 
 def encode(message: Frame) -> bytes:

@@ -23,13 +23,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from app import collector
 from app.engine_process import EngineSpec, Frame, send_message, widen_pipe
 from app.jobs import describe_error, event_weight, load_session, run_generation
-from engine.events import Event, Failed, Finished
+from engine.events import Event, Failed, Finished, PrefillDone
 
 if TYPE_CHECKING:
     from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
@@ -39,10 +40,30 @@ log = logging.getLogger(__name__)
 MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet written
 
 
-def engine_threads(spec: EngineSpec) -> int:
-    """The spec's threads, else $GLASSBOX_ENGINE_THREADS, else all cores but one."""
-    chosen = spec.threads or int(os.environ.get("GLASSBOX_ENGINE_THREADS", "0") or 0)
-    return chosen if chosen > 0 else max(1, (os.cpu_count() or 2) - 1)
+@dataclass(frozen=True)
+class Threads:
+    """torch's intra-op threads for each phase of a reply (see EngineSpec)."""
+
+    prefill: int
+    decode: int
+
+    @classmethod
+    def of(cls, spec: EngineSpec, cores: int, logical: int) -> Threads:
+        """`cores`: torch's own default (one per physical core); `logical`: os.cpu_count().
+        Spec first, then $GLASSBOX_PREFILL_THREADS / $GLASSBOX_ENGINE_THREADS. By default
+        decoding leaves the window a core: one of its own, or a second hardware thread where
+        cores have two."""
+        decode = spec.threads or _from_environment("GLASSBOX_ENGINE_THREADS")
+        prefill = spec.prefill_threads or _from_environment("GLASSBOX_PREFILL_THREADS")
+        return cls(
+            prefill=prefill or cores,
+            decode=decode or max(1, min(cores, logical - 1)),
+        )
+
+
+def _from_environment(name: str) -> int:
+    value = int(os.environ.get(name, "0") or 0)
+    return value if value > 0 else 0
 
 
 def resolve(name: str) -> Callable[..., Any]:
@@ -66,7 +87,8 @@ def serve(requests: Connection, replies: Connection, spec: EngineSpec) -> None:
         gc.freeze()  # what the imports made lives as long as the process: see app.collector
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.set_num_threads(engine_threads(spec))
+        engine.threads = Threads.of(spec, torch.get_num_threads(), os.cpu_count() or 1)
+        torch.set_num_threads(engine.threads.decode)  # a compiled decode step is built for it
     engine.outbox.put(("ready",))
     try:
         engine.run()
@@ -151,6 +173,7 @@ class _Engine:
         self._lock = threading.Lock()
         self._cancelled_upto = 0
         self._running_job = 0
+        self.threads: Threads | None = None  # once torch is imported; None without it
 
     # -- listener thread ----------------------------------------------------------------------
 
@@ -251,18 +274,33 @@ class _Engine:
     ) -> None:
         with self._lock:
             self._running_job = job
+        push = self._sender(job) if deliver else self._final_only
+        self._set_threads("prefill")
         try:
             run_generation(
-                self.session,
-                messages,
-                settings,
-                probes,
-                self._sender(job) if deliver else self._final_only,
+                self.session, messages, settings, probes, self._decode_after(push),
                 lambda: self.cancelled(job),
-            )
+            )  # fmt: skip
         finally:
+            self._set_threads("decode")
             with self._lock:
                 self._running_job = 0
+
+    def _decode_after(self, push: Callable[[list[Event]], None]) -> Callable[[list[Event]], None]:
+        """`push`, which first sets the decode threads once the prompt is processed (the
+        session pushes PrefillDone before it decodes a step)."""
+
+        def push_then_decode(events: list[Event]) -> None:
+            if any(isinstance(event, PrefillDone) for event in events):
+                self._set_threads("decode")
+            push(events)
+
+        return push_then_decode
+
+    def _set_threads(self, phase: str) -> None:
+        torch = sys.modules.get("torch")
+        if self.threads is not None and torch is not None:
+            torch.set_num_threads(getattr(self.threads, phase))
 
     def _sender(self, job: int) -> Callable[[list[Event]], None]:
         def push(events: list[Event]) -> None:

@@ -79,3 +79,27 @@ def loader_with_error(request, progress):
     loaded = process_loader(request, progress)
     loaded.error = request.extra.get("error")
     return loaded
+
+
+def thread_counting_session(loaded):
+    """The fake session, whose Finished text says torch's thread counts "prefill,decode": read
+    as its prompt is processed and as its last token is made."""
+    from dataclasses import replace
+
+    import torch
+
+    from engine.events import Finished
+    from tests.ui.fakes import process_session
+
+    session = process_session(loaded)
+    generate = session.generate
+
+    def counting(messages, settings, probes=None):
+        prefill = torch.get_num_threads()  # the first next(): up to PrefillDone
+        for event in generate(messages, settings, probes):
+            if isinstance(event, Finished):
+                event = replace(event, text=f"{prefill},{torch.get_num_threads()}")
+            yield event
+
+    session.generate = counting
+    return session

@@ -94,6 +94,40 @@ def test_stop_reaches_the_engine_within_one_step(qtbot, worker):
     assert time.perf_counter() - started < 1.0  # 0.1 s steps: not queued behind the reply
 
 
+def test_a_prompt_is_processed_on_every_core_and_decoded_on_all_but_one(qtbot):
+    """The prefill threads while the session processes the prompt, the decode threads from
+    its PrefillDone on (the child's torch; the fake session reports what it saw)."""
+    spec = EngineSpec(
+        FAKE.loader, "tests.app.engine_models:thread_counting_session", preload=("torch",),
+        threads=1, prefill_threads=2,
+    )  # fmt: skip
+    worker = EngineProcessWorker(spec=spec)
+    try:
+        load(qtbot, worker, fake_request(tokens=5))
+        for _reply in range(2):  # and back to the prefill threads for the next prompt
+            events = collect(worker)
+            assert worker.generate(HELLO, SETTINGS)
+            qtbot.waitUntil(lambda events=events: not worker.busy, timeout=10_000)
+            assert events[-1].text == "2,1"
+    finally:
+        worker.shutdown()
+
+
+def test_thread_counts_leave_the_window_a_core_only_while_decoding(monkeypatch):
+    from app.engine_server import Threads
+
+    monkeypatch.delenv("GLASSBOX_ENGINE_THREADS", raising=False)
+    monkeypatch.delenv("GLASSBOX_PREFILL_THREADS", raising=False)
+    assert Threads.of(EngineSpec(), cores=2, logical=2) == Threads(prefill=2, decode=1)
+    assert Threads.of(EngineSpec(), cores=1, logical=1) == Threads(prefill=1, decode=1)
+    # Two hardware threads a core: the window takes a second thread, not a core.
+    assert Threads.of(EngineSpec(), cores=8, logical=16) == Threads(prefill=8, decode=8)
+    assert Threads.of(EngineSpec(threads=3, prefill_threads=5), 8, 8) == Threads(5, 3)
+    monkeypatch.setenv("GLASSBOX_ENGINE_THREADS", "2")
+    monkeypatch.setenv("GLASSBOX_PREFILL_THREADS", "6")
+    assert Threads.of(EngineSpec(), cores=8, logical=8) == Threads(prefill=6, decode=2)
+
+
 def test_a_failed_load_in_the_engine_keeps_the_model_and_counts_tokens(qtbot, worker):
     load(qtbot, worker, fake_request())
     failures: list[str] = []
