@@ -126,6 +126,7 @@ def print_text(results: dict[str, Any]) -> None:
             f"  paired, 90% range  {window['decode_ratio_paired_median']}"
             f" {window['decode_ratio_paired_ci90']}"
         )
+        print(f"  vs the terminal's  {window['decode_ratio_window_vs_terminal']}")
         print(f"  TTFT s             {window['ttft_s']}")
         print(f"  GUI CPU per second {window['gui_cpu_per_s']}")
         print(f"  idle window        {window['gui_cpu_idle_per_s']}")

@@ -63,6 +63,8 @@ class EngineSpec:
     # ... and while a prompt is processed; None: every core. The window has little to draw
     # until the first token, and prefill, all large matrix products, gains most from them.
     prefill_threads: int | None = None
+    # False: decode on every core too, as the terminal chat does (no window to leave one to).
+    leave_a_core: bool = True
 
 
 def encode(message: Frame) -> bytes:

@@ -55,10 +55,8 @@ class Threads:
         cores have two."""
         decode = spec.threads or _from_environment("GLASSBOX_ENGINE_THREADS")
         prefill = spec.prefill_threads or _from_environment("GLASSBOX_PREFILL_THREADS")
-        return cls(
-            prefill=prefill or cores,
-            decode=decode or max(1, min(cores, logical - 1)),
-        )
+        spare = max(1, min(cores, logical - 1)) if spec.leave_a_core else cores
+        return cls(prefill=prefill or cores, decode=decode or spare)
 
 
 def _from_environment(name: str) -> int:

@@ -7,7 +7,11 @@ same ~1,000-token prompt runs:
 
 - in the window: sent as a user would, every event crossing to the GUI and drawn;
 - headless: in the same engine process, on the same loaded model, with the same probes, whose
-  events stay in the engine (only its Finished crosses).
+  events stay in the engine (only its Finished crosses);
+- terminal: in a second engine process that decodes on every core, as the terminal chat
+  does, while the window is idle (TerminalEngine). The window's engine leaves a core to the
+  window; this says what that costs against `glassbox chat`, which the headless replies,
+  decoding on the same threads as the window's, do not.
 
 Same process, same weights, same torch threads, same probes: the only difference is the
 window (pickling and sending the events, and a GUI process busy drawing them on the same
@@ -40,7 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +160,7 @@ class WindowBench:
         self.model_ready_s = self._since_launch()
         if self.worker.info is None:
             raise RuntimeError("the model did not load")
-        self.decode_step_wait_s = self._wait_for_decode_step()
+        self.decode_step_wait_s = settle_decode_step(self.worker)
         self.engine_ready_s = None
         receiver = self.worker._receiver
         if receiver is not None and receiver.ready_at is not None:
@@ -167,16 +171,6 @@ class WindowBench:
         self.headless_cpu_s: list[float | None] = []
         self.window.event_received.connect(self._on_event)
         self.worker.headless_finished.connect(self._headless.append)
-
-    def _wait_for_decode_step(self) -> float:
-        """A fast model's compiled decode step is attached in the background after "ready"
-        (compiled first if it is not kept): both ways are timed once it is settled."""
-        info = self.worker.info
-        if info is None or info.precision != "fast":
-            return 0.0
-        start = time.perf_counter()
-        _wait_for_signal(self.worker.decode_step, lambda: self.worker.decode_step_state, 900)
-        return time.perf_counter() - start
 
     def _since_launch(self) -> float:
         return self.launch_s + time.perf_counter() - self.started
@@ -275,9 +269,13 @@ class WindowBench:
         timer.stop()
         return (time.thread_time() - cpu) / (time.perf_counter() - wall)
 
-    def headless_reply(self, text: str, settings: GenerationSettings) -> Finished:
+    def messages(self, text: str) -> list[Message]:
+        """What the window sends for `text` in a new chat."""
         system = self.window.settings_panel.system_prompt()
-        messages = [*([Message("system", system)] if system else []), Message("user", text)]
+        return [*([Message("system", system)] if system else []), Message("user", text)]
+
+    def headless_reply(self, text: str, settings: GenerationSettings) -> Finished:
+        messages = self.messages(text)
         self.worker.reset()
         self._headless.clear()
         probes: ProbeSettings = self.window.probe_settings()
@@ -299,6 +297,53 @@ class WindowBench:
         for dock in self.parts.internals.docks.values():
             dock.close()
         self.parts.shutdown()
+
+
+class TerminalEngine:
+    """The same model in an engine of its own that decodes on every core, as the terminal
+    chat does: the window's engine leaves one to the window (EngineSpec.leave_a_core), which
+    the comparison with headless replies in that engine does not show. Only its Finished
+    crosses; the window stays idle while it runs."""
+
+    def __init__(self, spec: EngineSpec, request: LoadRequest) -> None:
+        from app.engine_client import EngineProcessWorker
+
+        self.worker = EngineProcessWorker(spec=replace(spec, leave_a_core=False))
+        self.worker.load(request)
+        _run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
+        if self.worker.info is None:
+            raise RuntimeError("the model did not load in the terminal's engine")
+        settle_decode_step(self.worker)
+        self._finished: list[Finished | None] = []
+        self.worker.headless_finished.connect(self._finished.append)
+
+    def reply(
+        self, messages: list[Message], settings: GenerationSettings, probes: ProbeSettings
+    ) -> Finished:
+        self.worker.reset()
+        self._finished.clear()
+        if not self.worker.generate_headless(messages, settings, probes):
+            raise RuntimeError("the terminal's engine refused the reply")
+        _wait_for_signal(self.worker.headless_finished, lambda: bool(self._finished), 900)
+        _run_until(lambda: not self.worker.busy, 60)
+        finished = self._finished[0]
+        if finished is None:
+            raise RuntimeError("the terminal's engine died during the reply")
+        return finished
+
+    def close(self) -> None:
+        self.worker.shutdown()
+
+
+def settle_decode_step(worker: Any) -> float:
+    """Wait until a fast model's compiled decode step is attached (built first, in the
+    background, if it is not kept), so that every way is timed with it; the seconds waited."""
+    info = worker.info
+    if info is None or info.precision != "fast":
+        return 0.0
+    start = time.perf_counter()
+    _wait_for_signal(worker.decode_step, lambda: worker.decode_step_state, 900)
+    return time.perf_counter() - start
 
 
 def own_stalls(reply: WindowReply, interval_s: float) -> np.ndarray:
@@ -368,36 +413,48 @@ def measure_window(
     try:
         with tempfile.TemporaryDirectory(prefix="glassbox-window-bench-") as folder:
             bench = WindowBench(request, Path(folder), engine or EngineProcess(spec))
+            terminal = None
             try:
-                return _run(bench, new_tokens, repeats, context)
+                terminal = TerminalEngine(bench.engine.spec, request)
+                return _run(bench, terminal, new_tokens, repeats, context)
             finally:
+                if terminal is not None:
+                    terminal.close()
                 bench.close()
     finally:
         qInstallMessageHandler(previous)
 
 
-def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dict[str, Any]:
+def _run(
+    bench: WindowBench, terminal: TerminalEngine, new_tokens: int, repeats: int, context: int
+) -> dict[str, Any]:
     text = bench.prompt(context)
     settings = GenerationSettings(greedy=True, max_new_tokens=new_tokens, ignore_eos=True)
     warm = GenerationSettings(greedy=True, max_new_tokens=4, ignore_eos=True)
+    probes = bench.window.probe_settings()
     bench.window_reply(text, warm)  # first-time allocations and first paint of every panel
     bench.headless_reply(text, warm)
+    terminal.reply(bench.messages(text), warm, probes)
     idle_cpu = bench.idle_cpu_per_s(heartbeat=False)
     heartbeat_cpu = bench.idle_cpu_per_s() - idle_cpu
     windows: list[WindowReply] = []  # compared with headless: no heartbeat
     probed: list[WindowReply] = []  # with the heartbeat, for the stalls
     headless: list[Finished] = []
+    terminals: list[Finished] = []
     transport = bench.worker.transport
     sent_before, bytes_before = transport.messages, transport.bytes
     window_seconds = 0.0
-    for repeat in range(repeats):  # ABBA: neither way always goes first
-        for way in ("window", "headless") if repeat % 2 == 0 else ("headless", "window"):
+    ways = ("window", "headless", "terminal")
+    for repeat in range(repeats):  # each way goes first, second and third in turn
+        for way in ways[repeat % 3 :] + ways[: repeat % 3]:
             if way == "window":
                 reply = bench.window_reply(text, settings)
                 windows.append(reply)
                 window_seconds += (reply.end or 0.0) - reply.sent
-            else:
+            elif way == "headless":
                 headless.append(bench.headless_reply(text, settings))
+            else:
+                terminals.append(terminal.reply(bench.messages(text), settings, probes))
         if repeat % 2 == 1 or repeats == 1:  # one stall reply per two pairs
             probed.append(bench.window_reply(text, settings, heartbeat=True))
     latencies = np.asarray(transport.latencies_s[sent_before:] or [0.0]) * 1000
@@ -407,13 +464,16 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
     decode = {
         "window": _median([f.decode_tokens_per_s for f in finished]),
         "headless": _median([f.decode_tokens_per_s for f in headless]),
+        "terminal": _median([f.decode_tokens_per_s for f in terminals]),
     }
     ttft = {
         "window": _median([f.ttft_s for f in finished]),
         "headless": _median([f.ttft_s for f in headless]),
+        "terminal": _median([f.ttft_s for f in terminals]),
     }
     window_decode = [f.decode_tokens_per_s for f in finished]
     headless_decode = [f.decode_tokens_per_s for f in headless]
+    terminal_decode = [f.decode_tokens_per_s for f in terminals]
     shown_ttft = _median([(r.first_token or r.sent) - r.sent for r in windows])
     gui_cpu = [r.gui_cpu_per_s for r in windows]
     # The engine's own CPU per reply, both ways: equal means the window adds no work to the
@@ -439,6 +499,13 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
         "decode_ratio_paired_ci90": _paired_interval(window_decode, headless_decode),
         "ttft_s": {k: round(v, 3) for k, v in ttft.items()},
         "ttft_ratio_window_vs_headless": _ratio(ttft["window"], ttft["headless"]),
+        # Against the terminal's engine, every core decoding (TerminalEngine): where a user
+        # comparing the window with `glassbox chat` meets it.
+        "decode_ratio_window_vs_terminal": _ratio(decode["window"], decode["terminal"]),
+        "decode_ratio_window_vs_terminal_paired_ci90": _paired_interval(
+            window_decode, terminal_decode
+        ),
+        "ttft_ratio_window_vs_terminal": _ratio(ttft["window"], ttft["terminal"]),
         "ttft_ratio_paired_median": _paired(
             [f.ttft_s for f in finished], [f.ttft_s for f in headless]
         ),
@@ -451,6 +518,8 @@ def _run(bench: WindowBench, new_tokens: int, repeats: int, context: int) -> dic
             "headless_decode": [round(f.decode_tokens_per_s, 2) for f in headless],
             "window_ttft": [round(f.ttft_s, 3) for f in finished],
             "headless_ttft": [round(f.ttft_s, 3) for f in headless],
+            "terminal_decode": [round(v, 2) for v in terminal_decode],
+            "terminal_ttft": [round(f.ttft_s, 3) for f in terminals],
             "gui_cpu_per_s": [round(c, 3) for c in gui_cpu],
             "frames_per_s": [round(r.frames_per_s, 2) for r in windows],
         },

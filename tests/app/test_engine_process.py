@@ -123,6 +123,7 @@ def test_thread_counts_leave_the_window_a_core_only_while_decoding(monkeypatch):
     # Two hardware threads a core: the window takes a second thread, not a core.
     assert Threads.of(EngineSpec(), cores=8, logical=16) == Threads(prefill=8, decode=8)
     assert Threads.of(EngineSpec(threads=3, prefill_threads=5), 8, 8) == Threads(5, 3)
+    assert Threads.of(EngineSpec(leave_a_core=False), 2, 2) == Threads(2, 2)  # the terminal's
     monkeypatch.setenv("GLASSBOX_ENGINE_THREADS", "2")
     monkeypatch.setenv("GLASSBOX_PREFILL_THREADS", "6")
     assert Threads.of(EngineSpec(), cores=8, logical=8) == Threads(prefill=6, decode=2)
@@ -381,7 +382,9 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
 
     result = measure_window(fake_request(tokens=40), new_tokens=40, repeats=2, spec=FAKE)
     assert result["model"] == "fake" and result["repeats"] == 2
-    assert len(result["runs"]["window_decode"]) == len(result["runs"]["headless_decode"]) == 2
+    runs = result["runs"]
+    assert len(runs["window_decode"]) == len(runs["headless_decode"]) == 2
+    assert len(runs["terminal_decode"]) == 2 and result["decode_ratio_window_vs_terminal"] > 0
     assert result["decode_tokens_per_s"]["window"] > 0 and result["ttft_s"]["headless"] > 0
     assert result["decode_ratio_window_vs_headless"] > 0
     assert 0 < result["gui_cpu_per_s"] < 2  # the GUI thread's own CPU, not the process's
