@@ -8,10 +8,10 @@ same ~1,000-token prompt runs:
 - in the window: sent as a user would, every event crossing to the GUI and drawn;
 - headless: in the same engine process, on the same loaded model, with the same probes, whose
   events stay in the engine (only its Finished crosses);
-- terminal: in a second engine process that decodes on every core, as the terminal chat
-  does, while the window is idle (TerminalEngine). The window's engine leaves a core to the
-  window; this says what that costs against `glassbox chat`, which the headless replies,
-  decoding on the same threads as the window's, do not.
+- terminal: in a second engine process that runs as the terminal chat does, while the
+  window is idle (TerminalEngine). The window's engine gives way to the window (threads,
+  priority); this says what the window costs against `glassbox chat`, which the headless
+  replies, run by that same engine, do not.
 
 Same process, same weights, same torch threads, same probes: the only difference is the
 window (pickling and sending the events, and a GUI process busy drawing them on the same
@@ -300,15 +300,16 @@ class WindowBench:
 
 
 class TerminalEngine:
-    """The same model in an engine of its own that decodes on every core, as the terminal
-    chat does: the window's engine leaves one to the window (EngineSpec.leave_a_core), which
+    """The same model in an engine of its own that runs as the terminal chat does: every
+    core, normal priority, OpenMP's own spinning (EngineSpec.beside_window=False). What the
+    window's engine gives up for the window (a core on larger machines, priority, spinning)
     the comparison with headless replies in that engine does not show. Only its Finished
     crosses; the window stays idle while it runs."""
 
     def __init__(self, spec: EngineSpec, request: LoadRequest) -> None:
         from app.engine_client import EngineProcessWorker
 
-        self.worker = EngineProcessWorker(spec=replace(spec, leave_a_core=False))
+        self.worker = EngineProcessWorker(spec=replace(spec, beside_window=False))
         self.worker.load(request)
         _run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
         if self.worker.info is None:

@@ -82,8 +82,10 @@ def loader_with_error(request, progress):
 
 
 def thread_counting_session(loaded):
-    """The fake session, whose Finished text says torch's thread counts "prefill,decode": read
-    as its prompt is processed and as its last token is made."""
+    """The fake session, whose Finished text says torch's thread counts "prefill,decode" (read
+    as its prompt is processed and as its last token is made), then the process's niceness
+    and its $GOMP_SPINCOUNT: "prefill,decode,niceness,spin"."""
+    import os
     from dataclasses import replace
 
     import torch
@@ -98,7 +100,9 @@ def thread_counting_session(loaded):
         prefill = torch.get_num_threads()  # the first next(): up to PrefillDone
         for event in generate(messages, settings, probes):
             if isinstance(event, Finished):
-                event = replace(event, text=f"{prefill},{torch.get_num_threads()}")
+                spin = os.environ.get("GOMP_SPINCOUNT")
+                seen = (prefill, torch.get_num_threads(), os.nice(0), spin)
+                event = replace(event, text=",".join(map(str, seen)))
             yield event
 
     session.generate = counting

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ from PySide6.QtCore import QCoreApplication, QSettings
 
 from app import assembly
 from app.engine_client import RESTART_NOTE, EngineProcessWorker
-from app.engine_process import EngineSpec, receive_message, send_message
+from app.engine_process import ENGINE_NICENESS, EngineSpec, receive_message, send_message
 from engine.events import ENGINE_STOPPED, Failed, Finished, PrefillDone, Token, frozen_array
 from engine.settings import GenerationSettings, LoadRequest, Message
 
@@ -94,36 +96,55 @@ def test_stop_reaches_the_engine_within_one_step(qtbot, worker):
     assert time.perf_counter() - started < 1.0  # 0.1 s steps: not queued behind the reply
 
 
-def test_a_prompt_is_processed_on_every_core_and_decoded_on_all_but_one(qtbot):
-    """The prefill threads while the session processes the prompt, the decode threads from
-    its PrefillDone on (the child's torch; the fake session reports what it saw)."""
-    spec = EngineSpec(
-        FAKE.loader, "tests.app.engine_models:thread_counting_session", preload=("torch",),
-        threads=1, prefill_threads=2,
-    )  # fmt: skip
+def reported(qtbot, spec: EngineSpec, replies: int = 1) -> list[str]:
+    """The Finished texts of `replies` replies of thread_counting_session in `spec`'s child."""
     worker = EngineProcessWorker(spec=spec)
+    texts = []
     try:
         load(qtbot, worker, fake_request(tokens=5))
-        for _reply in range(2):  # and back to the prefill threads for the next prompt
+        for _reply in range(replies):
             events = collect(worker)
             assert worker.generate(HELLO, SETTINGS)
-            qtbot.waitUntil(lambda events=events: not worker.busy, timeout=10_000)
-            assert events[-1].text == "2,1"
+            qtbot.waitUntil(lambda: not worker.busy, timeout=10_000)
+            texts.append(events[-1].text)
     finally:
         worker.shutdown()
+    return texts
 
 
-def test_thread_counts_leave_the_window_a_core_only_while_decoding(monkeypatch):
+COUNTING = EngineSpec(
+    FAKE.loader, "tests.app.engine_models:thread_counting_session", preload=("torch",)
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="no process priorities here")
+def test_the_engine_gives_way_to_the_window_and_processes_prompts_on_every_core(qtbot, monkeypatch):
+    """Prefill threads while the prompt is processed, decode threads from PrefillDone on (and
+    back for the next prompt); one step lower in priority than the window, OpenMP threads that
+    sleep soon. The terminal's engine does neither."""
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    niceness = os.nice(0)
+    beside = replace(COUNTING, threads=1, prefill_threads=2)
+    lower = min(niceness + ENGINE_NICENESS, 19)
+    assert reported(qtbot, beside, replies=2) == [f"2,1,{lower},10000"] * 2
+    terminal = replace(COUNTING, threads=2, prefill_threads=2, beside_window=False)
+    assert reported(qtbot, terminal) == [f"2,2,{niceness},None"]
+
+
+def test_thread_counts_leave_the_window_a_core_only_while_decoding_on_larger_machines(
+    monkeypatch,
+):
     from app.engine_server import Threads
 
     monkeypatch.delenv("GLASSBOX_ENGINE_THREADS", raising=False)
     monkeypatch.delenv("GLASSBOX_PREFILL_THREADS", raising=False)
-    assert Threads.of(EngineSpec(), cores=2, logical=2) == Threads(prefill=2, decode=1)
+    assert Threads.of(EngineSpec(), cores=2, logical=2) == Threads(prefill=2, decode=2)
     assert Threads.of(EngineSpec(), cores=1, logical=1) == Threads(prefill=1, decode=1)
+    assert Threads.of(EngineSpec(), cores=4, logical=4) == Threads(prefill=4, decode=3)
     # Two hardware threads a core: the window takes a second thread, not a core.
     assert Threads.of(EngineSpec(), cores=8, logical=16) == Threads(prefill=8, decode=8)
     assert Threads.of(EngineSpec(threads=3, prefill_threads=5), 8, 8) == Threads(5, 3)
-    assert Threads.of(EngineSpec(leave_a_core=False), 2, 2) == Threads(2, 2)  # the terminal's
+    assert Threads.of(EngineSpec(beside_window=False), 4, 4) == Threads(4, 4)  # the terminal's
     monkeypatch.setenv("GLASSBOX_ENGINE_THREADS", "2")
     monkeypatch.setenv("GLASSBOX_PREFILL_THREADS", "6")
     assert Threads.of(EngineSpec(), cores=8, logical=8) == Threads(prefill=6, decode=2)
