@@ -50,12 +50,15 @@ class Threads:
     @classmethod
     def of(cls, spec: EngineSpec, cores: int, logical: int) -> Threads:
         """`cores`: torch's own default (one per physical core); `logical`: os.cpu_count().
-        Spec first, then $GLASSBOX_PREFILL_THREADS / $GLASSBOX_ENGINE_THREADS. By default,
-        beside a window on more than two cores, decoding leaves it a core: one of its own, or
-        a second hardware thread where cores have two (EngineSpec.threads says why)."""
+        Spec first, then (beside a window) $GLASSBOX_PREFILL_THREADS /
+        $GLASSBOX_ENGINE_THREADS. By default, beside a window on more than two cores,
+        decoding leaves it a core: one of its own, or a second hardware thread where cores
+        have two (EngineSpec.threads says why)."""
+        if not spec.beside_window:  # the terminal chat's: torch's own default, as it runs
+            return cls(prefill=spec.prefill_threads or cores, decode=spec.threads or cores)
         decode = spec.threads or _from_environment("GLASSBOX_ENGINE_THREADS")
         prefill = spec.prefill_threads or _from_environment("GLASSBOX_PREFILL_THREADS")
-        leave_one = spec.beside_window and cores > 2
+        leave_one = cores > 2
         spare = max(1, min(cores, logical - 1)) if leave_one else cores
         return cls(prefill=prefill or cores, decode=decode or spare)
 

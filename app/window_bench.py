@@ -309,7 +309,8 @@ class TerminalEngine:
     def __init__(self, spec: EngineSpec, request: LoadRequest) -> None:
         from app.engine_client import EngineProcessWorker
 
-        self.worker = EngineProcessWorker(spec=replace(spec, beside_window=False))
+        own = replace(spec, beside_window=False, threads=None, prefill_threads=None)
+        self.worker = EngineProcessWorker(spec=own)
         self.worker.load(request)
         _run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
         if self.worker.info is None:
