@@ -276,20 +276,10 @@ class WindowBench:
 
     def headless_reply(self, text: str, settings: GenerationSettings) -> Finished:
         messages = self.messages(text)
-        self.worker.reset()
-        self._headless.clear()
         probes: ProbeSettings = self.window.probe_settings()
         cpu = cpu_seconds_of(self.engine.pid)
-        if not self.worker.generate_headless(messages, settings, probes):
-            raise RuntimeError("the engine refused the headless reply")
-        # Woken by the Finished, not a poll: a GUI thread polling beside the headless engine
-        # would take CPU from it (and flatter the window's ratio).
-        _wait_for_signal(self.worker.headless_finished, lambda: bool(self._headless), 900)
-        _run_until(lambda: not self.worker.busy, 60)
+        finished = headless(self.worker, self._headless, messages, settings, probes)
         self.headless_cpu_s.append(_less(cpu_seconds_of(self.engine.pid), cpu))
-        finished = self._headless[0]
-        if finished is None:
-            raise RuntimeError("the engine died during the headless reply")
         return finished
 
     def close(self) -> None:
@@ -322,19 +312,32 @@ class TerminalEngine:
     def reply(
         self, messages: list[Message], settings: GenerationSettings, probes: ProbeSettings
     ) -> Finished:
-        self.worker.reset()
-        self._finished.clear()
-        if not self.worker.generate_headless(messages, settings, probes):
-            raise RuntimeError("the terminal's engine refused the reply")
-        _wait_for_signal(self.worker.headless_finished, lambda: bool(self._finished), 900)
-        _run_until(lambda: not self.worker.busy, 60)
-        finished = self._finished[0]
-        if finished is None:
-            raise RuntimeError("the terminal's engine died during the reply")
-        return finished
+        return headless(self.worker, self._finished, messages, settings, probes)
 
     def close(self) -> None:
         self.worker.shutdown()
+
+
+def headless(
+    worker: Any,
+    ends: list[Finished | None],
+    messages: list[Message],
+    settings: GenerationSettings,
+    probes: ProbeSettings,
+) -> Finished:
+    """One reply whose events stay in `worker`'s engine; `ends` is where its
+    headless_finished signal appends. Woken by the Finished, not a poll: a GUI thread polling
+    beside a headless engine would take CPU from it (and flatter the window's ratio)."""
+    worker.reset()
+    ends.clear()
+    if not worker.generate_headless(messages, settings, probes):
+        raise RuntimeError("the engine refused the headless reply")
+    _wait_for_signal(worker.headless_finished, lambda: bool(ends), 900)
+    _run_until(lambda: not worker.busy, 60)
+    finished = ends[0]
+    if finished is None:
+        raise RuntimeError("the engine died during the headless reply")
+    return finished
 
 
 def settle_decode_step(worker: Any) -> float:
