@@ -64,8 +64,13 @@ class Threads:
 
 
 def _from_environment(name: str) -> int:
-    value = int(os.environ.get(name, "0") or 0)
-    return value if value > 0 else 0
+    """A positive thread count from $name, else 0 (unset or not a count: said in the log)."""
+    text = os.environ.get(name, "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    if text:
+        log.warning("%s=%r is not a positive number of threads: the default is used", name, text)
+    return 0
 
 
 def resolve(name: str) -> Callable[..., Any]:

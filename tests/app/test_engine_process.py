@@ -148,6 +148,9 @@ def test_thread_counts_leave_the_window_a_core_only_while_decoding_on_larger_mac
     monkeypatch.setenv("GLASSBOX_ENGINE_THREADS", "2")
     monkeypatch.setenv("GLASSBOX_PREFILL_THREADS", "6")
     assert Threads.of(EngineSpec(), cores=8, logical=8) == Threads(prefill=6, decode=2)
+    monkeypatch.setenv("GLASSBOX_ENGINE_THREADS", "two")  # not a count: the default, logged
+    monkeypatch.setenv("GLASSBOX_PREFILL_THREADS", "-1")
+    assert Threads.of(EngineSpec(), cores=8, logical=8) == Threads(prefill=8, decode=7)
     # The terminal's engine (the window bench's reference) runs as the terminal chat does.
     assert Threads.of(EngineSpec(beside_window=False), 8, 8) == Threads(prefill=8, decode=8)
 
