@@ -225,7 +225,7 @@ class WindowBench:
     ) -> WindowReply:
         """One reply sent in the window. With `heartbeat`, the 5 ms timer that finds the event
         loop's stalls runs through it: 200 wake-ups a second of the GUI thread that the window
-        never has (0.03 of a core here, and the frame governor counts it), so the replies
+        never has (0.02-0.03 of a core here, and the frame governor counts it), so the replies
         that compare speeds run without it and others measure the stalls."""
         from PySide6.QtCore import Qt, QTimer
 
@@ -251,8 +251,8 @@ class WindowBench:
 
     def idle_cpu_per_s(self, seconds: float = 2.0, heartbeat: bool = True) -> float:
         """GUI-thread CPU per wall second with the window idle, with or without the heartbeat
-        running: with it, what the measuring and an idle window cost (both are in every
-        reply's figure); the difference is the heartbeat's own cost."""
+        running: without it, what an idle window costs; the difference is the heartbeat's own
+        cost, which only the stall replies carry."""
         from PySide6.QtCore import Qt, QTimer
 
         from app.stall import _run_for
