@@ -150,7 +150,7 @@ class StallRun:
             "p99_stall_ms": round(p99 * 1000, 1),
             "redraws": sum(self.redraws.values()),
             "redraws_per_panel": dict(self.redraws),
-            "seconds": round(streamed_s, 2),
+            "seconds": round(streamed_s, 3),  # a short run lasts well under 0.1 s
             "tokens_per_s": round(tokens / streamed_s, 1),
             "largest_batch": self.largest_batch,
             "heartbeat_ms": heartbeat_ms,
