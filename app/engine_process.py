@@ -223,16 +223,16 @@ class EngineProcess:
 def give_way_to_the_window() -> None:
     """Let the window's threads have a core as soon as they want one; before torch loads.
 
-    An OpenMP thread that waits at a barrier spins before it sleeps: ~20 ms by default here
-    (300,000 pauses), holding the core the window's thread just woke up for. 10,000 pauses
-    still bridge the gaps between one decode step's operations; KMP_BLOCKTIME is the same
-    for the LLVM/Intel runtimes (macOS). A user's own settings stay. And the engine runs one
-    step down in priority, so the window's short bursts preempt it instead of waiting for its
-    time slice. All panels floating, two threads decoding: event-loop stalls p99 9 ms
-    against 18 ms without either (equal decode speed).
+    The engine runs one step down in priority, so the window's short bursts preempt it
+    instead of waiting for its time slice. OpenMP's waiting is left as it is: its threads
+    spin ~20 ms at a barrier before they sleep (300,000 pauses). Making them sleep sooner
+    (10,000) let the window in no faster beside a lower-priority engine (stall p99 9.4-13.9
+    ms against 9.6-11.9), while a thread put to sleep between two of a step's operations
+    sometimes woke late on this virtual machine: replies of that engine alone fell to 13-29
+    tokens/s among ones at 37, and the window decoded at 0.53-0.83x the terminal chat
+    (median 0.74) against 0.75-0.81x (median 0.76) with the default spin, in five
+    interleaved bench --window runs each way.
     """
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    os.environ.setdefault("KMP_BLOCKTIME", "1")
     if hasattr(os, "nice"):  # not on Windows
         with contextlib.suppress(OSError):
             os.nice(ENGINE_NICENESS)

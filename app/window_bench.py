@@ -291,9 +291,9 @@ class WindowBench:
 
 class TerminalEngine:
     """The same model in an engine of its own that runs as the terminal chat does: every
-    core, normal priority, OpenMP's own spinning (EngineSpec.beside_window=False). What the
-    window's engine gives up for the window (a core on larger machines, priority, spinning)
-    the comparison with headless replies in that engine does not show. Only its Finished
+    core, normal priority (EngineSpec.beside_window=False). What the window's engine gives
+    up for the window (a core on larger machines, priority) the comparison with headless
+    replies in that engine does not show. Only its Finished
     crosses; the window stays idle while it runs."""
 
     def __init__(self, spec: EngineSpec, request: LoadRequest) -> None:

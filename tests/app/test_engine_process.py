@@ -120,13 +120,13 @@ COUNTING = EngineSpec(
 @pytest.mark.skipif(not hasattr(os, "nice"), reason="no process priorities here")
 def test_the_engine_gives_way_to_the_window_and_processes_prompts_on_every_core(qtbot, monkeypatch):
     """Prefill threads while the prompt is processed, decode threads from PrefillDone on (and
-    back for the next prompt); one step lower in priority than the window, OpenMP threads that
-    sleep soon. The terminal's engine does neither."""
+    back for the next prompt); one step lower in priority than the window, OpenMP's waiting
+    left as it is. The terminal's engine keeps its priority."""
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     niceness = os.nice(0)
     beside = replace(COUNTING, threads=1, prefill_threads=2)
     lower = min(niceness + ENGINE_NICENESS, 19)
-    assert reported(qtbot, beside, replies=2) == [f"2,1,{lower},10000"] * 2
+    assert reported(qtbot, beside, replies=2) == [f"2,1,{lower},None"] * 2
     terminal = replace(COUNTING, threads=2, prefill_threads=2, beside_window=False)
     assert reported(qtbot, terminal) == [f"2,2,{niceness},None"]
 
