@@ -65,7 +65,7 @@ def run_chat(args: argparse.Namespace) -> int:
         print(f"glassbox chat: {error}", file=sys.stderr)
         return 2
     # --json and --trace carry each step's next-token candidates; plain text shows none
-    probes = ProbeSettings(attention_layers=layers, top_k=10 if args.trace or args.json else 0)
+    probes = ProbeSettings.for_chat(layers, candidates=args.trace or args.json)
     history = [Message("system", args.system)] if args.system else []
     store = None if args.no_store else open_store()
     chat_log = ChatLog(store, session.info.name, args.system, settings)

@@ -9,9 +9,11 @@ same ~1,000-token prompt runs:
 - headless: in the same engine process, on the same loaded model, with the same probes, whose
   events stay in the engine (only its Finished crosses);
 - terminal: in a second engine process that runs as the terminal chat does, while the
-  window is idle (TerminalEngine). The window's engine gives way to the window (threads,
-  priority); this says what the window costs against `glassbox chat`, which the headless
-  replies, run by that same engine, do not.
+  window is idle (TerminalEngine): every core, normal priority, and only what a plain
+  `glassbox chat` records (no attention rows, no candidates). The window's engine gives way
+  to the window (threads, priority) and records what its panels show; this says what the
+  window costs against `glassbox chat`, which the headless replies, run by that same
+  engine with the same probes, do not.
 
 Same process, same weights, same torch threads, same probes: the only difference is the
 window (pickling and sending the events, and a GUI process busy drawing them on the same
@@ -291,10 +293,10 @@ class WindowBench:
 
 class TerminalEngine:
     """The same model in an engine of its own that runs as the terminal chat does: every
-    core, normal priority (EngineSpec.beside_window=False). What the window's engine gives
-    up for the window (a core on larger machines, priority) the comparison with headless
-    replies in that engine does not show. Only its Finished
-    crosses; the window stays idle while it runs."""
+    core, normal priority (EngineSpec.beside_window=False), recording only what a plain
+    chat records. What the window's engine gives up for the window (a core on larger
+    machines, priority) and what its probes cost, the comparison with headless replies in
+    that engine does not show. Only its Finished crosses; the window stays idle meanwhile."""
 
     def __init__(self, spec: EngineSpec, request: LoadRequest) -> None:
         from app.engine_client import EngineProcessWorker
@@ -309,10 +311,8 @@ class TerminalEngine:
         self._finished: list[Finished | None] = []
         self.worker.headless_finished.connect(self._finished.append)
 
-    def reply(
-        self, messages: list[Message], settings: GenerationSettings, probes: ProbeSettings
-    ) -> Finished:
-        return headless(self.worker, self._finished, messages, settings, probes)
+    def reply(self, messages: list[Message], settings: GenerationSettings) -> Finished:
+        return headless(self.worker, self._finished, messages, settings, ProbeSettings.for_chat())
 
     def close(self) -> None:
         self.worker.shutdown()
@@ -436,10 +436,9 @@ def _run(
     text = bench.prompt(context)
     settings = GenerationSettings(greedy=True, max_new_tokens=new_tokens, ignore_eos=True)
     warm = GenerationSettings(greedy=True, max_new_tokens=4, ignore_eos=True)
-    probes = bench.window.probe_settings()
     bench.window_reply(text, warm)  # first-time allocations and first paint of every panel
     bench.headless_reply(text, warm)
-    terminal.reply(bench.messages(text), warm, probes)
+    terminal.reply(bench.messages(text), warm)
     idle_cpu = bench.idle_cpu_per_s(heartbeat=False)
     heartbeat_cpu = bench.idle_cpu_per_s() - idle_cpu
     windows: list[WindowReply] = []  # compared with headless: no heartbeat
@@ -459,7 +458,7 @@ def _run(
             elif way == "headless":
                 headless.append(bench.headless_reply(text, settings))
             else:
-                terminals.append(terminal.reply(bench.messages(text), settings, probes))
+                terminals.append(terminal.reply(bench.messages(text), settings))
         if repeat % 2 == 1 or repeats == 1:  # one stall reply per two pairs
             probed.append(bench.window_reply(text, settings, heartbeat=True))
     latencies = np.asarray(transport.latencies_s[sent_before:] or [0.0]) * 1000

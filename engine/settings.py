@@ -79,6 +79,12 @@ class ProbeSettings:
         """Observe nothing: the plain chat path the benchmark compares against."""
         return cls(attention_layers=(), top_k=0, kv_per_layer=False)
 
+    @classmethod
+    def for_chat(cls, layers: tuple[int, ...] = (), candidates: bool = False) -> ProbeSettings:
+        """What the terminal chat records: `layers`' attention and the next-token candidates
+        only when asked for (--trace, --json); a plain chat records neither."""
+        return cls(attention_layers=layers, top_k=10 if candidates else 0)
+
 
 def parse_layers(spec: str, num_layers: int) -> tuple[int, ...]:
     """Parse a layer list such as "all", "0,14,29" or "-1" (negative counts from the end)."""

@@ -133,3 +133,11 @@ def test_message_and_load_request():
     assert Message("user", "hi").as_dict() == {"role": "user", "content": "hi"}
     request = LoadRequest()
     assert (request.spec, request.device, request.dtype) == ("bundled", "auto", "auto")
+
+
+def test_the_terminal_chat_records_attention_and_candidates_only_when_asked():
+    """The window bench's terminal way runs with these: what `glassbox chat` records."""
+    plain = ProbeSettings.for_chat()
+    assert plain.attention_layers == () and plain.top_k == 0
+    traced = ProbeSettings.for_chat((0, 29), candidates=True)
+    assert traced.attention_layers == (0, 29) and traced.top_k == 10
