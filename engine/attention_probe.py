@@ -41,17 +41,22 @@ def attention_weights(
     rows: int,
 ) -> torch.Tensor:
     """softmax(q·kᵀ·scale + mask) for the last `rows` queries: [heads, rows, keys], float32."""
-    groups = query.shape[1] // key.shape[1]
-    q_len, k_len = query.shape[2], key.shape[2]
+    kv_heads, k_len, head_dim = key.shape[1], key.shape[2], key.shape[3]
+    heads, q_len = query.shape[1], query.shape[2]
     rows = min(rows, q_len)
-    q = query[0, :, q_len - rows :].float()
-    k = key[0].float().repeat_interleave(groups, dim=0)  # [heads, keys, head_dim]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [heads, rows, keys]
+    # Each key head serves `heads // kv_heads` query heads in a row: one batched product per
+    # key head, its query heads' rows stacked, instead of copying the keys once per query head
+    # (at 1,000 keys that copy, and a broadcast matmul, were most of a decode step's probe).
+    q = query[0, :, q_len - rows :].float().reshape(kv_heads, -1, head_dim)
+    k = key[0].float()  # [kv_heads, keys, head_dim]
+    scores = torch.bmm(q, k.transpose(1, 2)).reshape(heads, rows, k_len) * scaling
     if mask is None:
-        # SDPA skipped the mask because it is purely causal: queries are the last q_len positions.
-        query_pos = torch.arange(k_len - rows, k_len, device=scores.device)[:, None]
-        allowed = torch.arange(k_len, device=scores.device)[None, :] <= query_pos
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        # SDPA skipped the mask because it is purely causal: queries are the last q_len
+        # positions, so the very last one (a decode step's) sees every key.
+        if rows > 1:
+            query_pos = torch.arange(k_len - rows, k_len, device=scores.device)[:, None]
+            allowed = torch.arange(k_len, device=scores.device)[None, :] <= query_pos
+            scores = scores.masked_fill(~allowed, float("-inf"))
     else:
         mask = mask[0, 0, q_len - rows :, -k_len:]
         if mask.dtype == torch.bool:
