@@ -465,19 +465,12 @@ def _run(
     stalls = np.concatenate([stalls_of(r.beats, HEARTBEAT_MS / 1000) for r in probed]) * 1000
     own = np.concatenate([own_stalls(r, HEARTBEAT_MS / 1000) for r in probed]) * 1000
     finished = [r.finished for r in windows if r.finished is not None]
-    decode = {
-        "window": _median([f.decode_tokens_per_s for f in finished]),
-        "headless": _median([f.decode_tokens_per_s for f in headless]),
-        "terminal": _median([f.decode_tokens_per_s for f in terminals]),
-    }
-    ttft = {
-        "window": _median([f.ttft_s for f in finished]),
-        "headless": _median([f.ttft_s for f in headless]),
-        "terminal": _median([f.ttft_s for f in terminals]),
-    }
-    window_decode = [f.decode_tokens_per_s for f in finished]
-    headless_decode = [f.decode_tokens_per_s for f in headless]
-    terminal_decode = [f.decode_tokens_per_s for f in terminals]
+    ends = {"window": finished, "headless": headless, "terminal": terminals}
+    decode_runs = {way: [f.decode_tokens_per_s for f in fs] for way, fs in ends.items()}
+    ttft_runs = {way: [f.ttft_s for f in fs] for way, fs in ends.items()}
+    decode = {way: _median(runs) for way, runs in decode_runs.items()}
+    ttft = {way: _median(runs) for way, runs in ttft_runs.items()}
+    window_decode, headless_decode = decode_runs["window"], decode_runs["headless"]
     shown_ttft = _median([(r.first_token or r.sent) - r.sent for r in windows])
     gui_cpu = [r.gui_cpu_per_s for r in windows]
     # The engine's own CPU per reply, both ways: equal means the window adds no work to the
@@ -507,23 +500,15 @@ def _run(
         # comparing the window with `glassbox chat` meets it.
         "decode_ratio_window_vs_terminal": _ratio(decode["window"], decode["terminal"]),
         "decode_ratio_window_vs_terminal_paired_ci90": _paired_interval(
-            window_decode, terminal_decode
+            window_decode, decode_runs["terminal"]
         ),
         "ttft_ratio_window_vs_terminal": _ratio(ttft["window"], ttft["terminal"]),
-        "ttft_ratio_paired_median": _paired(
-            [f.ttft_s for f in finished], [f.ttft_s for f in headless]
-        ),
-        "ttft_ratio_paired_ci90": _paired_interval(
-            [f.ttft_s for f in finished], [f.ttft_s for f in headless]
-        ),
+        "ttft_ratio_paired_median": _paired(ttft_runs["window"], ttft_runs["headless"]),
+        "ttft_ratio_paired_ci90": _paired_interval(ttft_runs["window"], ttft_runs["headless"]),
         "ttft_shown_s": round(shown_ttft, 3),  # send pressed -> first token in the chat
         "runs": {
-            "window_decode": [round(f.decode_tokens_per_s, 2) for f in finished],
-            "headless_decode": [round(f.decode_tokens_per_s, 2) for f in headless],
-            "window_ttft": [round(f.ttft_s, 3) for f in finished],
-            "headless_ttft": [round(f.ttft_s, 3) for f in headless],
-            "terminal_decode": [round(v, 2) for v in terminal_decode],
-            "terminal_ttft": [round(f.ttft_s, 3) for f in terminals],
+            **{f"{way}_decode": [round(v, 2) for v in runs] for way, runs in decode_runs.items()},
+            **{f"{way}_ttft": [round(v, 3) for v in runs] for way, runs in ttft_runs.items()},
             "gui_cpu_per_s": [round(c, 3) for c in gui_cpu],
             "frames_per_s": [round(r.frames_per_s, 2) for r in windows],
         },
