@@ -104,11 +104,18 @@ def _connect_engine_notes(window: MainWindow, worker: worker_module.WorkerBase) 
 
 def _connect_internals(window: MainWindow, internals: InternalsView) -> None:
     # The engine sends only the prompt's rows the view keeps. The view drops older rows past
-    # max_attention_rows; the 512 the engine sends by default doubled what crossed from it
-    # (81 MB for a 1,100-token prompt, four watched layers) and showed the first token
-    # ~0.19 s after the engine had it, against ~0.02 s with a short prompt.
-    rows = internals.state.max_attention_rows
-    window.set_probe_settings(replace(window.probe_settings(), prefill_rows=rows))
+    # max_attention_rows (fewer at long contexts: max_attention_cells); the 512 the engine
+    # sends by default doubled what crossed from it (81 MB for a 1,100-token prompt, four
+    # watched layers) and showed the first token ~0.19 s after the engine had it, against
+    # ~0.02 s with a short prompt.
+    state = internals.state
+    window.set_probe_settings(
+        replace(
+            window.probe_settings(),
+            prefill_rows=state.max_attention_rows,
+            prefill_cells=state.max_attention_cells,
+        )
+    )
 
     def on_model(info: ModelInfo) -> None:
         layers = default_watched_layers(info)

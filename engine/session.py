@@ -190,7 +190,7 @@ class ChatSession:
             self.reset()
             reused = 0
         ids = torch.tensor([prompt[reused:]], device=self.device)  # [1, n]
-        probe = self._probe(probes, rows=min(probes.prefill_rows, len(prompt) - reused))
+        probe = self._probe(probes, rows=probes.prompt_rows(len(prompt) - reused, len(prompt)))
         logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
         self._cached_ids = list(prompt) if use_cache else []
         return Forward(logits, probe, new=len(prompt) - reused, cached=reused, with_cache=use_cache)

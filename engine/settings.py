@@ -53,6 +53,22 @@ class GenerationSettings:
             )
 
 
+FEWEST_ROWS = 16  # a cell budget never keeps fewer rows of attention than this
+
+
+def rows_within(max_rows: int, max_cells: int | None, keys: int) -> int:
+    """How many rows of attention over `keys` keys to keep: `max_rows`, fewer once rows x keys
+    would pass `max_cells` (per head), and never fewer than FEWEST_ROWS (or `max_rows`).
+
+    A row per token over the whole context grows memory as keys x rows: 256 rows at 10,000
+    keys are 370 MB for four watched layers of nine heads, in the window and across the pipe
+    from the engine. The engine's prompt rows and the window's kept rows share this bound.
+    """
+    if max_cells is None or keys <= 0:
+        return max_rows
+    return min(max_rows, max(max_cells // keys, FEWEST_ROWS))
+
+
 @dataclass(frozen=True, slots=True)
 class ProbeSettings:
     """Which internals a generation records into its events.
@@ -61,18 +77,27 @@ class ProbeSettings:
     `top_k`: how many next-token candidates each Token event carries (0: none).
     `prefill_rows`: at most this many query rows of the prompt's attention matrix are kept
     (the last ones), so a long prompt does not allocate heads x n x n floats per layer.
+    `prefill_cells`: and at most this many weights per head (rows x keys; None: no bound), so
+    a long context keeps fewer rows (see `rows_within`).
     """
 
     attention_layers: tuple[int, ...] = ()
     top_k: int = 10
     prefill_rows: int = 512
     kv_per_layer: bool = True
+    prefill_cells: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k < 0:
             raise SettingsError(f"probe top-k must be 0 or positive, got {self.top_k}")
         if self.prefill_rows < 1:
             raise SettingsError(f"prefill rows must be at least 1, got {self.prefill_rows}")
+        if self.prefill_cells is not None and self.prefill_cells < 1:
+            raise SettingsError(f"prefill cells must be at least 1, got {self.prefill_cells}")
+
+    def prompt_rows(self, queries: int, keys: int) -> int:
+        """How many of a prompt's last `queries` rows to keep, each over `keys` keys."""
+        return min(queries, rows_within(self.prefill_rows, self.prefill_cells, keys))
 
     @classmethod
     def off(cls) -> ProbeSettings:

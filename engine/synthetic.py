@@ -188,7 +188,7 @@ class SyntheticSession:
         return total, per_layer if probes.kv_per_layer else ()
 
     def _prefill(self, prompt: int, layers: tuple[int, ...], probes: ProbeSettings) -> PrefillDone:
-        rows = min(prompt, probes.prefill_rows)
+        rows = probes.prompt_rows(prompt, prompt)
         queries = np.arange(prompt - rows, prompt)[:, None]
         visible = np.arange(prompt)[None, :] <= queries  # the causal mask
         attention = {}

@@ -15,7 +15,7 @@ import torch
 from engine import kv_cache
 from engine.events import PrefillDone, Token
 from engine.session import ChatSession
-from engine.settings import GenerationSettings, Message, ProbeSettings
+from engine.settings import FEWEST_ROWS, GenerationSettings, Message, ProbeSettings
 from tests.models import make_tiny
 
 QUESTION = [Message("user", "Why is the sky blue? Answer briefly.")]
@@ -77,6 +77,21 @@ def test_prefill_keeps_only_the_last_rows_of_a_long_prompt(tokenizer):
     n = prefill.prompt_tokens
     assert prefill.attention[1].shape == (loaded.info.heads, 4, n)
     np.testing.assert_allclose(prefill.attention[1], reference[1][:, n - 4 :, :], atol=1e-5)
+
+
+def test_a_cell_budget_keeps_fewer_prompt_rows_at_long_contexts(tokenizer):
+    """rows x keys within prefill_cells: the last rows of the prompt, as the eager forward."""
+    loaded = make_tiny(tokenizer, "llama")
+    session = ChatSession(loaded)
+    n = session.count_tokens(QUESTION)
+    rows = FEWEST_ROWS + 2
+    assert n > rows  # the test means nothing otherwise
+    probes = ProbeSettings(attention_layers=(1,), prefill_rows=64, prefill_cells=rows * n + 5)
+    prefill = next(iter(session.generate(QUESTION, SETTINGS, probes)))
+    assert prefill.prompt_tokens == n
+    assert prefill.attention[1].shape == (loaded.info.heads, rows, n)
+    reference, _ = eager_reference(loaded, list(prefill.prompt_token_ids))
+    np.testing.assert_allclose(prefill.attention[1], reference[1][:, n - rows :, :], atol=1e-5)
 
 
 def test_kv_bytes_equal_the_tensors_and_the_formula(tiny):

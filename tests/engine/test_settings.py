@@ -7,12 +7,14 @@ import dataclasses
 import pytest
 
 from engine.settings import (
+    FEWEST_ROWS,
     GenerationSettings,
     LoadRequest,
     Message,
     ProbeSettings,
     SettingsError,
     parse_layers,
+    rows_within,
 )
 
 
@@ -77,6 +79,7 @@ def test_settings_are_frozen():
     [
         ({"top_k": -1}, ["probe top-k", "-1"]),
         ({"prefill_rows": 0}, ["prefill rows", "at least 1", "0"]),
+        ({"prefill_cells": 0}, ["prefill cells", "at least 1", "0"]),
     ],
 )
 def test_probe_settings_refuse_out_of_range(kwargs, words):
@@ -84,6 +87,24 @@ def test_probe_settings_refuse_out_of_range(kwargs, words):
         ProbeSettings(**kwargs)
     for word in words:
         assert word in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("queries", "keys", "cells", "expected"),
+    [
+        (1100, 1100, None, 256),  # no budget: the rows alone
+        (100, 100, 256 * 2048, 100),  # a short prompt has fewer rows than either bound
+        (2048, 2048, 256 * 2048, 256),  # rows x keys exactly at the budget
+        (10_000, 10_000, 256 * 2048, 52),  # 524,288 // 10,000
+        (40, 10_000, 256 * 2048, 40),  # a follow-up's new tokens over a long cached context
+        (1_000_000, 1_000_000, 256 * 2048, 16),  # never fewer than FEWEST_ROWS
+    ],
+)
+def test_prompt_rows_keep_rows_times_keys_within_the_cells(queries, keys, cells, expected):
+    probes = ProbeSettings(prefill_rows=256, prefill_cells=cells)
+    assert probes.prompt_rows(queries, keys) == expected
+    assert rows_within(8, 256 * 2048, 1_000_000) == 8  # nor more than the rows asked for
+    assert rows_within(256, 256 * 2048, 1_000_000) == FEWEST_ROWS
 
 
 def test_probe_settings_off_observes_nothing():

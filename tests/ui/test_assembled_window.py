@@ -60,6 +60,8 @@ def test_a_long_prompt_sends_only_the_rows_the_attention_panel_keeps(qtbot, buil
     past them were sent only to be dropped (half of what crossed from the engine)."""
     parts = build(tiny_loader)
     kept = parts.internals.state.max_attention_rows
+    probes = parts.window.probe_settings()
+    assert probes.prefill_cells == parts.internals.state.max_attention_cells is not None
     events = send_and_wait(qtbot, parts, "tokens " * (kept + 100))
     prefill = next(e for e in events if isinstance(e, PrefillDone))
     assert prefill.prompt_tokens > kept + 100

@@ -13,12 +13,14 @@ from PySide6.QtWidgets import QMainWindow
 from engine import synthetic
 from engine.events import Candidate, Failed, Finished, ModelInfo, PrefillDone, Token, frozen_array
 from engine.kv_cache import formula_bytes as kv_formula_bytes
+from engine.settings import FEWEST_ROWS
 from ui.panels import attention
 from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
 from ui.panels.docks import InternalsView, build_docks
 from ui.panels.kv_cache import STACKED, formula_text
 from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MOSAIC_LEVELS
 from ui.panels.state import AttentionRows, GrowableArray
+from ui.panels.state.attention import DROP_BLOCK
 from ui.panels.timing import WITH_CACHE, WITHOUT_CACHE, cache_label
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BYTES = 2, 4, 2, 8, 4
@@ -171,6 +173,29 @@ def test_attention_rows_grow_overwrite_and_drop(rng):
     np.testing.assert_array_equal(small.positions, [2, 3, 4, 5])
     np.testing.assert_allclose(small.matrix(), block[:, 2:, :], rtol=1e-6)
     assert small.dropped == 2
+
+
+def test_attention_rows_keep_rows_times_keys_within_their_cells(rng):
+    """As the context grows, fewer rows are kept (never fewer than FEWEST_ROWS): always the
+    latest ones, one per position, dropped in whole blocks, and a prompt block is cut to the
+    budget at once."""
+    cells = 24 * 40
+    rows = AttentionRows(HEADS, max_rows=32, max_cells=cells)
+    block = causal(rng, 30, 30)
+    rows.append_block(block)
+    assert rows.rows == 30 and rows.dropped == 0  # 30 x 30 fits
+    for keys in range(31, 400):
+        dropped = rows.dropped
+        rows.append_row(causal(rng, 1, keys)[:, 0, :])
+        assert rows.rows <= rows.limit(keys) == max(min(32, cells // keys), FEWEST_ROWS)
+        assert rows.positions[-1] == keys - 1 and np.all(np.diff(rows.positions) == 1)
+        assert (rows.dropped - dropped) % DROP_BLOCK == 0  # whole blocks of the mosaic's pooling
+    assert rows.rows >= FEWEST_ROWS // 2  # dropping halves what is kept, no more
+    long = AttentionRows(HEADS, max_rows=32, max_cells=cells)
+    block = causal(rng, 32, 60)
+    assert long.append_block(block) == 0
+    assert long.rows == cells // 60 == 16
+    np.testing.assert_allclose(long.matrix(), block[:, -16:, :], rtol=1e-6)
 
 
 def test_formula_counts_bytes_with_sliding_layers_capped():

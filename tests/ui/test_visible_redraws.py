@@ -416,10 +416,13 @@ def test_a_batch_of_tokens_is_one_chat_update_with_the_text_of_single_deliveries
     assert views[1].messages()[-1].content == "".join(pieces)
 
 
-def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng):
+@pytest.mark.parametrize("budget", [None, 48 * 60])
+def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng, budget):
     """`extend` after each row (whole blocks only), then a frame's `update`: the same cells and
-    colour levels as pooling every row at once, across the buffer halving and factor changes."""
-    rows = AttentionRows(HEADS, max_rows=48)
+    colour levels as pooling every row at once, across the buffer halving and factor changes.
+    With a cell budget the rows kept shrink as keys grow (48 to 16 here), and the row factor
+    follows them down."""
+    rows = AttentionRows(HEADS, max_rows=48, max_cells=budget)
     pooled = attention.PooledRows()
     rows.append_block(causal(rng, 5, 5))
     pooled.update(rows, max_rows=10, max_keys=16)
@@ -435,6 +438,9 @@ def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng):
             np.testing.assert_array_equal(cells, expected)
             np.testing.assert_array_equal(pooled.levels(), fresh.levels())
     assert rows.dropped > 0 and pooled.update(rows, 10, 16)[1] > 1  # halved and pooled rows
+    limit = rows.limit(rows.keys)
+    assert pooled.update(rows, 10, 16)[1] == attention.pool_factor(limit, 10)
+    assert limit == (16 if budget else 48)
 
 
 def test_rows_arriving_between_frames_are_pooled_with_their_batch(qtbot, docked, rng, monkeypatch):

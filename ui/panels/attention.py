@@ -179,6 +179,9 @@ class PooledRows:
         row_factor = pool_factor(rows.rows, max_rows)
         if self._key[:3] == (rows.serial, rows.heads, max_rows):
             row_factor = max(row_factor, self._key[3])
+        # ... except where a longer context keeps fewer rows (AttentionRows.limit): 52 rows
+        # at 10,000 keys pooled by the 8 that 256 needed would fill 7 cells of a tile.
+        row_factor = min(row_factor, pool_factor(rows.limit(rows.keys), max_rows))
         key_factor = pool_factor(rows.keys, max_keys)
         key = (rows.serial, rows.heads, max_rows, row_factor, key_factor)
         return key, rows.dropped - self._dropped

@@ -17,7 +17,7 @@ from ui.panels.attention import AttentionPanel
 from ui.panels.kv_cache import KvCachePanel
 from ui.panels.next_token import NextTokenPanel
 from ui.panels.roofline import RooflinePanel
-from ui.panels.state import InternalsState
+from ui.panels.state import ATTENTION_CELLS, InternalsState
 from ui.panels.timing import TimingPanel
 
 FRAME_MS = 33  # about 30 redraws a second at most
@@ -93,9 +93,14 @@ class InternalsView(QObject):
     # more often than that (app.assembly has the worker deliver them at that pace).
     frame_interval_changed = Signal(int)
 
-    def __init__(self, parent: QObject | None = None, max_attention_rows: int = 256) -> None:
+    def __init__(
+        self,
+        parent: QObject | None = None,
+        max_attention_rows: int = 256,
+        max_attention_cells: int | None = ATTENTION_CELLS,
+    ) -> None:
         super().__init__(parent)
-        self.state = InternalsState(max_attention_rows=max_attention_rows)
+        self.state = InternalsState(max_attention_rows, max_attention_cells)
         self.timing = TimingPanel(self.state)
         self.kv_cache = KvCachePanel(self.state)
         self.attention = AttentionPanel(self.state)

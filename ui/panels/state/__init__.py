@@ -5,7 +5,7 @@ can be built and tested anywhere the engine runs.
 """
 
 from ui.panels.state.arrays import GrowableArray
-from ui.panels.state.attention import AttentionRows, HeadStats
+from ui.panels.state.attention import ATTENTION_CELLS, AttentionRows, HeadStats
 from ui.panels.state.internals import (
     ATTENTION,
     KEYS,
@@ -21,6 +21,7 @@ from ui.panels.state.roofline import RooflineTrace
 
 __all__ = [
     "ATTENTION",
+    "ATTENTION_CELLS",
     "KEYS",
     "KV",
     "MODEL",

@@ -10,6 +10,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.settings import rows_within
+
+# Weights kept per head of a watched layer: 256 rows up to 2,048 keys of context, fewer past
+# that (rows_within). At 10,000 keys, 52 rows: 75 MB for four layers of nine heads, not 370.
+ATTENTION_CELLS = 256 * 2048
+
+# The attention mosaic pools rows in blocks of 1-8 (256 rows on at least 32 cells): dropping
+# whole blocks lets it shift what it pooled instead of pooling every row again. Halving 256
+# rows always did; a cell budget's limits (52 rows at 10,000 keys) do not, and the mosaic then
+# pooled everything again at each drop (p99 stall 26-32 ms against 16-17 in the stress).
+DROP_BLOCK = 8
+
 _serials = itertools.count()
 
 
@@ -21,14 +33,22 @@ class AttentionRows:
     the read-only [heads, keys] array its event carries, so appending copies nothing and a
     longer context never reallocates what is stored (a dense buffer had to copy every row each
     time the keys outgrew it: hundreds of milliseconds per event at 10,000 keys). Past
-    `max_rows` the oldest half is dropped. `matrix` and `padded` build dense copies.
+    `limit` rows (`max_rows`, fewer once rows x keys passes `max_cells`) the oldest half is
+    dropped. `matrix` and `padded` build dense copies.
     """
 
-    def __init__(self, heads: int, max_rows: int = 256, capacity: int = 64) -> None:
+    def __init__(
+        self,
+        heads: int,
+        max_rows: int = 256,
+        capacity: int = 64,
+        max_cells: int | None = ATTENTION_CELLS,
+    ) -> None:
         # `capacity` is accepted for callers of the dense buffer this replaced; rows need none.
         self.serial = next(_serials)  # tells one reply's buffer from the next
         self.heads = heads
         self.max_rows = max_rows
+        self.max_cells = max_cells
         self._rows: list[np.ndarray] = []  # [heads, n] each, n = its query position + 1 or more
         self._positions: list[int] = []
         self.keys = 0
@@ -37,6 +57,10 @@ class AttentionRows:
     @property
     def rows(self) -> int:
         return len(self._rows)
+
+    def limit(self, keys: int) -> int:
+        """The rows kept once the context holds `keys` keys."""
+        return rows_within(self.max_rows, self.max_cells, keys)
 
     @property
     def positions(self) -> np.ndarray:
@@ -67,10 +91,11 @@ class AttentionRows:
         if queries and self._positions and self._positions[-1] == first:
             self._append(block[:, 0, : first + 1], first)
             skip = 1
-        count = min(queries - skip, self.max_rows)
+        limit = self.limit(max(self.keys, keys))
+        count = min(queries - skip, limit)
         if count <= 0:
             return skip
-        self._drop(max(self.rows + count - self.max_rows, 0))
+        self._drop(max(self.rows + count - limit, 0))
         for query in range(queries - count, queries):
             position = first + query
             self._rows.append(block[:, query, : position + 1])  # views: no copy
@@ -98,8 +123,9 @@ class AttentionRows:
             self._rows[-1] = row
             new = False
         else:
-            if self.rows >= self.max_rows:
-                self._drop(max(self.rows // 2, 1))
+            limit = self.limit(max(self.keys, row.shape[1]))
+            if self.rows >= limit:
+                self._drop(self.rows - limit + 1)  # at least half (see _drop)
             self._rows.append(row)
             self._positions.append(position)
             new = True
@@ -107,10 +133,14 @@ class AttentionRows:
         return new
 
     def _drop(self, drop: int) -> None:
-        """Forget the `drop` oldest rows (at least half: the view redraws less often)."""
+        """Forget the `drop` oldest rows (at least half: the view redraws less often), rounded
+        up to whole blocks of DROP_BLOCK where that leaves any."""
         if drop <= 0:
             return
         drop = min(self.rows, max(drop, self.rows // 2))
+        blocks = -(-drop // DROP_BLOCK) * DROP_BLOCK
+        if blocks < self.rows:
+            drop = blocks
         del self._rows[:drop]
         del self._positions[:drop]
         self.dropped += drop

@@ -24,7 +24,7 @@ from engine.events import (
 )
 from engine.kv_cache import formula_bytes
 from ui.panels.state.arrays import GrowableArray
-from ui.panels.state.attention import AttentionRows, HeadStats
+from ui.panels.state.attention import ATTENTION_CELLS, AttentionRows, HeadStats
 from ui.panels.state.prepared import PreparedStats
 from ui.panels.state.reply import Reply
 from ui.panels.state.roofline import RooflineTrace
@@ -46,8 +46,11 @@ def _nothing() -> None:
 class InternalsState:
     """Everything the panels draw, updated from events in O(1)-ish time per event."""
 
-    def __init__(self, max_attention_rows: int = 256) -> None:
+    def __init__(
+        self, max_attention_rows: int = 256, max_attention_cells: int | None = ATTENTION_CELLS
+    ) -> None:
         self.max_attention_rows = max_attention_rows
+        self.max_attention_cells = max_attention_cells  # per head: see AttentionRows
         self.revisions: dict[str, int] = dict.fromkeys(KEYS, 0)
         self.info: ModelInfo | None = None
         self.watched_layers: tuple[int, ...] = ()
@@ -235,7 +238,9 @@ class InternalsState:
     def _attention_rows(self, layer: int, heads: int) -> AttentionRows:
         rows = self.attention.get(layer)
         if rows is None or rows.heads != heads:
-            rows = AttentionRows(heads, max_rows=self.max_attention_rows)
+            rows = AttentionRows(
+                heads, max_rows=self.max_attention_rows, max_cells=self.max_attention_cells
+            )
             self.attention[layer] = rows
         return rows
 
