@@ -1,9 +1,12 @@
-"""The index of the largest logit, found in two short passes on the CPU.
+"""The largest logits, found in two short passes on the CPU.
 
 torch's CPU argmax walks a 49,152-logit vector one entry at a time (~120 µs here, twice a
 greedy step). Viewed as rows of 128, the row maxima are one vectorised pass; the first row
 holding the maximum, then the first maximum in that row, is the same index (~30 µs).
-Elsewhere (a GPU, a length that is not a multiple of 128) torch's own argmax runs.
+Likewise torch's CPU topk over the whole vector (~360 µs for the 50 a sampled step keeps): the
+k largest values all lie in the k rows with the largest maxima, so a topk over those rows finds
+the k-th largest value, and the rows whose maximum reaches it hold every entry that does.
+Elsewhere (a GPU, a length that is not a multiple of 128) torch's own argmax and topk run.
 """
 
 from __future__ import annotations
@@ -20,3 +23,20 @@ def argmax(values: torch.Tensor) -> torch.Tensor:
     rows = values.view(-1, WIDTH)
     row = rows.amax(1).argmax()  # the first row holding the maximum
     return row * WIDTH + rows[row].argmax()
+
+
+def top_k_support(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices, ascending, of the entries at least the k-th largest of values [V]
+    (1 <= k <= V): k of them, more where entries tie with it. As
+    `(values >= values.topk(k).values[-1]).nonzero()[:, 0]`, without a pass of topk or nonzero
+    over every entry (~240 µs of the two, ~60 µs this way)."""
+    rows = values.view(-1, WIDTH) if values.dim() == 1 and values.shape[0] % WIDTH == 0 else None
+    if values.device.type != "cpu" or rows is None or k > rows.shape[0]:
+        return (values >= values.topk(k).values[-1]).nonzero()[:, 0]
+    maxima = rows.amax(1)
+    # Each of the k largest entries lies in a row whose maximum is at least that entry, so the
+    # k rows with the largest maxima hold k entries at least as large as any elsewhere.
+    threshold = rows[maxima.topk(k).indices].flatten().topk(k).values[-1]
+    candidates = (maxima >= threshold).nonzero()[:, 0]  # every row holding one (ties too)
+    hits = (rows[candidates] >= threshold).nonzero()  # [n, (row, column)], in order
+    return candidates[hits[:, 0]] * WIDTH + hits[:, 1]

@@ -10,7 +10,7 @@ import random
 
 import torch
 
-from engine.largest import argmax
+from engine.largest import argmax, top_k_support
 from engine.settings import GenerationSettings
 
 
@@ -21,6 +21,7 @@ class Sampler:
         self.settings = settings
         self.seed = settings.seed if settings.seed is not None else random.randrange(2**31)
         self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        self._kept: tuple[torch.Tensor, torch.Tensor] | None = None  # (probs, its support)
 
     def distribution(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """The probabilities the next token is drawn from. logits: [vocab] float32; history: [n]."""
@@ -29,15 +30,28 @@ class Sampler:
         if s.greedy:  # all the probability on the likeliest token
             return torch.zeros_like(scores).index_fill_(0, argmax(scores), 1.0)
         scores = scores / s.temperature
-        scores = keep_top_k(scores, s.top_k)
+        if 0 < s.top_k < scores.numel():
+            kept = top_k_support(scores, s.top_k)
+            probs = _within(scores, kept, s.top_p)
+            self._kept = (probs, kept)
+            return probs
         scores = keep_top_p(scores, s.top_p)
         return torch.softmax(scores, dim=-1)
 
     def choose(self, probs: torch.Tensor) -> torch.Tensor:
-        """A 0-d tensor holding the chosen token id (still on the device)."""
+        """A 0-d tensor holding the chosen token id (still on the device).
+
+        Drawn among the tokens the filters kept: torch's multinomial over the whole vocabulary
+        took ~1.9 ms a step here (49,152 tokens), over the 50 of the default top-k ~10 µs.
+        The same distribution, drawn from with the same seeded generator."""
         if self.settings.greedy:
             return argmax(probs)
-        return torch.multinomial(probs, 1, generator=self.generator)[0]
+        if self._kept is not None and self._kept[0] is probs:
+            support = self._kept[1]  # what `distribution` kept: no pass over the vocabulary
+        else:
+            support = probs.nonzero()[:, 0]
+        pick = torch.multinomial(probs[support], 1, generator=self.generator)[0]
+        return support[pick]
 
 
 def penalize_repetition(
@@ -49,6 +63,18 @@ def penalize_repetition(
     seen = logits.gather(0, history)
     seen = torch.where(seen < 0, seen * penalty, seen / penalty)
     return logits.scatter(0, history, seen)
+
+
+def _within(scores: torch.Tensor, kept: torch.Tensor, p: float) -> torch.Tensor:
+    """softmax(keep_top_p(keep_top_k(scores, k), p)) given top-k's `kept` indices, worked out
+    on the kept tokens alone.
+
+    Over the whole vocabulary, top-p sorted 49,152 scores a step (~1.8 ms here) of which all
+    but the top k were already -inf, and those add nothing to its softmax or its sums.
+    """
+    probs = torch.zeros_like(scores)
+    probs[kept] = torch.softmax(keep_top_p(scores[kept], p), dim=-1)
+    return probs
 
 
 def keep_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:

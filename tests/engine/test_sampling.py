@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
 
-from engine.largest import argmax
+from engine.largest import argmax, top_k_support
 from engine.sampling import Sampler, keep_top_k, keep_top_p, penalize_repetition
 from engine.settings import GenerationSettings
 
@@ -192,3 +192,60 @@ def test_two_pass_argmax_is_torchs_argmax(size):
         if trial == 7:
             values[size // 2] = float("nan")
         assert int(argmax(values)) == int(values.argmax())
+
+
+@pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
+def test_two_pass_top_k_support_is_every_entry_reaching_torchs_kth(size):
+    """The entries at least the k-th largest (ties included: many here), for k within and past
+    the rows of 128, as topk and nonzero over the whole vector find them."""
+    generator = torch.Generator().manual_seed(size)
+    for trial in range(100):
+        values = torch.randn(size, generator=generator).bfloat16().float()  # many ties
+        for k in {1, 3, min(50, size), min(size // 128 + 1, size)}:
+            expected = (values >= values.topk(k).values[-1]).nonzero()[:, 0]
+            assert top_k_support(values, k).tolist() == expected.tolist(), (trial, k)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        GenerationSettings(),  # the chat's defaults: temperature 0.7, top-k 50, top-p 0.9
+        GenerationSettings(temperature=1.0, top_k=5, top_p=1.0),
+        GenerationSettings(temperature=0.3, top_k=200, top_p=0.5, repetition_penalty=1.3),
+    ],
+)
+def test_distribution_within_top_k_is_the_filters_over_the_whole_vocabulary(settings):
+    """Top-p on the top-k tokens alone gives the probabilities the two filters give over every
+    token. (Where scores tie at top-p's edge, which of them it keeps follows the sort's order of
+    equal values, there as in transformers: arbitrary, so these scores do not tie.)"""
+    generator = torch.Generator().manual_seed(5)
+    history = torch.arange(0, 40_000, 97)
+    for _trial in range(20):
+        logits = torch.randn(49152, generator=generator) * 3
+        probs = Sampler(settings, CPU).distribution(logits, history)
+        scores = penalize_repetition(logits, history, settings.repetition_penalty)
+        scores = scores / settings.temperature
+        scores = keep_top_p(keep_top_k(scores, settings.top_k), settings.top_p)
+        torch.testing.assert_close(probs, torch.softmax(scores, dim=-1), rtol=1e-5, atol=1e-7)
+        assert set(probs.nonzero().flatten().tolist()) == kept(scores)
+
+
+def test_ties_at_the_top_k_edge_are_all_kept():
+    logits = torch.tensor([3.0, 2.0, 2.0, 2.0, 1.0] + [0.0] * 251)
+    settings = GenerationSettings(temperature=1.0, top_k=2, top_p=1.0)
+    probs = Sampler(settings, CPU).distribution(logits, torch.tensor([], dtype=torch.long))
+    assert set(probs.nonzero().flatten().tolist()) == {0, 1, 2, 3}  # as keep_top_k keeps them
+
+
+def test_draws_follow_the_distribution_among_the_kept_tokens():
+    """Drawn over the kept tokens alone: each token's share of 20,000 seeded draws is its
+    probability (within 0.015), and a filtered token never comes."""
+    logits = torch.zeros(49152)
+    logits[[10, 2000, 30_000, 49_151]] = torch.tensor([3.0, 2.5, 2.0, 1.0])
+    settings = GenerationSettings(temperature=1.0, top_k=4, top_p=1.0, seed=11)
+    sampler = Sampler(settings, CPU)
+    probs = sampler.distribution(logits, torch.tensor([], dtype=torch.long))
+    draws = torch.tensor([int(sampler.choose(probs)) for _ in range(20_000)])
+    counts = torch.bincount(draws, minlength=49152).float() / draws.numel()
+    assert set(draws.unique().tolist()) == {10, 2000, 30_000, 49_151}
+    torch.testing.assert_close(counts, probs, rtol=0, atol=0.015)
