@@ -101,6 +101,7 @@ def print_text(results: dict[str, Any]) -> None:
             print(f"  {name:16} {rate:8.1f} tokens/s")
         print(f"  engine / generate  {results['ratio_engine_vs_generate']:.3f}")
         print(f"  live view cost     {results['view_cost']:+.1%}")
+        print(f"  sampling cost      {results['sampling_cost']:+.1%}")
         if "ratio_fast_vs_exact" in results:
             print(f"  fast / exact       {results['ratio_fast_vs_exact']:.2f}")
             print(f"  decode step        {results['compiled_decode']['decode_step']}")

@@ -64,10 +64,17 @@ def generate_decode_rate(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int
 
 
 def engine_run(
-    session: ChatSession, messages: Sequence[Message], new_tokens: int, probes: ProbeSettings
+    session: ChatSession,
+    messages: Sequence[Message],
+    new_tokens: int,
+    probes: ProbeSettings,
+    sampled: bool = False,
 ) -> Finished:
+    """One reply, greedy, or `sampled` as the chat samples by default (seeded)."""
     session.reset()
-    settings = GenerationSettings(greedy=True, max_new_tokens=new_tokens, ignore_eos=True)
+    settings = GenerationSettings(
+        greedy=not sampled, seed=0, max_new_tokens=new_tokens, ignore_eos=True
+    )
     *_, finished = session.generate(messages, settings, probes)
     assert isinstance(finished, Finished)  # a generation always ends with its Finished
     return finished
@@ -98,6 +105,10 @@ def run(
     for name, session in sessions.items():
         variants[name] = partial(engine_run, session, messages, new_tokens, ProbeSettings.off())
         variants[f"{name}_view_on"] = partial(engine_run, session, messages, new_tokens, VIEW_ON)
+    main = "fast" if fast is not None else "engine"  # the path the chat takes
+    variants[f"{main}_sampled"] = partial(
+        engine_run, sessions[main], messages, new_tokens, ProbeSettings.off(), sampled=True
+    )
     if compiled is not None and compiled["decode_step"] == "compiled":
         variants["fast_eager"] = partial(eager_run, sessions["fast"], messages, new_tokens)
     if peer is not None:
@@ -133,6 +144,8 @@ def run(
         "ttft_s": {name: statistics.median(values) for name, values in ttft.items() if values},
         "ratio_engine_vs_generate": median["engine"] / median["generate"],
         "view_cost": 1 - median["engine_view_on"] / median["engine"],
+        # What drawing each token costs against picking the likeliest (the chat's defaults).
+        "sampling_cost": 1 - median[f"{main}_sampled"] / median[main],
     }
     if fast is not None:
         report["ratio_fast_vs_exact"] = median["fast"] / median["engine"]

@@ -284,9 +284,10 @@ def test_bench_reports_decode_rates(tiny_folder):
     assert result.returncode == 0, result.stderr
     report = json_lines(result.stdout)[-1]
     rates = report["decode_tokens_per_s"]
-    assert set(rates) == {"generate", "engine", "engine_view_on"}
+    assert set(rates) == {"generate", "engine", "engine_view_on", "engine_sampled"}
     assert all(rate > 0 for rate in rates.values())
     assert report["ratio_engine_vs_generate"] > 0
+    assert report["sampling_cost"] < 1
     assert report["new_tokens"] == 8 and report["repeats"] == 1
 
 
