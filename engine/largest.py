@@ -16,11 +16,18 @@ import torch
 WIDTH = 128
 
 
+def _rows(values: torch.Tensor) -> torch.Tensor | None:
+    """values [V] on the CPU as [V / WIDTH, WIDTH] rows; None where torch's own op should run."""
+    if values.device.type != "cpu" or values.dim() != 1 or values.shape[0] % WIDTH:
+        return None
+    return values.view(-1, WIDTH)
+
+
 def argmax(values: torch.Tensor) -> torch.Tensor:
     """The index of the first largest entry of values [V], a 0-d tensor (as Tensor.argmax)."""
-    if values.device.type != "cpu" or values.dim() != 1 or values.shape[0] % WIDTH:
+    rows = _rows(values)
+    if rows is None:
         return values.argmax()
-    rows = values.view(-1, WIDTH)
     row = rows.amax(1).argmax()  # the first row holding the maximum
     return row * WIDTH + rows[row].argmax()
 
@@ -30,8 +37,8 @@ def top_k_support(values: torch.Tensor, k: int) -> torch.Tensor:
     (1 <= k <= V): k of them, more where entries tie with it. As
     `(values >= values.topk(k).values[-1]).nonzero()[:, 0]`, without a pass of topk or nonzero
     over every entry (~240 µs of the two, ~60 µs this way)."""
-    rows = values.view(-1, WIDTH) if values.dim() == 1 and values.shape[0] % WIDTH == 0 else None
-    if values.device.type != "cpu" or rows is None or k > rows.shape[0]:
+    rows = _rows(values)
+    if rows is None or k > rows.shape[0]:
         return (values >= values.topk(k).values[-1]).nonzero()[:, 0]
     maxima = rows.amax(1)
     # Each of the k largest entries lies in a row whose maximum is at least that entry, so the
