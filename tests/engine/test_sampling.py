@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-from transformers import RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
+from transformers import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper, TopPLogitsWarper
 
 from engine.largest import argmax, top_k_support
-from engine.sampling import Sampler, keep_top_k, keep_top_p, penalize_repetition
+from engine.sampling import Sampler, keep_top_p, penalize_repetition
 from engine.settings import GenerationSettings
 
 CPU = torch.device("cpu")
@@ -51,20 +51,33 @@ def test_repetition_penalty_off_or_no_history_is_identity():
     assert penalize_repetition(logits, torch.tensor([], dtype=torch.long), 1.5) is logits
 
 
+def keep_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """transformers' top-k filter: the reference the sampler's top-k is held to."""
+    return TopKLogitsWarper(k)(None, scores[None].clone())[0]
+
+
+NO_HISTORY = torch.tensor([], dtype=torch.long)
+
+
+@pytest.mark.parametrize("size", [50, 1280])  # torch's topk, and the two-pass one
 @pytest.mark.parametrize("k", [1, 3, 7])
-def test_top_k_keeps_exactly_k(k):
+def test_top_k_keeps_exactly_k(k, size):
     torch.manual_seed(k)
-    scores = torch.randn(50)
-    filtered = keep_top_k(scores, k)
-    assert kept(filtered) == set(torch.topk(scores, k).indices.tolist())
-    survivors = torch.isfinite(filtered)
-    assert torch.equal(filtered[survivors], scores[survivors])  # kept scores are unchanged
+    scores = torch.randn(size)
+    settings = GenerationSettings(temperature=1.0, top_k=k, top_p=1.0)
+    probs = Sampler(settings, CPU).distribution(scores, NO_HISTORY)
+    assert kept(probs.log()) == set(torch.topk(scores, k).indices.tolist())
+    assert kept(probs.log()) == kept(keep_top_k(scores, k))
+    survivors = probs > 0  # drawn in proportion to their unchanged scores
+    torch.testing.assert_close(probs[survivors], torch.softmax(scores[survivors], dim=0))
 
 
 @pytest.mark.parametrize("k", [0, 50, 80])
 def test_top_k_off_or_wider_than_vocab_keeps_all(k):
     scores = torch.randn(50)
-    assert torch.equal(keep_top_k(scores, k), scores)
+    settings = GenerationSettings(temperature=1.0, top_k=k, top_p=1.0)
+    probs = Sampler(settings, CPU).distribution(scores, NO_HISTORY)
+    torch.testing.assert_close(probs, torch.softmax(scores, dim=0))
 
 
 @pytest.mark.parametrize(
@@ -234,7 +247,8 @@ def test_ties_at_the_top_k_edge_are_all_kept():
     logits = torch.tensor([3.0, 2.0, 2.0, 2.0, 1.0] + [0.0] * 251)
     settings = GenerationSettings(temperature=1.0, top_k=2, top_p=1.0)
     probs = Sampler(settings, CPU).distribution(logits, torch.tensor([], dtype=torch.long))
-    assert set(probs.nonzero().flatten().tolist()) == {0, 1, 2, 3}  # as keep_top_k keeps them
+    assert set(probs.nonzero().flatten().tolist()) == {0, 1, 2, 3}
+    assert kept(keep_top_k(logits, 2)) == {0, 1, 2, 3}  # as transformers keeps them
 
 
 def test_draws_follow_the_distribution_among_the_kept_tokens():
