@@ -5,7 +5,8 @@ hundreds of small torch ops per step waits for it whenever the GUI thread paints
 here: 35-45% of decode speed lost). In a child process the model has an interpreter to itself.
 
 One channel each way, each a pipe of pickled tuples (`EngineProcess` makes them; replies carry
-their numpy arrays out of band, see `send_message`):
+their numpy arrays out of band, see `send_message`, and those of a MB or more through shared
+memory, see app.shared_arrays):
 
   requests, GUI -> engine            replies, engine -> GUI
   ("load", LoadRequest)              ("ready",)                   torch & co. imported
@@ -34,9 +35,12 @@ import struct
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+
+from app.shared_arrays import MIN_SHARED_BYTES, SharedFolder, take
 
 # A request or a reply on the pipes: its kind first, then fields of any picklable type.
 Frame = tuple[Any, ...]
@@ -45,6 +49,7 @@ log = logging.getLogger(__name__)
 
 PIPE_BYTES = 2**20  # a token's attention rows at 10,000 keys (1.4 MB) in one or two writes
 PICKLE_PROTOCOL = 5  # numpy arrays can travel out of band, as their own frames
+INLINE, SHARED = 0, 1  # where an array's bytes travel: in the pipe, or in shared memory
 ENGINE_NICENESS = 5  # how far below the window the engine runs (see give_way_to_the_window)
 
 
@@ -75,29 +80,44 @@ def encode(message: Frame) -> bytes:
     return pickle.dumps(message, protocol=PICKLE_PROTOCOL)
 
 
-def send_message(connection: Connection, message: Frame) -> int:
+def send_message(connection: Connection, message: Frame, shared: SharedFolder | None = None) -> int:
     """Write `message` as a pickle frame whose arrays follow as frames of their own, written
-    straight from the arrays' memory; returns the bytes written."""
+    straight from the arrays' memory, or, from MIN_SHARED_BYTES on, through `shared` memory
+    (the frame then holds the file's path; see app.shared_arrays); returns the bytes sent."""
     buffers: list[pickle.PickleBuffer] = []
     header = pickle.dumps(message, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
-    connection.send_bytes(struct.pack("!I", len(buffers)) + header)
-    size = 4 + len(header)
-    for buffer in buffers:
-        raw = buffer.raw()
-        connection.send_bytes(raw)
-        size += raw.nbytes
-    return size
+    raws = [buffer.raw() for buffer in buffers]
+    paths = [_share(raw, shared) for raw in raws]
+    kinds = bytes(INLINE if path is None else SHARED for path in paths)
+    connection.send_bytes(struct.pack("!I", len(raws)) + kinds + header)
+    for raw, path in zip(raws, paths, strict=True):
+        connection.send_bytes(raw if path is None else path.encode())
+    return 4 + len(kinds) + len(header) + sum(raw.nbytes for raw in raws)
+
+
+def _share(raw: memoryview, shared: SharedFolder | None) -> str | None:
+    if shared is None or raw.nbytes < MIN_SHARED_BYTES:
+        return None
+    return shared.write(raw)
 
 
 def receive_message(connection: Connection) -> tuple[Frame, int]:
     """Read what `send_message` wrote: (message, bytes). Arrays come back read-only, over
     buffers read from the pipe with the interpreter lock released (no copy under it on POSIX:
-    a long prompt's attention is tens of MB, and the window's thread must not wait for it)."""
-    header = _read_frame(connection)
-    (count,) = struct.unpack_from("!I", header)
-    buffers = [memoryview(_read_frame(connection)).toreadonly() for _ in range(count)]
-    size = len(header) + sum(b.nbytes for b in buffers)
-    return pickle.loads(memoryview(header)[4:], buffers=buffers), size
+    a token's rows at 10,000 keys are 1.4 MB, and the window's thread must not wait for
+    them) or mapped from shared memory."""
+    first = _read_frame(connection)
+    (count,) = struct.unpack_from("!I", first)
+    kinds = first[4 : 4 + count]
+    buffers = [_buffer(kind, _read_frame(connection)) for kind in kinds]
+    size = len(first) + sum(b.nbytes for b in buffers)
+    return pickle.loads(memoryview(first)[4 + count :], buffers=buffers), size
+
+
+def _buffer(kind: int, frame: bytes | bytearray) -> memoryview:
+    if kind == SHARED:
+        return take(frame.decode())
+    return memoryview(frame).toreadonly()
 
 
 def _read_frame(connection: Connection) -> bytes | bytearray:
@@ -148,9 +168,12 @@ class EngineProcess:
         context = multiprocessing.get_context("spawn")  # fork would copy Qt's threads and state
         child_requests, self.requests = context.Pipe(duplex=False)
         self.replies, child_replies = context.Pipe(duplex=False)
+        self.shared = SharedFolder.create()  # removed in close_pipes, whichever side died,
+        if self.shared is not None:  # or at exit by an owner that never closed them
+            weakref.finalize(self, self.shared.remove)
         self.process = context.Process(
             target=_run_child,
-            args=(child_requests, child_replies, self.spec),
+            args=(child_requests, child_replies, self.spec, self.shared),
             name="glassbox-engine",
             daemon=True,
         )
@@ -212,6 +235,8 @@ class EngineProcess:
         """Once nobody reads or writes them any more (after `stop` and the reader's end)."""
         for connection in (self.requests, self.replies):
             connection.close()
+        if self.shared is not None:
+            self.shared.remove()  # the arrays still in it were never read
 
     def kill(self) -> None:
         """SIGKILL the child (tests and benchmarks use it to check recovery)."""
@@ -238,13 +263,15 @@ def give_way_to_the_window() -> None:
             os.nice(ENGINE_NICENESS)
 
 
-def _run_child(requests: Connection, replies: Connection, spec: EngineSpec) -> None:
+def _run_child(
+    requests: Connection, replies: Connection, spec: EngineSpec, shared: SharedFolder | None
+) -> None:
     """The child's entry: only the child imports the engine's side (and torch through it)."""
     if spec.beside_window:
         give_way_to_the_window()
     from app.engine_server import serve
 
-    serve(requests, replies, spec)
+    serve(requests, replies, spec, shared)
 
 
 def _signal_name(number: int) -> str:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from app import collector
 from app.engine_process import EngineSpec, Frame, send_message, widen_pipe
 from app.jobs import describe_error, event_weight, load_session, run_generation
+from app.shared_arrays import SharedFolder
 from engine.events import Event, Failed, Finished, PrefillDone
 
 if TYPE_CHECKING:
@@ -79,12 +80,17 @@ def resolve(name: str) -> Callable[..., Any]:
     return found
 
 
-def serve(requests: Connection, replies: Connection, spec: EngineSpec) -> None:
+def serve(
+    requests: Connection,
+    replies: Connection,
+    spec: EngineSpec,
+    shared: SharedFolder | None = None,
+) -> None:
     """The child's main function: import, then run requests until "quit" or the GUI is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in a terminal is the window's to handle
     logging.basicConfig(level=logging.WARNING, format="engine %(levelname)s %(name)s: %(message)s")
     widen_pipe(replies)
-    engine = _Engine(replies, spec)
+    engine = _Engine(replies, spec, shared)
     listener = threading.Thread(target=engine.listen, args=(requests,), name="engine-listen")
     listener.daemon = True
     listener.start()
@@ -107,8 +113,9 @@ def serve(requests: Connection, replies: Connection, spec: EngineSpec) -> None:
 class _Outbox:
     """Replies written by a thread of their own; the events waiting go out as one message."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, shared: SharedFolder | None = None) -> None:
         self._connection = connection
+        self._shared = shared
         self._items: deque[tuple[Frame, int, float]] = deque()  # (message, weight, queued at)
         self._weight = 0
         self._closed = False
@@ -162,7 +169,7 @@ class _Outbox:
     def _run(self) -> None:
         while (message := self._next()) is not None:
             try:
-                send_message(self._connection, message)
+                send_message(self._connection, message, self._shared)
             except (OSError, ValueError):  # the GUI is gone: nobody to tell
                 with self._condition:
                     self._closed = True
@@ -172,9 +179,11 @@ class _Outbox:
 
 
 class _Engine:
-    def __init__(self, replies: Connection, spec: EngineSpec) -> None:
+    def __init__(
+        self, replies: Connection, spec: EngineSpec, shared: SharedFolder | None = None
+    ) -> None:
         self.spec = spec
-        self.outbox = _Outbox(replies)
+        self.outbox = _Outbox(replies, shared)
         self.jobs: queue.Queue[Frame | None] = queue.Queue()
         self.session: Any = None
         self._lock = threading.Lock()

@@ -174,10 +174,13 @@ def test_a_killed_idle_engine_is_reported_and_replaced_on_the_next_request(qtbot
     with qtbot.waitSignal(worker.load_failed, timeout=5000):
         worker.load(fake_request(spec="broken"))  # the model in use stays "fake"
     qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+    shared = worker.engine.shared
+    assert shared is not None and shared.path.is_dir()  # /dev/shm: Linux
     with qtbot.waitSignal(worker.engine_stopped, timeout=5000) as stopped:
         worker.engine.kill()
     assert "killed (SIGKILL" in stopped.args[0] and RESTART_NOTE in stopped.args[0]
     assert worker.engine is None and not worker.is_running()
+    assert not shared.path.exists()  # the dead engine's arrays in transit are gone with it
 
     events = collect(worker)
     announced: list = []
@@ -206,11 +209,12 @@ def test_shutdown_mid_reply_is_quick_and_leaves_no_process_or_thread(qtbot, work
     events = collect(worker)
     assert worker.generate(HELLO, SETTINGS)
     qtbot.waitUntil(lambda: any(isinstance(e, Token) for e in events), timeout=10_000)
-    process = worker.engine.process
+    process, shared = worker.engine.process, worker.engine.shared
     started = time.perf_counter()
     worker.shutdown()
     assert time.perf_counter() - started < 2
     assert not worker.is_running() and process.exitcode == 0  # it quit, it was not killed
+    assert shared is not None and not shared.path.exists()
     assert multiprocessing.active_children() == []
     worker.shutdown()  # twice is fine
     assert not worker.generate(HELLO, SETTINGS)
