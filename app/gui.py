@@ -116,6 +116,9 @@ def run_gui(argv: list[str] | None = None) -> int:
     app = QApplication.instance()
     assert app is not None  # made by open_window
     app.aboutToQuit.connect(parts.shutdown)  # however the loop ends, no thread outlives it
+    from app.quit_signals import CloseOnSignals
+
+    CloseOnSignals(parts.window)  # a logout's SIGTERM or Ctrl+C closes it as its button does
     parts.window.load_model(load_request(args))
     code = app.exec()
     parts.window.close()
