@@ -12,7 +12,8 @@ the window lets go of the array, and nothing is left behind by a reply the windo
 The window's process makes the folder (`SharedFolder.create`) before it starts the engine and
 removes it when the engine is gone, whichever side died; folders of processes that no longer
 exist are removed at the next start. Where there is no /dev/shm (macOS, Windows), or a write
-fails (a full /dev/shm), the array goes through the pipe as before.
+fails (a full /dev/shm), or the window has not taken the last few, the array goes through the
+pipe as before.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 SHARED_ROOT = Path("/dev/shm")
 MIN_SHARED_BYTES = 2**20  # smaller arrays (a token's rows) cost less through the pipe
+# Files the window has not taken yet, past which arrays wait in the pipe again: a write to the
+# pipe blocks while the window is behind, and so holds the engine up (its back-pressure).
+MAX_WAITING_FILES = 16
 PREFIX = "glassbox-"
 
 
@@ -54,9 +58,12 @@ class SharedFolder:
         return cls(Path(made))
 
     def write(self, data: memoryview) -> str | None:
-        """Put `data` in a new file and return its path; None if it could not be written."""
+        """Put `data` in a new file and return its path; None if it could not be written, or
+        if the window is MAX_WAITING_FILES behind."""
         path = self.path / str(next(self._names))
         try:
+            if len(os.listdir(self.path)) >= MAX_WAITING_FILES:
+                return None
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
             return None

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from app.engine_process import receive_message, send_message
-from app.shared_arrays import MIN_SHARED_BYTES, PREFIX, SharedFolder, remove_stale, take
+from app.shared_arrays import (
+    MAX_WAITING_FILES,
+    MIN_SHARED_BYTES,
+    PREFIX,
+    SharedFolder,
+    remove_stale,
+    take,
+)
 from engine.events import PrefillDone, frozen_array
 
 
@@ -93,6 +100,15 @@ def test_a_folder_that_refuses_a_write_leaves_the_array_to_the_pipe(shared):
     for layer, array in event.attention.items():
         np.testing.assert_array_equal(back.attention[layer], array)
         assert not back.attention[layer].flags.writeable
+
+
+def test_a_window_that_is_behind_gets_arrays_through_the_pipe_again(shared):
+    """The pipe blocks the engine while the window is behind; files would not."""
+    data = memoryview(np.zeros(MIN_SHARED_BYTES // 4, dtype=np.float32))
+    paths = [shared.write(data) for _ in range(MAX_WAITING_FILES)]
+    assert None not in paths and shared.write(data) is None
+    take(paths[0])
+    assert shared.write(data) is not None
 
 
 def test_without_shared_memory_there_is_no_folder_and_the_pipe_carries_everything(tmp_path):
