@@ -38,6 +38,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from app.shared_arrays import MIN_SHARED_BYTES, SharedFolder, take
@@ -173,7 +174,7 @@ class EngineProcess:
             weakref.finalize(self, self.shared.remove)
         self.process = context.Process(
             target=_run_child,
-            args=(child_requests, child_replies, self.spec, self.shared),
+            args=(child_requests, child_replies, self.spec, self.shared and self.shared.path),
             name="glassbox-engine",
             daemon=True,
         )
@@ -264,14 +265,14 @@ def give_way_to_the_window() -> None:
 
 
 def _run_child(
-    requests: Connection, replies: Connection, spec: EngineSpec, shared: SharedFolder | None
+    requests: Connection, replies: Connection, spec: EngineSpec, shared: Path | None
 ) -> None:
     """The child's entry: only the child imports the engine's side (and torch through it)."""
     if spec.beside_window:
         give_way_to_the_window()
     from app.engine_server import serve
 
-    serve(requests, replies, spec, shared)
+    serve(requests, replies, spec, SharedFolder(shared) if shared is not None else None)
 
 
 def _signal_name(number: int) -> str:

@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QCoreApplication, QSettings
 
-from app import assembly
+from app import assembly, engine_process
 from app.engine_client import RESTART_NOTE, EngineProcessWorker
 from app.engine_process import ENGINE_NICENESS, EngineSpec, receive_message, send_message
+from app.shared_arrays import MIN_SHARED_BYTES, take
 from engine.events import ENGINE_STOPPED, Failed, Finished, PrefillDone, Token, frozen_array
-from engine.settings import GenerationSettings, LoadRequest, Message
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 FAKE = EngineSpec(
     loader="tests.ui.fakes:process_loader",
@@ -242,6 +243,30 @@ def test_attention_rows_at_ten_thousand_keys_cross_once_per_token_read_only():
     for layer, array in rows.items():
         np.testing.assert_array_equal(back.attention[layer], array)
         assert not back.attention[layer].flags.writeable
+
+
+def test_a_long_prompts_attention_crosses_through_shared_memory(qtbot, worker, monkeypatch):
+    """The engine child writes the prompt's rows (2.6 MB a layer here) to shared memory; the
+    window maps them: causal rows that each sum to one, read-only, and nothing left behind."""
+    taken: list[str] = []
+    monkeypatch.setattr(engine_process, "take", lambda path: taken.append(path) or take(path))
+    load(qtbot, worker, fake_request(tokens=3))
+    events = collect(worker)
+    prompt = (Message("user", " ".join(["word"] * 640)),)
+    probes = ProbeSettings(attention_layers=(0, 1), prefill_rows=256)
+    with qtbot.waitSignal(worker.busy_changed, timeout=10_000, check_params_cb=lambda b: not b):
+        assert worker.generate(prompt, SETTINGS, probes)
+
+    prefill = events[0]
+    assert isinstance(prefill, PrefillDone) and prefill.prompt_tokens == 643
+    assert len(taken) == 2 and os.listdir(worker.engine.shared.path) == []
+    keys = np.arange(643)
+    for layer in (0, 1):
+        rows = prefill.attention[layer]
+        assert rows.shape == (4, 256, 643) and rows.nbytes >= MIN_SHARED_BYTES
+        np.testing.assert_allclose(rows.sum(axis=2), 1.0, rtol=1e-5)
+        future = keys[None, :] > np.arange(643 - 256, 643)[:, None]  # after each row's query
+        assert not rows[:, future].any() and not rows.flags.writeable
 
 
 # -- the window on the engine process ----------------------------------------------------------
