@@ -127,6 +127,7 @@ def print_text(results: dict[str, Any]) -> None:
             f"  paired, 90% range  {window['decode_ratio_paired_median']}"
             f" {window['decode_ratio_paired_ci90']}"
         )
+        print(f"  over wall time     {window['decode_wall_ratio_paired_median']} (paired)")
         print(f"  vs the terminal's  {window['decode_ratio_window_vs_terminal']}")
         print(f"  TTFT s             {window['ttft_s']}")
         print(f"  GUI CPU per second {window['gui_cpu_per_s']}")

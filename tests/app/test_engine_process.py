@@ -442,6 +442,9 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     assert len(runs["terminal_decode"]) == 2 and result["decode_ratio_window_vs_terminal"] > 0
     assert result["decode_tokens_per_s"]["window"] > 0 and result["ttft_s"]["headless"] > 0
     assert result["decode_ratio_window_vs_headless"] > 0
+    for way in ("window", "headless", "terminal"):  # the fake's steps are timed, not run
+        assert len(runs[f"{way}_decode_wall"]) == 2
+    assert result["decode_wall_ratio_paired_median"] > 0
     assert 0 < result["gui_cpu_per_s"] < 2  # the GUI thread's own CPU, not the process's
     assert 0 <= result["gui_cpu_idle_per_s"] < 2
     assert result["stall_replies"] == 1  # one per two pairs, beside the compared replies
@@ -457,6 +460,15 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     for mode in ("flood", "paced"):
         assert transport[mode]["mb_per_token"] == pytest.approx(per_token, rel=0.05)
         assert transport[mode]["latency_ms_p50"] <= transport[mode]["latency_ms_max"]
+
+
+def test_decode_over_wall_time_counts_what_happens_between_steps():
+    from app.window_bench import _wall_decode
+
+    ended = Finished("length", "", 100, 0, 11, 0.0, 0.8, 1.0, decode_s=1.5, total_s=3.0)
+    assert ended.decode_tokens_per_s == pytest.approx(10 / 1.5)  # the steps' own timer
+    assert _wall_decode(ended) == pytest.approx(10 / 2.0)  # 0.5 s between the steps counts
+    assert _wall_decode(replace(ended, generated_tokens=1)) == 0.0
 
 
 def test_the_paired_interval_holds_the_median_and_narrows_with_more_pairs():
