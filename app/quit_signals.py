@@ -31,19 +31,11 @@ class CloseOnSignals(QObject):
         self._reader, self._writer = socket.socketpair()
         self._reader.setblocking(False)
         self._writer.setblocking(False)
-        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno())
+        signal.set_wakeup_fd(self._writer.fileno())
         self._notifier = QSocketNotifier(self._reader.fileno(), QSocketNotifier.Type.Read, self)
         self._notifier.activated.connect(self._drain)
-        self._previous = {number: signal.signal(number, self._close) for number in SIGNALS}
-
-    def restore(self) -> None:
-        """Put back the handlers there were before (tests)."""
-        self._notifier.setEnabled(False)
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
-        signal.set_wakeup_fd(self._previous_fd)
-        self._reader.close()
-        self._writer.close()
+        for number in SIGNALS:
+            signal.signal(number, self._close)
 
     def _close(self, _number: int, _frame: object) -> None:
         QTimer.singleShot(0, self._window.close)  # from the loop, not inside whatever ran
