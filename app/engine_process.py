@@ -169,9 +169,11 @@ class EngineProcess:
         context = multiprocessing.get_context("spawn")  # fork would copy Qt's threads and state
         child_requests, self.requests = context.Pipe(duplex=False)
         self.replies, child_replies = context.Pipe(duplex=False)
-        self.shared = SharedFolder.create()  # removed in close_pipes, whichever side died,
-        if self.shared is not None:  # or at exit by an owner that never closed them
-            weakref.finalize(self, self.shared.remove)
+        self.shared = SharedFolder.create()
+        # Removed once: by close_pipes, whichever side died, or at exit by an owner that never
+        # closed them.
+        remove = self.shared.remove if self.shared is not None else _nothing
+        self._remove_shared = weakref.finalize(self, remove)
         self.process = context.Process(
             target=_run_child,
             args=(child_requests, child_replies, self.spec, self.shared and self.shared.path),
@@ -236,8 +238,7 @@ class EngineProcess:
         """Once nobody reads or writes them any more (after `stop` and the reader's end)."""
         for connection in (self.requests, self.replies):
             connection.close()
-        if self.shared is not None:
-            self.shared.remove()  # the arrays still in it were never read
+        self._remove_shared()  # the arrays still in it were never read
 
     def kill(self) -> None:
         """SIGKILL the child (tests and benchmarks use it to check recovery)."""
@@ -273,6 +274,10 @@ def _run_child(
     from app.engine_server import serve
 
     serve(requests, replies, spec, SharedFolder(shared) if shared is not None else None)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _signal_name(number: int) -> str:
