@@ -28,7 +28,7 @@ def run_bench(args: argparse.Namespace) -> int:
         from engine.loader import ModelLoadError, resolve
 
         try:
-            exact, fast = load_both(load_request(args))
+            exact, fast = load_both(load_request(args), with_exact=not args.fast_only)
         except ModelLoadError as error:
             print(f"glassbox bench: {error}", file=sys.stderr)
             return 1
@@ -41,10 +41,15 @@ def run_bench(args: argparse.Namespace) -> int:
     return _finish(args, results)
 
 
-def load_both(request: LoadRequest) -> tuple[LoadedModel, LoadedModel | None]:
-    """The exact model (what generate runs) and, for a GGUF it can run, the fast one."""
+def load_both(
+    request: LoadRequest, with_exact: bool = True
+) -> tuple[LoadedModel | None, LoadedModel | None]:
+    """The exact model (what generate runs) and, for a GGUF it can run, the fast one; without
+    `with_exact`, the fast one alone (a model too large or slow to run in float32 beside it)."""
     from engine.loader import ModelLoadError, load_model
 
+    if not with_exact:
+        return None, load_model(replace(request, precision="fast"))
     exact = load_model(replace(request, precision="exact"))
     if request.precision == "exact":
         return exact, None
@@ -99,22 +104,26 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"{results['model']} on {results['device']} ({results['dtype']})")
         for name, rate in results["decode_tokens_per_s"].items():
             print(f"  {name:16} {rate:8.1f} tokens/s")
-        print(f"  engine / generate  {results['ratio_engine_vs_generate']:.3f}")
-        print(f"  live view cost     {results['view_cost']:+.1%}")
+        if "ratio_engine_vs_generate" in results:
+            print(f"  engine / generate  {results['ratio_engine_vs_generate']:.3f}")
+            print(f"  live view cost     {results['view_cost']:+.1%}")
         print(f"  sampling cost      {results['sampling_cost']:+.1%}")
-        if "ratio_fast_vs_exact" in results:
-            print(f"  fast / exact       {results['ratio_fast_vs_exact']:.2f}")
+        if "compiled_decode" in results:
+            if "ratio_fast_vs_exact" in results:
+                print(f"  fast / exact       {results['ratio_fast_vs_exact']:.2f}")
             print(f"  decode step        {results['compiled_decode']['decode_step']}")
             if "ratio_compiled_vs_eager" in results:
                 print(f"  compiled / eager   {results['ratio_compiled_vs_eager']:.2f}")
             prefill, long = results["prefill"], results["long_context"]
-            ratio, tokens = prefill["ratio_fast_vs_exact"], prefill["tokens"]
-            print(f"  prefill fast/exact {ratio:.2f} ({tokens} tokens)")
+            for name, rate in prefill["tokens_per_s"].items():
+                print(f"  prefill {name:10} {rate:8.1f} tokens/s ({prefill['tokens']} tokens)")
             time_ratio, bytes_ratio = long["time_ratio"], long["bytes_ratio"]
             context = long["long"]["context"]
             print(f"  at {context} tokens  {time_ratio:.2f}x time, {bytes_ratio:.2f}x bytes")
         if "ratio_fast_vs_llama_cpp" in results:
             print(f"  fast / llama.cpp   {results['ratio_fast_vs_llama_cpp']:.2f}")
+        if "ratio_fast_vs_llama_cpp" in results.get("prefill", {}):
+            print(f"  prefill fast/llama {results['prefill']['ratio_fast_vs_llama_cpp']:.2f}")
         if "llama_cpp" in results:
             print(f"  llama.cpp          {results['llama_cpp']}")
         print(f"  peak RSS           {results['peak_rss_mb']:.0f} MB")

@@ -163,6 +163,11 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gui-only", action="store_true", help="only the window's stall")
     parser.add_argument(
+        "--fast-only", action="store_true",
+        help="a GGUF's fast engine against llama.cpp alone, without the float32 exact model"
+        " (for models too large or slow to run in float32 beside it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--gui-tokens", type=int, default=10_000, help="length of that reply (default 10000)"
     )
     parser.add_argument(

@@ -31,7 +31,7 @@ from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
 if TYPE_CHECKING:
-    from transformers import GenerationMixin, PreTrainedModel
+    from transformers import PreTrainedModel
 
     from engine.llama import GGUFLlama
 
@@ -46,13 +46,14 @@ STEPS = 16  # decode steps timed at each context length
 def generate_decode_rate(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
     """model.generate's decode tokens/s: (N - 1) tokens over time(N tokens) - time(1 token)."""
 
-    model = cast("GenerationMixin", loaded.model)  # the exact model: a transformers causal LM
+    # The exact model: a transformers causal LM. Read as Any: transformers versions type
+    # generate's `self` differently (a Protocol its own models do not satisfy, in some).
+    model: Any = loaded.model
 
     def timed(n: int) -> float:
         synchronize(ids.device)
         start = time.perf_counter()
-        # transformers types generate's `self` as a Protocol its own models do not satisfy
-        model.generate(  # type: ignore[misc]
+        model.generate(
             ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
             pad_token_id=loaded.tokenizer.pad_token_id,
         )  # fmt: skip
@@ -81,27 +82,32 @@ def engine_run(
 
 
 def run(
-    loaded: LoadedModel,
+    loaded: LoadedModel | None,
     new_tokens: int = 64,
     repeats: int = 5,
     fast: LoadedModel | None = None,
     gguf_path: str | None = None,
     long_context: int = LONG_CONTEXT,
 ) -> dict[str, Any]:
-    """`loaded` is the exact model (the one `generate` runs); `fast` the same GGUF in fast
-    precision, if it can run; `gguf_path` the file llama.cpp reads, if installed."""
+    """`loaded` is the exact model (the one `generate` runs), or None to measure the fast one
+    alone (a model too large or too slow in float32); `fast` the same GGUF in fast precision,
+    if it can run; `gguf_path` the file llama.cpp reads, if installed."""
     messages = [Message("user", PROMPT)]
     compiled = wait_for_compiled(fast) if fast is not None else None
-    exact = cast("PreTrainedModel", loaded.model)  # `generate` runs it: a transformers model
-    ids = torch.tensor([encode_chat(loaded.tokenizer, messages)], device=exact.device)
-    sessions = {"engine": ChatSession(loaded)}
+    any_model = loaded or fast
+    assert any_model is not None, "the benchmark needs a model"
+    ids = torch.tensor([encode_chat(any_model.tokenizer, messages)])
+    sessions = {}
+    if loaded is not None:
+        sessions["engine"] = ChatSession(loaded)
     if fast is not None:
         sessions["fast"] = ChatSession(fast)
     peer, peer_note = _llama_cpp(gguf_path, ids[0].tolist()) if gguf_path else (None, None)
 
-    variants: dict[str, Callable[[], Finished | float]] = {
-        "generate": lambda: generate_decode_rate(loaded, ids, new_tokens)
-    }
+    variants: dict[str, Callable[[], Finished | float]] = {}
+    if loaded is not None:
+        exact_ids = ids.to(cast("PreTrainedModel", loaded.model).device)
+        variants["generate"] = lambda: generate_decode_rate(loaded, exact_ids, new_tokens)
     for name, session in sessions.items():
         variants[name] = partial(engine_run, session, messages, new_tokens, ProbeSettings.off())
         variants[f"{name}_view_on"] = partial(engine_run, session, messages, new_tokens, VIEW_ON)
@@ -116,7 +122,8 @@ def run(
 
     for session in sessions.values():  # warm-up
         engine_run(session, messages, 4, VIEW_ON)
-    generate_decode_rate(loaded, ids, 4)
+    if loaded is not None:
+        generate_decode_rate(loaded, exact_ids, 4)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     ttft: dict[str, list[float]] = {name: [] for name in variants if name != "generate"}
     for _ in range(repeats):
@@ -124,7 +131,7 @@ def run(
             try:
                 result = variant()
             except PeerFailed as error:  # llama.cpp died: the comparison is lost, not the run
-                peer_note = f"failed during the run: {error}"
+                peer_note, peer = f"failed during the run: {error}", None
                 del variants[name], rates[name], ttft[name]
                 continue
             rates[name].append(_rate(result))
@@ -132,9 +139,9 @@ def run(
                 ttft[name].append(result.ttft_s)
     median = {name: statistics.median(values) for name, values in rates.items()}
     report: dict[str, Any] = {
-        "model": loaded.info.name,
-        "device": loaded.info.device,
-        "dtype": loaded.info.dtype,
+        "model": any_model.info.name,
+        "device": any_model.info.device,
+        "dtype": any_model.info.dtype,
         "threads": torch.get_num_threads(),
         "prompt_tokens": int(ids.shape[1]),
         "new_tokens": new_tokens,
@@ -142,19 +149,22 @@ def run(
         "decode_tokens_per_s": median,
         "runs": rates,
         "ttft_s": {name: statistics.median(values) for name, values in ttft.items() if values},
-        "ratio_engine_vs_generate": median["engine"] / median["generate"],
-        "view_cost": 1 - median["engine_view_on"] / median["engine"],
         # What drawing each token costs against picking the likeliest (the chat's defaults).
         "sampling_cost": 1 - median[f"{main}_sampled"] / median[main],
     }
+    if loaded is not None:
+        report["ratio_engine_vs_generate"] = median["engine"] / median["generate"]
+        report["view_cost"] = 1 - median["engine_view_on"] / median["engine"]
     if fast is not None:
-        report["ratio_fast_vs_exact"] = median["fast"] / median["engine"]
+        if loaded is not None:
+            report["ratio_fast_vs_exact"] = median["fast"] / median["engine"]
         report["compiled_decode"] = compiled
         if "fast_eager" in median:
-            report["ratio_fast_eager_vs_exact"] = median["fast_eager"] / median["engine"]
+            if loaded is not None:
+                report["ratio_fast_eager_vs_exact"] = median["fast_eager"] / median["engine"]
             report["ratio_compiled_vs_eager"] = median["fast"] / median["fast_eager"]
         report["fast_view_cost"] = 1 - median["fast_view_on"] / median["fast"]
-        report["prefill"] = prefill_rates(loaded, fast, repeats)
+        report["prefill"] = prefill_rates(loaded, fast, repeats, peer)
         report["long_context"] = long_context_cost(fast, long_context)
     if "llama_cpp" in median:
         report["ratio_fast_vs_llama_cpp"] = median.get("fast", 0.0) / median["llama_cpp"]
@@ -191,24 +201,40 @@ def _rate(result: Finished | float) -> float:
     return result.decode_tokens_per_s if isinstance(result, Finished) else result
 
 
-def prefill_rates(exact: LoadedModel, fast: LoadedModel, repeats: int) -> dict[str, Any]:
-    """Tokens/s of one prefill of PREFILL_TOKENS tokens, exact and fast, interleaved."""
-    ids = _filler(exact, PREFILL_TOKENS)
-    decoders = {"exact": decoder_for(exact.model), "fast": decoder_for(fast.model)}
-    seconds: dict[str, list[float]] = {name: [] for name in decoders}
+def prefill_rates(
+    exact: LoadedModel | None, fast: LoadedModel, repeats: int, peer: LlamaCppPeer | None = None
+) -> dict[str, Any]:
+    """Tokens/s of one prefill of PREFILL_TOKENS tokens: fast, exact and llama.cpp (those
+    present), interleaved."""
+    ids = _filler(fast, PREFILL_TOKENS)
+    passes: dict[str, Callable[[], float]] = {"fast": partial(_prefill_seconds, fast, ids)}
+    if exact is not None:
+        passes["exact"] = partial(_prefill_seconds, exact, ids)
+    if peer is not None:
+        passes["llama_cpp"] = lambda: PREFILL_TOKENS / peer.prefill_rate(ids[0, :-1].tolist())
+    seconds: dict[str, list[float]] = {name: [] for name in passes}
     for _ in range(max(repeats, 2)):
-        for name, decoder in decoders.items():
-            synchronize(decoder.device)
-            start = time.perf_counter()
-            decoder.forward(ids.to(decoder.device), decoder.new_cache(), None)
-            synchronize(decoder.device)
-            seconds[name].append(time.perf_counter() - start)
+        for name, timed in list(passes.items()):
+            try:
+                seconds[name].append(timed())
+            except PeerFailed:  # the comparison is lost, not the run
+                del passes[name], seconds[name]
     rates = {name: PREFILL_TOKENS / statistics.median(s) for name, s in seconds.items()}
-    return {
-        "tokens": PREFILL_TOKENS,
-        "tokens_per_s": rates,
-        "ratio_fast_vs_exact": rates["fast"] / rates["exact"],
-    }
+    report: dict[str, Any] = {"tokens": PREFILL_TOKENS, "tokens_per_s": rates}
+    for other in ("exact", "llama_cpp"):
+        if other in rates:
+            report[f"ratio_fast_vs_{other}"] = rates["fast"] / rates[other]
+    return report
+
+
+def _prefill_seconds(loaded: LoadedModel, ids: torch.Tensor) -> float:
+    """Seconds of one pass of PREFILL_TOKENS ids into an empty cache."""
+    decoder = decoder_for(loaded.model)
+    synchronize(decoder.device)
+    start = time.perf_counter()
+    decoder.forward(ids[:, :PREFILL_TOKENS].to(decoder.device), decoder.new_cache(), None)
+    synchronize(decoder.device)
+    return time.perf_counter() - start
 
 
 def long_context_cost(fast: LoadedModel, context: int) -> dict[str, Any]:

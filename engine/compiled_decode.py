@@ -141,10 +141,12 @@ def decode_layers(
         v_cache[:, :, position : position + 1] = qkv[:, (heads + kv_heads) * d :].view(
             1, kv_heads, 1, d
         )
+        seen_k, seen_v = k_cache[:, :, : position + 1], v_cache[:, :, : position + 1]
+        # in float32, as llama.decode_attention (the bf16 kernel is several times slower)
         y = F.scaled_dot_product_attention(
-            q, k_cache[:, :, : position + 1], v_cache[:, :, : position + 1], enable_gqa=True
+            q.float(), seen_k.float(), seen_v.float(), enable_gqa=True
         )
-        x = x + _int4_mm(y.view(1, heads * d), out_w, BLOCK, out_s)
+        x = x + _int4_mm(y.to(torch.bfloat16).view(1, heads * d), out_w, BLOCK, out_s)
         gate_up = _int4_mm(_rms_norm(x, ffn_norm, eps), gate_up_w, BLOCK, gate_up_s)
         ffn = gate_up.shape[1] // 2
         x = x + _int4_mm(F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:], down_w, BLOCK, down_s)

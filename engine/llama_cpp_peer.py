@@ -7,7 +7,8 @@ process that the benchmark asks for one decode rate at a time over a pipe. A cra
 costs the comparison, reported as such, never the benchmark.
 
     python -m engine.llama_cpp_peer GGUF THREADS PROMPT_IDS_JSON
-    stdin: a number of new tokens per line -> stdout: the decode tokens/s of that reply
+    stdin: a number of new tokens per line -> stdout: the decode tokens/s of that reply;
+           or `prefill IDS_JSON` -> stdout: the seconds one prefill of those ids took
 """
 
 from __future__ import annotations
@@ -37,10 +38,17 @@ class LlamaCppPeer:
 
     def rate(self, new_tokens: int) -> float:
         """Decode tokens/s of a reply of `new_tokens` (greedy, never ending early)."""
+        return self._ask(str(new_tokens))
+
+    def prefill_rate(self, ids: list[int]) -> float:
+        """Tokens/s of one prefill of `ids` into an empty cache (the prompt's pass alone)."""
+        return len(ids) / self._ask(f"prefill {json.dumps(ids)}")
+
+    def _ask(self, request: str) -> float:
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None  # both are pipes
         try:
-            stdin.write(f"{new_tokens}\n")
+            stdin.write(f"{request}\n")
             stdin.flush()
             line = stdout.readline()
         except OSError:  # the pipe broke: the process is gone
@@ -72,7 +80,10 @@ def installed() -> bool:
 def _serve(path: str, threads: int, prompt: list[int]) -> None:
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=threads, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=path, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
+        verbose=False,
+    )  # fmt: skip
     # greedy, and never ending early (as min_new_tokens does for generate): every
     # end-of-generation token is barred, not only the EOS (SmolLM2 has two)
     barred = {t: -1e9 for t in range(llm.n_vocab()) if _ends(llama_cpp, llm, t)}
@@ -85,8 +96,19 @@ def _serve(path: str, threads: int, prompt: list[int]) -> None:
         arrivals = [time.perf_counter() for _ in stream]
         return (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
 
+    def prefill_seconds(ids: list[int]) -> float:
+        """One pass of `ids` through an empty cache, as the engine's prefill is timed."""
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(ids)
+        return time.perf_counter() - start
+
     for line in sys.stdin:
-        print(decode_rate(int(line)), flush=True)
+        command, _, argument = line.partition(" ")
+        if command == "prefill":
+            print(prefill_seconds(json.loads(argument)), flush=True)
+        else:
+            print(decode_rate(int(line)), flush=True)
 
 
 def _ends(llama_cpp: Any, llm: Any, token: int) -> bool:
