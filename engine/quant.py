@@ -16,6 +16,8 @@ means for logits).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -56,6 +58,7 @@ __all__ = [
     "DenseLinear",
     "Int4Linear",
     "Linear",
+    "Part",
     "PartsLinear",
     "Q6KLinear",
     "RowReader",
@@ -87,6 +90,27 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     packed = halves[:, 0] | (halves[:, 1] << 4)  # [N/64, 32, K]
     packed = np.ascontiguousarray(packed.transpose(0, 2, 1)).reshape(rows, columns // 2)
     return torch.from_numpy(packed)
+
+
+def _int4_form(raw: torch.Tensor, qtype: int) -> Form:
+    """Rows in the kernel's terms: nibbles [R, groups, 32], scale and zero [R, groups] with
+    w = (q - 8)·scale + zero; R = rows, or 2·rows (hi rows, then lo rows) for a SPLIT type."""
+    q, scale, offset = unpack(raw, qtype)
+    if qtype in SPLIT:
+        return _halves(q.numpy(), qtype, scale, offset)
+    if qtype not in PLAIN:
+        raise ValueError(f"ggml type {qtype} has no exact int4 form")
+    return q, scale, offset + 8 * scale
+
+
+Form = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # nibbles, scales, zeros of some rows
+
+
+def _half(form: Form, half: int) -> Form:
+    """The hi (0) or lo (1) rows of a split weight's form."""
+    rows = form[0].shape[0] // 2
+    q, scale, zero = (t[half * rows : (half + 1) * rows] for t in form)
+    return q, scale, zero
 
 
 def _halves(
@@ -131,22 +155,30 @@ class Int4Linear(torch.nn.Module):
         super().__init__()
         self.register_buffer("packed", packed, persistent=False)  # [rows, K/2] uint8
         self.register_buffer("scales_zeros", scales_zeros, persistent=False)  # [K/32, rows, 2]
-        self.out_features = out_features  # half the packed rows for a split Q8_0 weight
+        self.out_features = out_features  # half the packed rows for a split weight
         self.in_features = scales_zeros.shape[0] * BLOCK
         self.plain = packed.shape[0] == out_features  # one product, not two halves to add
 
     @classmethod
     def from_blocks(cls, raw: torch.Tensor, qtype: int, dtype: torch.dtype) -> Int4Linear:
         """Rows of a type in PLAIN (one product) or SPLIT (two halves), exactly."""
-        q, scale, offset = unpack(raw, qtype)
-        if qtype in SPLIT:
-            q, scale, zero = _halves(q.numpy(), qtype, scale, offset)
-        elif qtype in PLAIN:
-            zero = offset + 8 * scale  # the kernel computes (q - 8)·scale + zero
-        else:
-            raise ValueError(f"ggml type {qtype} has no exact int4 form")
+        return cls.from_parts([(raw, qtype)], dtype)
+
+    @classmethod
+    def from_parts(
+        cls, parts: Sequence[tuple[torch.Tensor, int]], dtype: torch.dtype
+    ) -> Int4Linear:
+        """The rows of several raw weights, all PLAIN or all SPLIT types, as one linear (q, k
+        and v fused). Joined before packing: the packed layout interleaves blocks of 64 rows."""
+        if len({qtype in SPLIT for _, qtype in parts}) != 1:
+            raise ValueError("plain and split types cannot share one product")
+        forms = [_int4_form(raw, qtype) for raw, qtype in parts]
+        if parts[0][1] in SPLIT:  # every part's hi rows, then every part's lo rows
+            forms = [_half(f, 0) for f in forms] + [_half(f, 1) for f in forms]
+        q, scale, zero = (torch.cat([form[i] for form in forms]) for i in range(3))
+        rows = sum(raw.shape[0] for raw, _ in parts)
         scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
-        return cls(pack_int4(q.reshape(q.shape[0], -1).contiguous()), scales_zeros, raw.shape[0])
+        return cls(pack_int4(q.reshape(q.shape[0], -1).contiguous()), scales_zeros, rows)
 
     @classmethod
     def requantized(cls, weight: torch.Tensor, dtype: torch.dtype) -> Int4Linear:
@@ -242,10 +274,11 @@ class Q6KLinear(torch.nn.Module):
     [out, in/16] (1.08 bytes a weight against bf16's 2).
 
     Eager torch has no kernel that reads int8 with a scale per 16 values: forward unpacks row
-    chunks to bf16 for each product, measured 3-15x slower than a bf16 copy for one row of
-    activations (README of this step: the figures), so build_fast does not use it yet.
-    `decode_product` writes the same product as plain elementwise ops and one reduction,
-    which a compiler (inductor) fuses into one pass over the int8 values.
+    chunks to bf16 for each product. At Qwen's shapes ([1536, 8960], [256, 1536]), 2 threads,
+    avx2 or avx512, that measured 2-25x slower than a bf16 copy for one row of activations
+    and 2-6x for 500, so build_fast keeps Q6_K in bf16. `decode_product` writes the product as
+    plain elementwise ops and one reduction, which inductor fuses into one pass over the int8
+    values: 0.95-4x the bf16 copy's time, torch.compile'd alone (the compiled step's to use).
     """
 
     values: torch.Tensor  # buffers, declared for the type checker
@@ -293,11 +326,15 @@ class Q6KLinear(torch.nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
+# A weight, or a run of fused weights, of one layout.
+Part = Int4Linear | DenseLinear | Q6KLinear
+
+
 class PartsLinear(torch.nn.Module):
     """Fused weights (q/k/v, gate/up) whose parts have different layouts: each run of parts of
     one layout is one product, and the outputs are concatenated in the parts' order."""
 
-    def __init__(self, parts: list[Int4Linear | DenseLinear | Q6KLinear]) -> None:
+    def __init__(self, parts: Sequence[Part]) -> None:
         super().__init__()
         self.parts = torch.nn.ModuleList(parts)
         self.out_features = sum(p.out_features for p in parts)
@@ -307,7 +344,7 @@ class PartsLinear(torch.nn.Module):
     def nbytes(self) -> int:
         return sum(part.nbytes for part in self.linears())
 
-    def linears(self) -> list[Int4Linear | DenseLinear | Q6KLinear]:
+    def linears(self) -> list[Part]:
         return list(self.parts)  # type: ignore[arg-type]  # ModuleList's items are Modules
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -315,7 +352,7 @@ class PartsLinear(torch.nn.Module):
 
 
 # The kinds of layer a GGUF weight becomes: all map x [..., in] -> [..., out].
-Linear = Int4Linear | DenseLinear | Q6KLinear | PartsLinear
+Linear = Part | PartsLinear
 
 
 def fuse(parts: list[torch.Tensor]) -> torch.Tensor:

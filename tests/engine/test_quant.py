@@ -3,11 +3,17 @@ bit for bit, each kernel layout's product within bf16 rounding of x @ Wᵀ."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
 
-from engine import ggml_blocks, quant
+from engine import ggml_blocks, gguf_model, quant
+from engine.gguf_file import GGUFFile
+from engine.pack_cache import PackCache, pack_path
+from tests.gguf_files import Q4_0, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, write_gguf
+from tests.models import tiny_config
 
 ALL = [quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0, quant.Q4_K, quant.Q5_K,
        quant.Q6_K]  # fmt: skip
@@ -101,3 +107,93 @@ def test_row_reader_reads_rows_as_gguf_dequantizes_them(qtype):
     expected = reference(raw, qtype)
     assert torch.equal(rows(index), expected[index])
     assert torch.equal(rows.all(), expected)
+
+
+# -- a model of mixed types, as llama.cpp's Q4_K_M files mix them ------------------------------
+
+MIXED = {  # q/k and v of different layouts (Qwen's), gate/up of two split types (Gemma's)
+    "attn_q.weight": Q4_K, "attn_k.weight": Q4_K, "attn_v.weight": Q6_K,
+    "attn_output.weight": Q5_K, "ffn_gate.weight": Q5_0, "ffn_up.weight": Q8_0,
+    "ffn_down.weight": Q6_K,
+}  # fmt: skip
+
+
+def mixed_gguf(path, head: str, architecture: str = "qwen2"):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = tiny_config(architecture, hidden_size=256, intermediate_size=256, head_dim=64)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return write_gguf(path, model, Q4_0, Q4_K, types={**MIXED, "output.weight": head})
+
+
+@pytest.mark.parametrize("head", [Q4_K, Q6_K])
+def test_mixed_types_fuse_by_layout_and_follow_the_exact_model(head, tmp_path, caplog):
+    file = GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", head))
+    with caplog.at_level(logging.INFO, logger="engine.gguf_model"):
+        fast = gguf_model.build_fast(file)
+    block = fast.blocks[0]
+    qkv = block.attention.qkv
+    assert isinstance(qkv, quant.PartsLinear)  # [q; k] one int4 product, v another
+    q_k, v = qkv.linears()
+    assert isinstance(q_k, quant.Int4Linear) and q_k.plain and q_k.out_features == 256 + 128
+    assert isinstance(v, quant.DenseLinear) and v.out_features == 128
+    gate_up = block.feed_forward.gate_up  # Q5_0 and Q8_0: both split, one product
+    assert isinstance(gate_up, quant.Int4Linear) and not gate_up.plain
+    assert isinstance(block.attention.out, quant.Int4Linear)  # Q5_K
+    assert isinstance(block.feed_forward.down, quant.DenseLinear)  # Q6_K
+    if head == Q4_K:  # repacked as it is: the file's numbers
+        rows = quant.RowReader(torch.from_numpy(file.raw("output.weight")), 12, 256)
+        torch.testing.assert_close(fast.output.bulk.dense().float(), rows.all(), rtol=0.01,
+                                   atol=0.01 * float(rows.all().abs().max()))  # fmt: skip
+    (note,) = [r.getMessage() for r in caplog.records if "bf16" in r.getMessage()]
+    assert "blk.*.attn_v.weight (2), blk.*.ffn_down.weight (2)" in note and "Q6_K" in note
+    assert "MB held for" in note
+
+    exact = gguf_model.build_exact(file, torch.float32)
+    ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = exact(ids).logits[0]
+    logits = fast.forward(ids, None, None, every_position=True)
+    scale = expected.abs().max() * (0.05 if head == Q4_K else 0.1)
+    assert (logits - expected).abs().max() < scale
+    cache = fast.new_cache()  # prefill, then one-token steps through the cache
+    fast.forward(ids[:, :9], cache, None)
+    for position in range(9, 12):
+        step = fast.forward(ids[:, position : position + 1], cache, None)
+        assert (step - expected[position]).abs().max() < scale
+
+
+def test_a_second_build_of_mixed_types_reads_everything_from_the_pack(tmp_path, monkeypatch):
+    """Every layout is kept (int4, split int4, the bf16 copies of Q6_K): the second build
+    repacks and dequantises nothing, and holds the same weights."""
+    path = mixed_gguf(tmp_path / "mixed.gguf", Q6_K)
+    file = GGUFFile(path)
+    fresh = gguf_model.build_fast(file)
+    first = PackCache(pack_path(tmp_path, path.stem, "key"), path.stem)
+    gguf_model.build_fast(file, packs=first)
+    assert first.missed
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("repacked or dequantised a weight the pack holds")
+
+    monkeypatch.setattr(quant.Int4Linear, "from_parts", refuse)
+    monkeypatch.setattr(quant.Int4Linear, "requantized", refuse)
+    monkeypatch.setattr(gguf_model, "_dense", refuse)
+    again = PackCache(pack_path(tmp_path, path.stem, "key"), path.stem)
+    model = gguf_model.build_fast(file, packs=again)
+    assert not again.missed
+    buffers = dict(model.named_buffers())
+    for name, expected in fresh.named_buffers():
+        assert torch.equal(buffers[name], expected), name
+    ids = torch.randint(0, 49152, (1, 8), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(model.forward(ids, None, None), fresh.forward(ids, None, None))
+
+
+def test_the_compiled_step_refuses_the_layouts_it_cannot_run(tmp_path):
+    from engine import compiled_decode
+
+    path = mixed_gguf(tmp_path / "mixed.gguf", Q4_K, architecture="llama")  # no biases
+    model = gguf_model.build_fast(GGUFFile(path))
+    if compiled_decode._package_loader() is not None:  # else it refuses for the torch
+        assert "not plain 4-bit" in (compiled_decode.refusal(model) or "")
