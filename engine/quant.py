@@ -92,6 +92,9 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(packed)
 
 
+Form = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # nibbles, scales, zeros of some rows
+
+
 def _int4_form(raw: torch.Tensor, qtype: int) -> Form:
     """Rows in the kernel's terms: nibbles [R, groups, 32], scale and zero [R, groups] with
     w = (q - 8)·scale + zero; R = rows, or 2·rows (hi rows, then lo rows) for a SPLIT type."""
@@ -103,9 +106,6 @@ def _int4_form(raw: torch.Tensor, qtype: int) -> Form:
     return q, scale, offset + 8 * scale
 
 
-Form = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # nibbles, scales, zeros of some rows
-
-
 def _half(form: Form, half: int) -> Form:
     """The hi (0) or lo (1) rows of a split weight's form."""
     rows = form[0].shape[0] // 2
@@ -115,7 +115,7 @@ def _half(form: Form, half: int) -> Form:
 
 def _halves(
     q: npt.NDArray[np.generic], qtype: int, scale: torch.Tensor, offset: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Form:
     """5- or 8-bit values as [hi rows; lo rows] of nibbles with the kernel's scale and zero.
 
     The zeros are chosen to round well in bf16: a type with w = d·(q - z) (Q5_0, Q8_0) is

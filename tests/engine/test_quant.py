@@ -83,6 +83,22 @@ def test_q6_k_layout_is_exact_and_its_products_agree():
     assert error < 1e-2  # bf16 activations and weights
 
 
+@pytest.mark.parametrize(
+    "types", [(quant.Q4_0, quant.Q4_K, quant.Q4_1), (quant.Q5_0, quant.Q8_0, quant.Q5_K)]
+)
+def test_parts_of_one_layout_join_into_one_product(types):
+    """Rows joined before packing (parts of 40 and 24 rows: not whole blocks of 64), split
+    ones as every part's hi rows, then every part's lo rows."""
+    raws = [random_blocks(t, n, 256, seed=n) for t, n in zip(types, (40, 24, 64), strict=True)]
+    linear = quant.Int4Linear.from_parts(list(zip(raws, types, strict=True)), torch.float32)
+    weights = torch.cat([reference(r, t) for r, t in zip(raws, types, strict=True)])
+    assert linear.out_features == 128
+    torch.testing.assert_close(linear.dense(), weights, rtol=1e-5, atol=1e-5)
+    x = torch.randn(2, 256)
+    expected = x @ weights.T
+    torch.testing.assert_close(linear(x), expected, rtol=0, atol=1e-5 * expected.abs().max())
+
+
 def test_parts_of_different_layouts_concatenate_their_outputs():
     q4 = random_blocks(quant.Q4_K, 64, 256, seed=1)
     q6 = random_blocks(quant.Q6_K, 32, 256, seed=2)
