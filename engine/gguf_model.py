@@ -104,7 +104,7 @@ def build_fast(
     shape = read_shape(file)
     names = list(file.tensors)
     done = [0]
-    dense_types: set[str] = set()
+    dense_parts: list[str] = []
 
     def advance(tensors: int) -> None:
         done[0] += tensors
@@ -116,22 +116,26 @@ def build_fast(
         return torch.cat([raw_rows(file, shape, p) for p in parts])
 
     def linear(*parts: str) -> quant.Linear:
-        types = {file.tensors[p].type for p in parts}
-        qtype = types.pop() if len(types) == 1 else None
+        """The fused weight of `parts`: each run of parts of one layout is one product."""
+        built = [layout_linear(layout, run) for layout, run in _runs(file, parts)]
+        return built[0] if len(built) == 1 else quant.PartsLinear(built)
+
+    def layout_linear(layout: str, parts: list[str]) -> quant.Part:
         rows = sum(file.tensors[p].shape[0] for p in parts)
-        if qtype not in quant.BLOCK_BYTES or rows % 16:  # % 16: the kernel's rule
-            dense_types.update(file.tensors[p].type_name for p in parts)
-            advance(len(parts))
-            return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
+        columns = file.tensors[parts[0]].shape[-1]
 
-        def build() -> quant.Int4Linear:
-            raw = take(*parts)
-            return _chunked(raw, lambda r: quant.Int4Linear.from_blocks(r, qtype, torch.bfloat16))
+        def build() -> quant.Part:
+            if layout == BF16:
+                advance(len(parts))
+                return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
+            return _int4_run([(take(p), file.tensors[p].type) for p in parts])
 
+        if layout == BF16:
+            dense_parts.extend(parts)
         if packs is None:
             return build()
         before = done[0]
-        built = packs.linear(parts[0], rows, file.tensors[parts[0]].shape[-1], build)
+        built = packs.linear(parts[0], rows, columns, build)
         advance(len(parts) - (done[0] - before))  # a stored linear read nothing: count it
         return built
 
@@ -160,9 +164,8 @@ def build_fast(
     advance(1)
     embedding = _embedding(file, shape)
     norm = vector("output_norm.weight")
-    if dense_types:
-        log.info("GGUF tensor types without an int kernel, dequantised to bf16: %s",
-                 ", ".join(sorted(dense_types)))  # fmt: skip
+    if dense_parts:
+        log.info(_dense_note(file, dense_parts))
     model = GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape)).eval()
     release_freed_memory()
     if packs is not None:
@@ -188,6 +191,66 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+BF16, PLAIN_INT4, SPLIT_INT4 = "bf16", "int4", "int4 halves"  # the layouts of a weight
+
+
+def _layout(file: GGUFFile, name: str) -> str:
+    """How a weight is held: 4-bit types repacked as they are, 5- and 8-bit ones in two int4
+    halves, others (Q6_K, whose scales cover 16 values; F16; Q2_K...) dequantised to bf16."""
+    info = file.tensors[name]
+    if info.shape[0] % 16:  # the int4 kernel's rule
+        return BF16
+    return (
+        PLAIN_INT4 if info.type in quant.PLAIN else SPLIT_INT4 if info.type in quant.SPLIT else BF16
+    )
+
+
+def _runs(file: GGUFFile, parts: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """`parts` in runs of one layout, in order: q, k (Q4_K) and v (Q6_K) -> [q, k], [v]."""
+    runs: list[tuple[str, list[str]]] = []
+    for name in parts:
+        layout = _layout(file, name)
+        if runs and runs[-1][0] == layout:
+            runs[-1][1].append(name)
+        else:
+            runs.append((layout, [name]))
+    return runs
+
+
+def _dense_note(file: GGUFFile, names: list[str]) -> str:
+    """One line: which tensors were dequantised to bf16, and what that costs in memory."""
+    infos = [file.tensors[n] for n in names]
+    stored = sum(info.nbytes for info in infos)
+    held = sum(2 * math.prod(info.shape) for info in infos)
+    kinds: dict[str, int] = {}  # names with the layer number left out, counted
+    for name in names:
+        kind = ".".join("*" if part.isdigit() else part for part in name.split("."))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    types = ", ".join(sorted({info.type_name for info in infos}))
+    listed = ", ".join(f"{kind} ({count})" if count > 1 else kind for kind, count in kinds.items())
+    return (
+        f"{len(names)} tensors ({types}) have no exact int4 layout and were dequantised to bf16:"
+        f" {held / 1e6:.0f} MB held for {stored / 1e6:.0f} MB in the file"
+        f" (+{(held - stored) / 1e6:.0f} MB): {listed}"
+    )
+
+
+def _int4_run(parts: list[tuple[torch.Tensor, int]]) -> quant.Int4Linear:
+    """Raw rows of PLAIN (or of SPLIT) types as one linear, repacked in chunks of ROW_CHUNK
+    rows across the parts, so a large weight never exists unpacked whole."""
+
+    def build(start: int) -> quant.Int4Linear:
+        pieces, offset = [], 0
+        for raw, qtype in parts:
+            low, high = max(start - offset, 0), min(start + ROW_CHUNK - offset, raw.shape[0])
+            if low < high:
+                pieces.append((raw[low:high], qtype))
+            offset += raw.shape[0]
+        return quant.Int4Linear.from_parts(pieces, torch.bfloat16)
+
+    return _join(build, sum(raw.shape[0] for raw, _ in parts))
+
+
 def _chunked(
     raw: torch.Tensor, build: Callable[[torch.Tensor], quant.Int4Linear]
 ) -> quant.Int4Linear:
@@ -198,14 +261,15 @@ def _chunked(
 
 
 def _join(build: Callable[[int], quant.Int4Linear], rows: int) -> quant.Int4Linear:
-    """One linear from `build(start)` of each chunk of ROW_CHUNK rows (a split Q8_0 weight
-    keeps its [hi rows; lo rows] order)."""
+    """One linear from `build(start)` of each chunk of ROW_CHUNK rows (a multiple of 64, so
+    the packed chunks join row-wise; a split weight keeps its [hi rows; lo rows] order)."""
     parts = []
     for start in range(0, rows, ROW_CHUNK):
         parts.append(build(start))
         release_freed_memory()
-    split = parts[0].packed.shape[0] != parts[0].out_features
-    halves = (0, 1) if split else (0,)
+    if len(parts) == 1:
+        return parts[0]
+    halves = (0,) if parts[0].plain else (0, 1)
     packed, scales = [], []
     for half in halves:
         for part in parts:
@@ -225,13 +289,14 @@ def _head(file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None) -> 
     """The lm_head (the embedding when tied): 4-bit for the matmul, the file's rows (mapped)
     for the exact recomputation of the top logits. Q4 rows are repacked as they are; other
     types (Q8_0, the embedding of the bundled model) are requantised to 4 bits for the bulk
-    matmul: half the bytes of the exact Q8_0 split, and the top logits are exact anyway."""
+    matmul: half the bytes of the exact Q8_0 split, and the top logits are exact anyway. Q6_K
+    (Qwen's lm_head) too: the int4 kernel cannot hold its scales per 16 values exactly."""
     name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
     info = file.tensors[name]
     rows = quant.RowReader(torch.from_numpy(file.raw(name)), info.type, shape.dim)
     if rows.raw.shape[0] % 16:  # the int4 kernel's rule
         return Head(quant.DenseLinear(rows.all().to(torch.bfloat16)), rows)
-    if info.type in (quant.Q4_0, quant.Q4_1):
+    if info.type in quant.PLAIN:
 
         def build(start: int) -> quant.Int4Linear:
             chunk = torch.from_numpy(file.read(name, start, start + ROW_CHUNK))

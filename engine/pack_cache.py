@@ -1,12 +1,14 @@
-"""A GGUF's 4-bit weights as the int4 kernel reads them, repacked once and kept on disk.
+"""A GGUF's weights as the kernels read them, repacked once and kept on disk.
 
 Repacking the bundled model takes ~2 s (its Q8_0 lm_head, requantised to 4 bits, is most of
 it); the packed tensors come back from a memory-mapped file in a few milliseconds. The pack
-holds the kernel's own bytes (packed nibbles, bf16 scales and zeros: ~80 MB for the bundled
-model), never a float copy. Its name carries the GGUF's identity (path, size, modification
-time), torch's version (the packed layout is torch's) and FORMAT, so a changed file, a new
-torch or a new layout simply misses. An entry whose shapes do not fit the model, or a file that
-does not load, is ignored: those weights are repacked and the pack is written anew.
+holds the kernels' own bytes (packed nibbles, bf16 scales and zeros: ~80 MB for the bundled
+model), and the bf16 copies of weights no int kernel holds exactly (Qwen's Q6_K ffn_down), so
+that a second load dequantises nothing either. Its name carries the GGUF's identity (path,
+size, modification time), torch's version (the packed layout is torch's) and FORMAT, so a
+changed file, a new torch or a new layout simply misses. An entry whose shapes do not fit the
+model, or a file that does not load, is ignored: those weights are rebuilt and the pack is
+written anew.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from typing import Any
 
 import torch
 
-from engine.quant import BLOCK, Int4Linear
+from engine.quant import BLOCK, DenseLinear, Int4Linear, Part, Q6KLinear
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what is stored, or how it is built, changes
+FORMAT = 2  # bump when what is stored, or how it is built, changes
+# 2: K-quant and Q5 layouts, bf16 weights kept too, an entry's tensors named by its layout
 
 
 def pack_path(folder: Path, stem: str, file_key: str) -> Path:
@@ -35,8 +38,9 @@ def pack_path(folder: Path, stem: str, file_key: str) -> Path:
 
 
 class PackCache:
-    """Int4Linear weights by name: from the pack file when it holds them, else built and kept
-    for `save()`. `stem` names the GGUF: older packs of the same name go when one is saved."""
+    """Weights by name, as the kernels hold them: from the pack file when it holds them, else
+    built and kept for `save()`. `stem` names the GGUF: older packs of the same name go when
+    one is saved."""
 
     def __init__(self, path: Path, stem: str) -> None:
         self.path, self.stem = path, stem
@@ -45,20 +49,14 @@ class PackCache:
         self.entries: dict[str, dict[str, torch.Tensor | int]] = {}
 
     def linear(
-        self, name: str, out_features: int, in_features: int, build: Callable[[], Int4Linear]
-    ) -> Int4Linear:
+        self, name: str, out_features: int, in_features: int, build: Callable[[], Part]
+    ) -> Part:
         """The stored linear `name` if it fits [out_features, in_features], else `build()`."""
-        entry = self.stored.get(name)
-        if entry is not None and _fits(entry, out_features, in_features):
-            linear = Int4Linear(entry["packed"], entry["scales_zeros"], out_features)
-        else:
+        linear = _linear(self.stored.get(name), out_features, in_features)
+        if linear is None:
             self.missed = True
             linear = build()
-        self.entries[name] = {
-            "packed": linear.packed,
-            "scales_zeros": linear.scales_zeros,
-            "out_features": linear.out_features,
-        }
+        self.entries[name] = _entry(linear)
         return linear
 
     def save(self) -> None:
@@ -102,19 +100,56 @@ def _read(path: Path) -> dict[str, Any]:
     return stored if isinstance(stored, dict) else {}
 
 
-def _fits(entry: object, out_features: int, in_features: int) -> bool:
+def _entry(linear: Part) -> dict[str, torch.Tensor | int]:
+    """What is stored of a linear: its tensors, by the names its class gives them."""
+    if isinstance(linear, Int4Linear):
+        return {
+            "packed": linear.packed,
+            "scales_zeros": linear.scales_zeros,
+            "out_features": linear.out_features,
+        }
+    if isinstance(linear, DenseLinear):
+        return {"weight": linear.weight}
+    return {"values": linear.values, "scales": linear.scales}
+
+
+def _linear(entry: object, out_features: int, in_features: int) -> Part | None:
+    """The linear a stored entry holds, if it has the shapes and dtypes of one [out, in]."""
+    if not isinstance(entry, dict) or not all(
+        isinstance(t, torch.Tensor | int) for t in entry.values()
+    ):
+        return None
+    if _fits_int4(entry, out_features, in_features):
+        return Int4Linear(entry["packed"], entry["scales_zeros"], out_features)
+    weight = entry.get("weight")
+    if isinstance(weight, torch.Tensor) and _is(
+        weight, torch.bfloat16, (out_features, in_features)
+    ):
+        return DenseLinear(weight)
+    values, scales = entry.get("values"), entry.get("scales")
+    if (
+        isinstance(values, torch.Tensor)
+        and isinstance(scales, torch.Tensor)
+        and _is(values, torch.int8, (out_features, in_features))
+        and _is(scales, torch.float32, (out_features, in_features // 16))
+    ):
+        return Q6KLinear(values, scales)
+    return None
+
+
+def _is(tensor: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
+    return tensor.dtype == dtype and tuple(tensor.shape) == shape
+
+
+def _fits_int4(entry: dict[str, Any], out_features: int, in_features: int) -> bool:
     """Whether a stored entry has the shapes and dtypes of an Int4Linear [out, in]."""
-    if not isinstance(entry, dict):
-        return False
     packed, scales, out = entry.get("packed"), entry.get("scales_zeros"), entry.get("out_features")
     if not isinstance(packed, torch.Tensor) or not isinstance(scales, torch.Tensor):
         return False
     rows = packed.shape[0] if packed.dim() == 2 else -1
     return (
         out == out_features
-        and rows in (out_features, 2 * out_features)  # 2x: a Q8_0 weight split in two halves
-        and packed.dtype == torch.uint8
-        and tuple(packed.shape) == (rows, in_features // 2)
-        and scales.dtype == torch.bfloat16
-        and tuple(scales.shape) == (in_features // BLOCK, rows, 2)
+        and rows in (out_features, 2 * out_features)  # 2x: a weight split in two halves
+        and _is(packed, torch.uint8, (rows, in_features // 2))
+        and _is(scales, torch.bfloat16, (in_features // BLOCK, rows, 2))
     )

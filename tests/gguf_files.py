@@ -3,11 +3,16 @@ converter writes them (q/k rows permuted for llama), with the tensor types asked
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 Q4_0, Q4_1, Q8_0, F16, F32 = "Q4_0", "Q4_1", "Q8_0", "F16", "F32"
+Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"
+# gguf cannot quantise K-quants: their blocks are random bytes with f16 scales sized so the
+# weights come out about as large as the model's (the bytes at these offsets, and the divisor)
+K_QUANT_SCALES = {Q4_K: ((0, 2), 200.0), Q5_K: ((0, 2), 400.0), Q6_K: ((208,), 1000.0)}
 GGUF_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -44,9 +49,28 @@ def permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(path: Path, model, weights: str = Q4_1, embedding: str = Q8_0) -> Path:
-    """Write `model` (a transformers Llama or Qwen2) as a GGUF: 2-D weights in `weights`,
-    the token embedding in `embedding`, norms and biases in F32."""
+def random_k_quant(data: np.ndarray, kind: str, seed: int = 0) -> np.ndarray:
+    """Random `kind` blocks for a [rows, columns] weight, with weights about `data`'s size."""
+    from engine.ggml_blocks import BLOCK_BYTES, BLOCK_VALUES
+
+    qtype = {Q4_K: 12, Q5_K: 13, Q6_K: 14}[kind]
+    rows, columns = data.shape
+    rng = np.random.default_rng(seed)
+    shape = (rows, columns // BLOCK_VALUES[qtype], BLOCK_BYTES[qtype])
+    raw = rng.integers(0, 256, shape, dtype=np.uint8)
+    offsets, divisor = K_QUANT_SCALES[kind]
+    for at in offsets:
+        halves = np.full((*shape[:2], 1), data.std() / divisor, np.float16)
+        raw[..., at : at + 2] = halves.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def write_gguf(
+    path: Path, model, weights: str = Q4_1, embedding: str = Q8_0, types: dict | None = None
+) -> Path:
+    """Write `model` (a transformers Llama or Qwen2) as a GGUF: 2-D weights in `weights`
+    (or in types[suffix] for a tensor named "...suffix", e.g. {"attn_v.weight": Q6_K}), the
+    token embedding in `embedding`, norms and biases in F32."""
     import gguf
 
     config = model.config
@@ -72,8 +96,14 @@ def write_gguf(path: Path, model, weights: str = Q4_1, embedding: str = Q8_0) ->
         elif arch == "llama" and target.endswith("attn_k.weight"):
             data = permute(data, config.num_key_value_heads)
         kind = F32 if data.ndim == 1 else embedding if target == "token_embd.weight" else weights
+        for suffix, chosen in (types or {}).items():
+            named = target == suffix or target.endswith("." + suffix)
+            kind = chosen if named and data.ndim == 2 else kind
         qtype = gguf.GGMLQuantizationType[kind]
-        if kind == F32:
+        if kind in K_QUANT_SCALES:
+            raw = random_k_quant(data, kind, seed=zlib.crc32(target.encode()))
+            writer.add_tensor(target, raw, raw_dtype=qtype)
+        elif kind == F32:
             writer.add_tensor(target, data)
         elif kind == F16:
             writer.add_tensor(target, data.astype(np.float16))
