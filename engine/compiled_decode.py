@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -40,17 +41,17 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_buffer import KVBuffer
-from engine.quant import BLOCK, Int4Linear
+from engine.quant import BLOCK, DenseLinear, Int4Linear, PartsLinear
 
 if TYPE_CHECKING:
     from engine.llama import Block, GGUFLlama
-    from engine.quant import Linear
+    from engine.quant import Linear, Part
 
 log = logging.getLogger(__name__)
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
-LayerWeights = tuple[torch.Tensor, ...]  # norms, then packed weights and scales of 4 linears
+LayerWeights = tuple[torch.Tensor, ...]  # norms, bias, then the tensors of 4 linears' parts
 
 
 class Runner(Protocol):
@@ -65,11 +66,14 @@ def refusal(model: GGUFLlama) -> str | None:
         return f"the compiled step runs on the CPU, not on {model.device.type}"
     if _package_loader() is None:
         return f"torch {torch.__version__} is older than the {MIN_TORCH} the step is built for"
+    from engine.llama import Block  # llama imports this module for its type
+
     for block in _blocks(model):
-        if block.attention.bias is not None:
-            return "its attention has biases"
-        if not all(isinstance(linear, Int4Linear) and linear.plain for linear in _linears(block)):
-            return "some of its weights are not plain 4-bit"
+        if type(block) is not Block:
+            return f"its {type(block).__name__} layers are not in the compiled step"
+        for linear in _linears(block):
+            if any(_kind(part) is None for part in _parts(linear)):
+                return f"its {type(linear).__name__} weights are not in the compiled step"
     return None
 
 
@@ -104,6 +108,53 @@ def _linears(block: Block) -> tuple[Linear, ...]:
     return attention.qkv, attention.out, feed_forward.gate_up, feed_forward.down
 
 
+# How one product of a layer runs in the compiled step, and how many tensors it takes.
+INT4, INT4_HALVES, BF16 = "int4", "int4 halves", "bf16"
+TENSORS = {INT4: 2, INT4_HALVES: 2, BF16: 1}
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """The static shape of one layer's weights in the step: whether q/k/v have biases, and
+    for qkv, out, gate_up and down the kind of each of their parts (a part per layout)."""
+
+    bias: bool
+    linears: tuple[tuple[str, ...], ...]
+
+
+def _parts(linear: Linear) -> list[Part]:
+    return linear.linears() if isinstance(linear, PartsLinear) else [linear]
+
+
+def _kind(part: Part) -> str | None:
+    if isinstance(part, Int4Linear):
+        return INT4 if part.plain else INT4_HALVES
+    if isinstance(part, DenseLinear) and part.weight.dtype == torch.bfloat16:
+        return BF16
+    return None
+
+
+def _tensors(part: Part) -> tuple[torch.Tensor, ...]:
+    if isinstance(part, Int4Linear):
+        return part.packed, part.scales_zeros
+    assert isinstance(part, DenseLinear)  # refusal() allowed no other kind
+    return (part.weight,)
+
+
+def layer_plan(model: GGUFLlama) -> tuple[LayerPlan, ...]:
+    """Each layer's plan (refusal() has checked that every part has a kind)."""
+    return tuple(
+        LayerPlan(
+            bias=block.attention.bias is not None,
+            linears=tuple(
+                tuple(cast("str", _kind(part)) for part in _parts(linear))
+                for linear in _linears(block)
+            ),
+        )
+        for block in _blocks(model)
+    )
+
+
 def disabled() -> str | None:
     """Why compiling is turned off ($GLASSBOX_COMPILE=0), or None."""
     return "$GLASSBOX_COMPILE is 0" if os.environ.get("GLASSBOX_COMPILE") == "0" else None
@@ -117,23 +168,29 @@ def decode_layers(
     weights: Sequence[LayerWeights],
     keys: Sequence[torch.Tensor],
     values: Sequence[torch.Tensor],
+    plan: Sequence[LayerPlan],
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Every layer of a one-token pass: the ops of llama.Block for n = 1, written flat.
 
     x [1, dim] float32; rotation [1, d, d] (llama.Rope's matrix); filled: a [T, 0] tensor whose
     length is the positions after this one is written (a tensor, so that T is one dynamic size
-    and not a constant of the graph); eps [1, 1]; keys/values [1, kv_heads, capacity, d] per
-    layer. Returns x after the last layer and each layer's queries [1, heads, 1, d].
+    and not a constant of the graph); eps [1, 1]; weights per layer: the two norms, the
+    q/k/v bias if the plan says so, then the tensors of each part of qkv, out, gate_up and
+    down; keys/values [1, kv_heads, capacity, d] per layer. Returns x after the last layer and
+    each layer's queries [1, heads, 1, d].
     """
     d = rotation.shape[-1]
     kv_heads = keys[0].shape[1]
     position = filled.shape[0] - 1
     queries = []
-    for layer, (attention_norm, ffn_norm, *linears) in enumerate(weights):
+    for layer, (attention_norm, ffn_norm, *tensors) in enumerate(weights):
         k_cache, v_cache = keys[layer], values[layer]
-        qkv_w, qkv_s, out_w, out_s, gate_up_w, gate_up_s, down_w, down_s = linears
-        heads = qkv_s.shape[1] // d - 2 * kv_heads
-        qkv = _int4_mm(_rms_norm(x, attention_norm, eps), qkv_w, BLOCK, qkv_s)
+        bias = tensors.pop(0) if plan[layer].bias else None
+        qkv_kinds, out_kinds, gate_up_kinds, down_kinds = plan[layer].linears
+        qkv = _linear(qkv_kinds, _rms_norm(x, attention_norm, eps), tensors)
+        if bias is not None:
+            qkv = qkv + bias
+        heads = qkv.shape[1] // d - 2 * kv_heads
         qk = torch.matmul(qkv[:, : (heads + kv_heads) * d].view(1, -1, d).float(), rotation)
         qk = qk.to(torch.bfloat16).view(1, heads + kv_heads, 1, d)
         q = qk[:, :heads]
@@ -146,12 +203,28 @@ def decode_layers(
         y = F.scaled_dot_product_attention(
             q.float(), seen_k.float(), seen_v.float(), enable_gqa=True
         )
-        x = x + _int4_mm(y.to(torch.bfloat16).view(1, heads * d), out_w, BLOCK, out_s)
-        gate_up = _int4_mm(_rms_norm(x, ffn_norm, eps), gate_up_w, BLOCK, gate_up_s)
+        x = x + _linear(out_kinds, y.to(torch.bfloat16).view(1, heads * d), tensors)
+        gate_up = _linear(gate_up_kinds, _rms_norm(x, ffn_norm, eps), tensors)
         ffn = gate_up.shape[1] // 2
-        x = x + _int4_mm(F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:], down_w, BLOCK, down_s)
+        x = x + _linear(down_kinds, F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:], tensors)
         queries.append(q)
     return x, queries
+
+
+def _linear(kinds: Sequence[str], x: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """x [1, in] bf16 through the parts of one linear, taking their tensors off the front of
+    `tensors`; the parts' outputs concatenated (q/k/v of two layouts: two products)."""
+    outputs = []
+    for kind in kinds:
+        taken = [tensors.pop(0) for _ in range(TENSORS[kind])]
+        if kind == BF16:
+            outputs.append(F.linear(x, taken[0]))
+            continue
+        y = _int4_mm(x, taken[0], BLOCK, taken[1])
+        if kind == INT4_HALVES:  # [hi rows; lo rows]: their sum is the weight's product
+            y = y[:, : y.shape[1] // 2] + y[:, y.shape[1] // 2 :]
+        outputs.append(y)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -161,12 +234,14 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch
 
 
 def layer_weights(model: GGUFLlama) -> list[LayerWeights]:
-    """Per layer: the two norms, then each linear's packed weights and scales (plain 4-bit)."""
+    """Per layer: the two norms, the q/k/v bias if any, then each part's tensors (plan order)."""
     weights = []
     for block in _blocks(model):
-        linears = cast("tuple[Int4Linear, ...]", _linears(block))  # refusal() checked them
-        tensors = [t for linear in linears for t in (linear.packed, linear.scales_zeros)]
-        weights.append((block.attention_norm, block.ffn_norm, *tensors))
+        bias = block.attention.bias
+        tensors = [t for linear in _linears(block) for p in _parts(linear) for t in _tensors(p)]
+        weights.append(
+            (block.attention_norm, block.ffn_norm, *([bias] if bias is not None else []), *tensors)
+        )
     return weights
 
 
@@ -189,9 +264,23 @@ class CompiledDecode:
 
 
 class _DecodeLayers(torch.nn.Module):
-    """decode_layers as the module torch.export traces (it reads the inputs' names off it)."""
+    """decode_layers as the module torch.export traces, with the model's plan fixed."""
 
-    forward = staticmethod(decode_layers)
+    def __init__(self, plan: Sequence[LayerPlan]) -> None:
+        super().__init__()
+        self.plan = plan
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotation: torch.Tensor,
+        filled: torch.Tensor,
+        eps: torch.Tensor,
+        weights: Sequence[LayerWeights],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return decode_layers(x, rotation, filled, eps, weights, keys, values, self.plan)
 
 
 # -- where it is kept, how it is built and loaded -------------------------------------------
@@ -209,7 +298,8 @@ def artifact_path(folder: Path, stem: str, file_key: str, threads: int) -> Path:
 def _code_key() -> str:
     """A hash of the code a package is built from and called with (not of this whole file:
     a comment elsewhere in it must not cost every user a rebuild)."""
-    parts = (decode_layers, _rms_norm, compile_to, CompiledDecode.__call__, layer_weights)
+    parts = (decode_layers, _linear, _rms_norm, compile_to, CompiledDecode.__call__,
+             layer_weights, layer_plan, _tensors)  # fmt: skip
     source = "".join(inspect.getsource(part) for part in parts)
     return hashlib.sha256(source.encode()).hexdigest()[:12]
 
@@ -250,7 +340,8 @@ def compile_to(model: GGUFLlama, path: Path) -> None:
     dynamic = (None, None, {0: positions}, None, [(None,) * len(w) for w in weights],
                [{2: capacity}] * len(cache.keys), [{2: capacity}] * len(cache.values))  # fmt: skip
     with torch.no_grad():
-        exported = torch.export.export(_DecodeLayers(), inputs, dynamic_shapes=dynamic)
+        module = _DecodeLayers(layer_plan(model))
+        exported = torch.export.export(module, inputs, dynamic_shapes=dynamic)
     with _scratch_beside(path) as scratch:
         partial = scratch / "step.pt2"  # whole, then renamed: a load never sees half of one
         torch._inductor.aoti_compile_and_package(exported, package_path=str(partial))

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from engine.quant import BLOCK, DenseLinear, Int4Linear, Part, Q6KLinear
+from engine.quant import BLOCK, DenseLinear, Int4Linear, Part, Q6KLinear, kernel_block_rows
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ FORMAT = 2  # bump when what is stored, or how it is built, changes
 def pack_path(folder: Path, stem: str, file_key: str) -> Path:
     """Where the pack of a GGUF (named by `stem`, identified by `file_key`) is kept."""
     version = torch.__version__.replace("+", "-")
-    return folder / f"{stem}-{file_key}-torch{version}-v{FORMAT}.pt"
+    layout = f"int4x{kernel_block_rows() or 'op'}"  # the packed bytes differ by kernel set
+    return folder / f"{stem}-{file_key}-torch{version}-{layout}-v{FORMAT}.pt"
 
 
 class PackCache:

@@ -16,7 +16,9 @@ means for logits).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -78,18 +80,38 @@ SPLIT = tuple(t for t in GROUPED if BITS[t] > 4)
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """uint8 values 0..15 [N, K] -> the CPU int4 kernel's packed layout [N, K/2].
 
-    The layout (read off `_convert_weight_to_int4pack_for_cpu`): per block of 64 rows, for
-    each k, 32 bytes holding row j in the low nibble and row j + 32 in the high one. Built
-    here with numpy, ~8x faster than widening to int32 for the op; the op handles other N.
+    The layout (read off `_convert_weight_to_int4pack_for_cpu`) depends on the kernel set torch
+    runs: per block of B rows (64 with AVX-512, 32 with AVX2), for each k, B/2 bytes holding
+    row j in the low nibble and row j + B/2 in the high one. Built here with numpy, ~8x faster
+    than widening to int32 for the op; the op handles other N and other kernel sets.
     """
-    rows, columns = q.shape
-    if rows % 64:
+    rows = q.shape[0]
+    block = kernel_block_rows()
+    if block is None or rows % block:
         packed_by_op: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1)
         return packed_by_op
-    halves = q.numpy().reshape(rows // 64, 2, 32, columns)
-    packed = halves[:, 0] | (halves[:, 1] << 4)  # [N/64, 32, K]
-    packed = np.ascontiguousarray(packed.transpose(0, 2, 1)).reshape(rows, columns // 2)
-    return torch.from_numpy(packed)
+    return torch.from_numpy(_pack_blocks(q.numpy(), block))
+
+
+def _pack_blocks(q: npt.NDArray[np.uint8], block: int) -> npt.NDArray[np.uint8]:
+    rows, columns = q.shape
+    halves = q.reshape(rows // block, 2, block // 2, columns)
+    packed = halves[:, 0] | (halves[:, 1] << 4)  # [N/B, B/2, K]
+    return np.ascontiguousarray(packed.transpose(0, 2, 1)).reshape(rows, columns // 2)
+
+
+@functools.cache
+def kernel_block_rows() -> int | None:
+    """Rows per block of the int4 kernel's packed layout in this process (64 or 32), found by
+    packing a probe with torch's op; None for a layout not known here (the op packs those,
+    and prefills run the int4 kernel instead of unpacking to bf16). The packed bytes differ
+    between kernel sets: a weight packed under AVX-512 multiplies to garbage under AVX2."""
+    probe = np.random.default_rng(0).integers(0, 16, (64, 64), dtype=np.uint8)
+    by_op = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(probe).int(), 1)
+    for block in (64, 32):
+        if np.array_equal(_pack_blocks(probe, block), by_op.numpy()):
+            return block
+    return None
 
 
 Form = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # nibbles, scales, zeros of some rows
@@ -198,16 +220,22 @@ class Int4Linear(torch.nn.Module):
 
     def dense_t(self) -> torch.Tensor:
         """The weights transposed, [in, out] in the activation dtype, unpacked for a large
-        matmul (rows a multiple of 64).
+        matmul (rows a multiple of the layout's block, `kernel_block_rows()`).
 
         [in, out] is the layout oneDNN multiplies without reordering (x @ Wᵀ measured 1.5x
         faster than linear(x, W) here), and the one the packing unpacks to in runs of 32
-        bytes: packed [N/64, K, 32] holds rows j and j + 32 of each 64 in the two nibbles.
+        bytes: packed [N/B, K, B/2] holds rows j and j + B/2 of each B in the two nibbles.
         Every pass is a torch op, so a prefill's unpacking runs on all torch's threads.
         """
         rows, columns = self.packed.shape[0], self.packed.shape[1] * 2
-        packed = self.packed.view(rows // 64, columns, 32).transpose(0, 1)  # [K, N/64, 32]
-        weight = torch.empty(columns, rows // 64, 2, 32, dtype=self.scales_zeros.dtype)
+        if not self.unpackable:  # a layout not read here: the kernel's own product with I
+            eye = torch.eye(self.in_features, dtype=self.scales_zeros.dtype)
+            product: torch.Tensor = _int4_mm(eye, self.packed, BLOCK, self.scales_zeros)
+            halves = product[:, : self.out_features], product[:, self.out_features :]
+            return product if self.plain else halves[0] + halves[1]
+        block = cast(int, kernel_block_rows())
+        packed = self.packed.view(rows // block, columns, block // 2).transpose(0, 1)
+        weight = torch.empty(columns, rows // block, 2, block // 2, dtype=self.scales_zeros.dtype)
         weight[:, :, 0].copy_(packed & 15)
         weight[:, :, 1].copy_(packed >> 4)
         weight = weight.view(columns // BLOCK, BLOCK, rows)
@@ -226,6 +254,12 @@ class Int4Linear(torch.nn.Module):
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in (self.packed, self.scales_zeros))
 
+    @property
+    def unpackable(self) -> bool:
+        """Whether dense_t can read the packed layout (whole blocks of a known layout)."""
+        block = kernel_block_rows()
+        return block is not None and self.packed.shape[0] % block == 0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out] in the scales' dtype. A decode step calls this 121 times
         with [1, in] bf16, so that case runs the kernel and nothing else (~2.5 µs a call less
@@ -239,7 +273,7 @@ class Int4Linear(torch.nn.Module):
             x = x.reshape(-1, shape[-1])
         if x.dtype != scales_zeros.dtype:
             x = x.to(scales_zeros.dtype)
-        if x.shape[0] >= DENSE_ROWS and self.packed.shape[0] % 64 == 0:
+        if x.shape[0] >= DENSE_ROWS and self.unpackable:
             y = torch.mm(x, self.dense_t())  # the halves of a split weight added already
         else:
             y = _int4_mm(x, self.packed, BLOCK, scales_zeros)

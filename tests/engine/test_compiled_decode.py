@@ -23,7 +23,21 @@ from engine.loader import LoadedModel, default_cache_dir, describe_fast
 from engine.session import ChatSession
 from engine.settings import Message
 from tests.engine.test_fast import decoded_against_exact, hf_model
-from tests.gguf_files import Q4_1, Q8_0, write_gguf
+from tests.engine.test_quant import mixed_gguf
+from tests.gguf_files import Q4_1, Q6_K, Q8_0, write_gguf
+
+
+class RequantizedLinear(torch.nn.Module):
+    """A stand-in for a weight layout the compiled step has no kind for."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() @ self.weight.t()
+
 
 STEPS = 40  # decode steps compared: past two growths of a 16-position cache
 # The compiled step fuses the norms and the rotation into its own loops, so bf16 activations
@@ -89,8 +103,32 @@ def decode(model: GGUFLlama, tokens: list[int], layers: frozenset[int], compiled
     return out, cache
 
 
+@pytest.fixture(scope="module")
+def compiled_mixed(tmp_path_factory) -> GGUFLlama:
+    """A Qwen2-shaped model (q/k/v biases) of every layout: q/k Q4_K with v Q6_K (an int4
+    product and a bf16 one), gate/up Q5_0 and Q8_0 (int4 halves), out Q5_K, down Q6_K."""
+    needs_a_compiler()
+    model = build(mixed_gguf(tmp_path_factory.mktemp("gguf") / "mixed.gguf", Q6_K))
+    assert compiled_decode.refusal(model) is None
+    path = tmp_path_factory.mktemp("compiled") / "mixed.pt2"
+    compiled_decode.compile_to(model, path)
+    model.decode_step = compiled_decode.load(path, model)
+    return model
+
+
 def test_compiled_steps_follow_the_eager_steps(compiled):
-    model, _ = compiled
+    assert_follows_the_eager_steps(compiled[0])
+
+
+def test_compiled_steps_of_biases_and_mixed_layouts_follow_the_eager_steps(compiled_mixed):
+    plans = compiled_decode.layer_plan(compiled_mixed)
+    kinds = {kind for plan in plans for linear in plan.linears for kind in linear}
+    assert kinds == {"int4", "int4 halves", "bf16"}
+    assert all(plan.bias for plan in plans)
+    assert_follows_the_eager_steps(compiled_mixed)
+
+
+def assert_follows_the_eager_steps(model: GGUFLlama) -> None:
     seeded = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, model.shape.vocab, (5 + STEPS,), generator=seeded).tolist()
     layers = frozenset(range(model.shape.layers))
@@ -231,7 +269,11 @@ def test_only_one_token_after_a_cached_position_goes_through_the_step(tiny_gguf)
 def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
     qwen = build(write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), Q4_1, Q8_0))
     monkeypatch.setattr(torch, "__version__", TorchVersion(compiled_decode.MIN_TORCH + ".0"))
-    assert "biases" in (compiled_decode.refusal(qwen) or "")
+    assert compiled_decode.refusal(qwen) is None  # its biases are in the step
+    block = qwen.blocks[0]
+    weight = block.feed_forward.down.dense().float()
+    block.feed_forward.down = RequantizedLinear(weight)  # a layout the step does not know
+    assert "RequantizedLinear weights are not in" in (compiled_decode.refusal(qwen) or "")
     llama = build(write_gguf(tmp_path / "llama.gguf", hf_model("llama"), Q4_1, Q8_0))
     monkeypatch.setattr(torch, "__version__", TorchVersion("2.11.0+cu130"))
     assert "older than" in (compiled_decode.refusal(llama) or "")
