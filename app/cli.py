@@ -13,7 +13,13 @@ import json
 import sys
 from pathlib import Path
 
-from engine.settings import PRECISIONS, GenerationSettings, LoadRequest, SettingsError
+from engine.settings import (
+    CHAT_TEMPLATES,
+    PRECISIONS,
+    GenerationSettings,
+    LoadRequest,
+    SettingsError,
+)
 
 COMMANDS = ("chat", "bench", "peaks", "models")
 
@@ -103,6 +109,14 @@ def model_options(defaults: bool = True) -> argparse.ArgumentParser:
         " auto: fast where it can run (default)",
     )
     options.add_argument(
+        "--chat-template",
+        default="auto" if defaults else argparse.SUPPRESS,
+        choices=CHAT_TEMPLATES,
+        help="auto: the model's own, else for a GGUF without one its architecture's (default);"
+        " plain: a user:/assistant: transcript (a base model may continue it better); or one by"
+        " name",
+    )
+    options.add_argument(
         "--no-compile",
         action="store_true",
         default=False if defaults else argparse.SUPPRESS,
@@ -119,6 +133,7 @@ def load_request(args: argparse.Namespace) -> LoadRequest:
         dtype=args.dtype,
         precision=args.precision,
         compiled=not args.no_compile,
+        chat_template=args.chat_template,
     )
 
 

@@ -59,7 +59,8 @@ def run_chat(args: argparse.Namespace) -> int:
         return 1
     session = ChatSession(loaded)
     if not (args.json or args.complete):  # which turns the model sees, before its first reply
-        print(f"[{chat_format.label(session.info.chat_format)}]", file=sys.stderr)
+        forced = request.chat_template != "auto"
+        print(f"[{chat_format.label(session.info.chat_format, forced)}]", file=sys.stderr)
     if args.json:  # which model, precision and peaks the following events come from
         print_json({"event": "model", **plain(session.info)})
     try:

@@ -105,6 +105,7 @@ LABELS = {
     "chatml": "ChatML (the file has none; chosen by architecture)",
     "llama3": "the Llama 3 chat template (the file has none; chosen by architecture)",
 }
+FORCED = "the {} chat template (--chat-template)"
 
 
 class Vocabulary(Protocol):
@@ -131,9 +132,26 @@ def choose(architecture: str, has_token: Callable[[str], bool]) -> Template | No
     return None
 
 
-def apply(tokenizer: Vocabulary, architecture: str) -> str:
+def apply(tokenizer: Vocabulary, architecture: str, choice: str = "auto") -> str:
     """Give a tokenizer without a chat template its architecture's known one; return the name
-    of the template in use: OWN, one of TEMPLATES, or PLAIN."""
+    of the template in use: OWN, one of TEMPLATES, or PLAIN.
+
+    `choice` other than "auto" overrides: PLAIN drops any template (a base model may continue
+    a transcript better than turns it was never trained on), a name in TEMPLATES sets that one
+    (ValueError if the vocabulary lacks its tokens).
+    """
+    if choice == PLAIN:
+        tokenizer.chat_template = None
+        return PLAIN
+    if choice != "auto":
+        forced = TEMPLATES[choice]
+        missing = [t for t in forced.needs if token_id(tokenizer, t) is None]
+        if missing:
+            raise ValueError(
+                f"the {choice} chat template needs {', '.join(missing)}, not in this vocabulary"
+            )
+        tokenizer.chat_template = forced.source
+        return choice
     if tokenizer.chat_template:
         return OWN
     template = choose(architecture, lambda token: token_id(tokenizer, token) is not None)
@@ -143,7 +161,12 @@ def apply(tokenizer: Vocabulary, architecture: str) -> str:
     return template.name
 
 
-def label(name: str) -> str:
+def label(name: str, forced: bool = False) -> str:
+    """The template in words; `forced`: chosen by the user rather than found or guessed."""
+    if forced and name in TEMPLATES:
+        return FORCED.format(name)
+    if forced and name == PLAIN:
+        return LABELS[PLAIN] + " (--chat-template plain)"
     return LABELS.get(name, name)
 
 

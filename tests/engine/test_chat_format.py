@@ -16,10 +16,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from engine import chat_format
 from engine.events import Peaks
 from engine.lean_tokenizer import LeanTokenizer
-from engine.loader import LoadedModel, model_architecture, with_chat_format
+from engine.loader import LoadedModel, ModelLoadError, model_architecture, with_chat_format
 from engine.prompt import encode_chat
 from engine.session import ChatSession
-from engine.settings import GenerationSettings, Message, ProbeSettings
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings, SettingsError
 from tests.models import make_tiny
 
 FIXED = Peaks(1e11, 1e10, "float32", "cpu", "fixed for the test")
@@ -129,6 +129,31 @@ def test_the_models_own_template_is_kept(make):
     tokenizer = make(GEMMA_TOKENS, own)
     assert chat_format.apply(tokenizer, "gemma3") == chat_format.OWN
     assert tokenizer.chat_template == own
+
+
+@BOTH
+def test_a_choice_overrides_the_models_template_and_the_architecture(make):
+    own = make(GEMMA_TOKENS, chat_format.CHATML)
+    assert chat_format.apply(own, "gemma3", "plain") == chat_format.PLAIN
+    assert not own.chat_template  # a base model's transcript, whatever the file carries
+    other = make(GEMMA_TOKENS)
+    assert chat_format.apply(other, "gpt2", "gemma") == "gemma"  # not guessed, but asked for
+    assert other.chat_template == chat_format.GEMMA
+    with pytest.raises(ValueError, match=r"llama3 chat template needs <\|start_header_id\|>"):
+        chat_format.apply(make(GEMMA_TOKENS), "gemma3", "llama3")
+
+
+def test_the_choice_is_a_load_request_checked_at_load(tokenizer):
+    assert LoadRequest().chat_template == "auto"
+    with pytest.raises(SettingsError, match="chat template must be one of auto, plain"):
+        LoadRequest(chat_template="alpaca")
+    tiny = make_tiny(tokenizer, "gemma3")
+    own = replace(tiny, tokenizer=transformers_tokenizer(GEMMA_TOKENS, chat_format.CHATML))
+    assert with_chat_format(own, guess=False, choice="plain").info.chat_format == "plain"
+    wrong = replace(tiny, tokenizer=transformers_tokenizer(GEMMA_TOKENS))
+    with pytest.raises(ModelLoadError, match="tiny-gemma3: the chatml chat template needs"):
+        with_chat_format(wrong, guess=True, choice="chatml")
+    assert chat_format.label("gemma", forced=True) == "the gemma chat template (--chat-template)"
 
 
 def test_lean_and_transformers_tokenizers_encode_the_chosen_template_alike():
