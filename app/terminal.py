@@ -18,6 +18,7 @@ from types import FrameType
 
 from app.chat_log import ChatLog, open_store
 from app.cli import generation_settings, load_request, print_json
+from engine import chat_format
 from engine.events import Event, Failed, Finished, PrefillDone, Token
 from engine.loader import ModelLoadError, load_model
 from engine.serialize import event_to_dict, plain
@@ -57,6 +58,9 @@ def run_chat(args: argparse.Namespace) -> int:
         print(f"glassbox chat: {error}", file=sys.stderr)
         return 1
     session = ChatSession(loaded)
+    if not (args.json or args.complete):  # which turns the model sees, before its first reply
+        forced = request.chat_template != "auto"
+        print(f"[{chat_format.label(session.info.chat_format, forced)}]", file=sys.stderr)
     if args.json:  # which model, precision and peaks the following events come from
         print_json({"event": "model", **plain(session.info)})
     try:

@@ -9,6 +9,7 @@ wrapped by `TransformersDecoder`, with its DynamicCache behind `TransformersCach
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
@@ -56,6 +57,7 @@ class TransformersDecoder:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.device = next(model.parameters()).device
+        self.cache_kwarg = cache_kwarg(model)
 
     def new_cache(self) -> TransformersCache:
         from transformers import DynamicCache
@@ -67,13 +69,22 @@ class TransformersDecoder:
         self, ids: torch.Tensor, cache: Cache | None, probe: AttentionProbe | None
     ) -> torch.Tensor:
         """One pass over `ids` [1, n] (the prompt, or one new token); the last position's logits."""
-        extra = {PROBE_KWARG: probe} if probe is not None else {}
+        extra: dict[str, object] = {PROBE_KWARG: probe} if probe is not None else {}
         # The cache is one this decoder's new_cache made: a session never mixes decoders.
         inner = cast(TransformersCache, cache).inner if cache is not None else None
-        out = self.model(input_ids=ids, past_key_values=inner, use_cache=cache is not None,
-                         logits_to_keep=1, **extra)  # fmt: skip
+        extra[self.cache_kwarg] = inner
+        out = self.model(input_ids=ids, use_cache=cache is not None, logits_to_keep=1, **extra)
         logits: torch.Tensor = out.logits[0, -1]
         return logits.float()
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name of the forward argument that takes the KV cache: `cache` since transformers
+    5.24, which deprecates `past_key_values` (a FutureWarning; removal announced for 5.40);
+    `past_key_values` before (5.17-5.23 know no other). Read from the model's own signature,
+    which the deprecation wrapper passes through, so each model class answers for itself."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def decoder_for(model: torch.nn.Module) -> Decoder:

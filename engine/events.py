@@ -80,6 +80,10 @@ class ModelInfo:
     sliding_window: int | None = None
     # "exact": dequantised weights in transformers; "fast": the GGUF's quantised weights.
     precision: str = "exact"
+    # The chat template prompts are rendered with: "own" (the model's), "plain" (none: a
+    # user:/assistant: transcript) or the name of engine/chat_format.py's template chosen for a
+    # GGUF without one ("gemma", "chatml", "llama3"); chat_format.label(...) says it in words.
+    chat_format: str = "own"
     # The measured ceilings the roofline of each pass is drawn against (None: not measured).
     peaks: Peaks | None = None
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class LeanTokenizer:
     def __init__(self, backend: Tokenizer, config: dict[str, Any], chat_template: str | None):
         self.backend = backend
-        self.chat_template = chat_template
+        self._chat_template = chat_template
         self.bos_token = _content(config.get("bos_token"))
         self.eos_token = _content(config.get("eos_token"))
         self.pad_token = _content(config.get("pad_token"))
@@ -40,6 +40,15 @@ class LeanTokenizer:
         template = template_file.read_text() if template_file.is_file() else None
         template = template or config.get("chat_template")
         return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), config, template)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
+        """A template set later (engine/chat_format.py's, where the file has none)."""
+        self._chat_template, self._template = source, None
 
     # -- ids -------------------------------------------------------------------------------------
 

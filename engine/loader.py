@@ -24,14 +24,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
 import platformdirs
 import torch
 
-from engine import attention_probe, compiled_decode, peaks
+from engine import attention_probe, chat_format, compiled_decode, peaks
 from engine.compiled_decode import Attacher
 from engine.device import pick_device, pick_dtype
 from engine.events import ModelInfo
@@ -126,9 +126,36 @@ def load_model(
         _check_causal(location, local=source == "folder")
         model, tokenizer = _load_pretrained(location, dtype, report, source)
         loaded = _finish(model, tokenizer, location, source, device, report)
+    loaded = with_chat_format(loaded, source in ("bundled", "gguf"), request.chat_template)
     _measure_peaks(device, loaded.info.dtype, report)
     report("Ready", 1.0)
     return loaded
+
+
+def with_chat_format(loaded: LoadedModel, guess: bool, choice: str = "auto") -> LoadedModel:
+    """Record which chat template the tokenizer renders prompts with; with `guess` (a GGUF),
+    a tokenizer without one first gets its architecture's known template (engine/chat_format.py);
+    a `choice` other than "auto" (LoadRequest.chat_template) overrides either.
+    The same for transformers' tokenizer and the fast path's LeanTokenizer."""
+    tokenizer = cast(chat_format.Vocabulary, loaded.tokenizer)
+    if guess or choice != "auto":
+        try:
+            name = chat_format.apply(tokenizer, model_architecture(loaded.model), choice)
+        except ValueError as error:
+            raise ModelLoadError(f"{loaded.info.name}: {error}") from None
+    else:
+        name = chat_format.OWN if tokenizer.chat_template else chat_format.PLAIN
+    log.info("%s: %s", loaded.info.name, chat_format.label(name, forced=choice != "auto"))
+    loaded.info = replace(loaded.info, chat_format=name)
+    return loaded
+
+
+def model_architecture(model: torch.nn.Module) -> str:
+    """The GGUF architecture of Glassbox's own model, or a transformers model's model_type."""
+    shape = getattr(model, "shape", None)
+    if shape is not None:
+        return str(shape.architecture)
+    return str(getattr(getattr(model, "config", None), "model_type", ""))
 
 
 def _measure_peaks(device: torch.device, dtype: str, report: Progress) -> None:

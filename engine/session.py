@@ -26,7 +26,7 @@ from typing import cast
 
 import torch
 
-from engine import context
+from engine import chat_format, context
 from engine.attention_probe import AttentionProbe
 from engine.context import ContextFull
 from engine.decoder import Cache, decoder_for
@@ -113,7 +113,7 @@ class ChatSession:
             tally.tokenize_s = time.perf_counter() - tally.started
             tally.prompt_tokens = len(prompt)
             room = self.info.max_context - len(prompt) if self.info.max_context else None
-            stream = TextStream(self.tokenizer, prompt, settings.stop_strings)
+            stream = TextStream(self.tokenizer, prompt, self._stop_strings(settings))
             yield from self._reply(prompt, settings, probes, tally, stream, room, fitted.dropped)
         except torch.OutOfMemoryError:
             self._recover()
@@ -320,11 +320,21 @@ class ChatSession:
         return cast(str, self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
 
     def _eos_ids(self) -> frozenset[int]:
+        """The model's EOS, and the end-of-turn token its chat template writes (a chat model
+        ends its reply there, and may never write an EOS at all)."""
         generation = getattr(self.model, "generation_config", None)
         eos = getattr(generation, "eos_token_id", None)
         if eos is None:
             eos = self.tokenizer.eos_token_id
-        return frozenset([eos] if isinstance(eos, int) else (eos or ()))
+        ids = frozenset([eos] if isinstance(eos, int) else (eos or ()))
+        return ids | chat_format.end_of_turn_ids(self.tokenizer)
+
+    def _stop_strings(self, settings: GenerationSettings) -> tuple[str, ...]:
+        """The settings' stop strings; a chat without a template also stops where the model
+        starts the user's next line of the plain transcript."""
+        if settings.completion or self.tokenizer.chat_template:
+            return settings.stop_strings
+        return settings.stop_strings + chat_format.PLAIN_STOP_STRINGS
 
     def _recover(self) -> None:
         self.reset()

@@ -145,6 +145,9 @@ class Message:
 
 
 PRECISIONS = ("auto", "exact", "fast")
+# The chat template a load uses (engine/chat_format.py): "auto" is the model's own, else for a
+# GGUF without one its architecture's; "plain" the user:/assistant: transcript; or one by name.
+CHAT_TEMPLATES = ("auto", "plain", "gemma", "chatml", "llama3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,7 @@ class LoadRequest:
     (engine/compiled_decode.py; $GLASSBOX_COMPILE=0 turns it off everywhere);
     `build_compiled=False` uses one only if it is already kept (a one-shot reply, which would
     exit long before a build ends).
+    `chat_template`: "auto", or a template to use whatever the model has (CHAT_TEMPLATES).
     """
 
     spec: str = "bundled"
@@ -166,9 +170,15 @@ class LoadRequest:
     precision: str = "auto"
     compiled: bool = True
     build_compiled: bool = True
+    chat_template: str = "auto"  # one of CHAT_TEMPLATES
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise SettingsError(
                 f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        if self.chat_template not in CHAT_TEMPLATES:
+            raise SettingsError(
+                f"chat template must be one of {', '.join(CHAT_TEMPLATES)},"
+                f" got {self.chat_template!r}"
             )

@@ -83,6 +83,8 @@ from tests.models import TINY_ARCHITECTURES, make_tiny  # noqa: E402
 # The bundled model is dequantised once into a cache beside the tests (not the user's cache),
 # and tiny random-weight models of four architectures reuse its tokenizer: no network needed.
 
+# Where `make models` put the real models: the user's cache, read before it is redirected below.
+_USER_CACHE_DIR = os.environ.get("GLASSBOX_CACHE_DIR")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Loads decode eagerly unless a test compiles the step itself (test_compiled_decode): a
 # background compile would take a core for a minute or two in the middle of other tests.
@@ -146,14 +148,45 @@ def tiny_folder(tokenizer, tmp_path_factory) -> Path:
     return folder
 
 
+def _real_model(name: str) -> Path:
+    """The path of a real model `glassbox models fetch` assembled, or a skip saying how."""
+    import platformdirs
+
+    from app.model_fetch import MODELS, fetched, models_dir
+
+    user_cache = _USER_CACHE_DIR or platformdirs.user_cache_dir("glassbox", appauthor=False)
+    folder = models_dir(Path(user_cache).expanduser())
+    path = fetched(MODELS[name], folder)
+    if path is None:
+        pytest.skip(f"run `make models` to fetch {MODELS[name].title} (not in {folder})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_qwen() -> Path:
+    """The real Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (1.1 GB), if fetched."""
+    return _real_model("qwen2.5-coder-1.5b")
+
+
+@pytest.fixture(scope="session")
+def real_gemma() -> Path:
+    """The real Gemma-3-270M Q4_K_M GGUF (253 MB; no chat template in the file), if fetched."""
+    return _real_model("gemma-3-270m")
+
+
 BUNDLED_FIXTURES = {"bundled", "bundled_fast"}
+REAL_MODEL_FIXTURES = {"real_qwen", "real_gemma"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that load the bundled model's weights are `bundled` (left out by `make test-fast`)."""
+    """Tests that load the bundled model's weights are `bundled` (left out by `make test-fast`);
+    those on a fetched real model are `real_models` (skipped where it is not fetched)."""
     for item in items:
-        if BUNDLED_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if BUNDLED_FIXTURES & fixtures:
             item.add_marker(pytest.mark.bundled)
+        if REAL_MODEL_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.real_models)
 
 
 @pytest.fixture(params=TINY_ARCHITECTURES)

@@ -151,6 +151,17 @@ def test_every_command_takes_a_precision():
         assert load_request(fast).precision == "fast"
 
 
+def test_every_command_takes_a_chat_template():
+    from app.cli import load_request, parser
+
+    for command in ([], ["chat"], ["bench"]):
+        assert load_request(parser().parse_args(command)).chat_template == "auto"
+        plain = parser().parse_args([*command, "--chat-template", "plain"])
+        assert load_request(plain).chat_template == "plain"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["chat", "--chat-template", "alpaca"])
+
+
 def test_model_options_are_one_definition_wherever_they_are_given():
     from app.cli import load_request, parser
 
