@@ -21,6 +21,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -126,7 +127,8 @@ def load_model(
         _check_causal(location, local=source == "folder")
         model, tokenizer = _load_pretrained(location, dtype, report, source)
         loaded = _finish(model, tokenizer, location, source, device, report)
-    loaded = with_chat_format(loaded, source in ("bundled", "gguf"), request.chat_template)
+    guess = source in ("bundled", "gguf") and instruction_tuned(Path(location))
+    loaded = with_chat_format(loaded, guess, request.chat_template)
     _measure_peaks(device, loaded.info.dtype, report)
     report("Ready", 1.0)
     return loaded
@@ -148,6 +150,26 @@ def with_chat_format(loaded: LoadedModel, guess: bool, choice: str = "auto") -> 
     log.info("%s: %s", loaded.info.name, chat_format.label(name, forced=choice != "auto"))
     loaded.info = replace(loaded.info, chat_format=name)
     return loaded
+
+
+# Words in a GGUF's name that say it was tuned to chat (Qwen2.5 "... Instruct", Gemma "-it").
+TUNED_NAME = re.compile(r"instruct|chat|(^|[\s_-])it($|[\s_-])", re.IGNORECASE)
+
+
+def instruction_tuned(path: Path) -> bool:
+    """Whether a GGUF says it holds a model tuned to chat (`general.finetune`, or its name),
+    so a missing template may be guessed from its architecture. A base model (the Gemma-3-270M
+    file: no fine-tune named) never learned the turn tokens: given Gemma's turns it rambles
+    without ever ending one, where a plain transcript answers and stops at a new "user:"."""
+    try:
+        file = GGUFFile(path)
+    except (GGUFError, OSError):
+        return True  # unreadable here: loading it has already said so, or will
+    try:
+        names = (file.get("general.finetune") or "", file.get("general.name") or "", path.stem)
+        return bool(file.get("general.finetune")) or any(TUNED_NAME.search(n) for n in names)
+    finally:
+        file.close()
 
 
 def model_architecture(model: torch.nn.Module) -> str:

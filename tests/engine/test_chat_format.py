@@ -237,3 +237,32 @@ def test_the_plain_transcript_stops_where_the_model_starts_the_users_turn(tokeni
     *_, finished = session.generate(CONVERSATION[1:2], completion, ProbeSettings.off())
     assert finished.reason == "length"
     assert finished.text == "hello\nuser:hi"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "stem", "tuned"),
+    [
+        ({"general.finetune": "Instruct-GGUF"}, "model", True),
+        ({"general.name": "Qwen2.5 Coder 1.5B Instruct"}, "model", True),
+        ({"general.name": "gemma 3 270m"}, "gemma-3-270m-it-Q4_K_M", True),
+        ({"general.name": "Gemma 3 270m"}, "gemma-3-270m-q4_k_m", False),  # the base model
+        ({}, "tinyllama-chat", True),
+        ({"general.name": "Llama 3.2 1B"}, "unit-test", False),  # "it" inside a word: no
+    ],
+)
+def test_only_a_gguf_that_says_it_was_tuned_to_chat_gets_a_guessed_template(
+    tmp_path, metadata, stem, tuned
+):
+    import gguf
+
+    from engine.loader import instruction_tuned
+
+    path = tmp_path / f"{stem}.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    for key, value in metadata.items():
+        writer.add_string(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert instruction_tuned(path) is tuned
