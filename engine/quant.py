@@ -308,11 +308,12 @@ class Q6KLinear(torch.nn.Module):
     [out, in/16] (1.08 bytes a weight against bf16's 2).
 
     Eager torch has no kernel that reads int8 with a scale per 16 values: forward unpacks row
-    chunks to bf16 for each product. At Qwen's shapes ([1536, 8960], [256, 1536]), 2 threads,
-    avx2 or avx512, that measured 2-25x slower than a bf16 copy for one row of activations
-    and 2-6x for 500, so build_fast keeps Q6_K in bf16. `decode_product` writes the product as
-    plain elementwise ops and one reduction, which inductor fuses into one pass over the int8
-    values: 0.95-4x the bf16 copy's time, torch.compile'd alone (the compiled step's to use).
+    chunks to bf16 for each product. At Qwen's shapes ([1536, 8960], [256, 1536]), avx2 or
+    avx512, 1 or 2 threads, that measured 2-25x the time of a bf16 copy (DenseLinear) for one
+    row of activations, and 0.4-7x for 500 (noisy), so build_fast keeps Q6_K in bf16.
+    `decode_product` writes the product as plain elementwise ops and one reduction (eagerly
+    2-24x), which inductor fuses into one pass over the int8 values: 0.95-5x the bf16 copy's
+    time, torch.compile'd alone; the compiled decode step is where it may pay.
     """
 
     values: torch.Tensor  # buffers, declared for the type checker
