@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_buffer import KVBuffer
-from engine.quant import BLOCK, DenseLinear, Int4Linear, PartsLinear
+from engine.quant import BLOCK, DenseLinear, Int4Linear, PartsLinear, Q6KLinear, interleave_q6
 
 if TYPE_CHECKING:
     from engine.llama import Block, GGUFLlama
@@ -109,8 +109,8 @@ def _linears(block: Block) -> tuple[Linear, ...]:
 
 
 # How one product of a layer runs in the compiled step, and how many tensors it takes.
-INT4, INT4_HALVES, BF16 = "int4", "int4 halves", "bf16"
-TENSORS = {INT4: 2, INT4_HALVES: 2, BF16: 1}
+INT4, INT4_HALVES, INT4_Q6, BF16 = "int4", "int4 halves", "int4 per 16", "bf16"
+TENSORS = {INT4: 2, INT4_HALVES: 2, INT4_Q6: 2, BF16: 1}
 
 
 @dataclass(frozen=True)
@@ -129,13 +129,15 @@ def _parts(linear: Linear) -> list[Part]:
 def _kind(part: Part) -> str | None:
     if isinstance(part, Int4Linear):
         return INT4 if part.plain else INT4_HALVES
+    if isinstance(part, Q6KLinear):
+        return INT4_Q6
     if isinstance(part, DenseLinear) and part.weight.dtype == torch.bfloat16:
         return BF16
     return None
 
 
 def _tensors(part: Part) -> tuple[torch.Tensor, ...]:
-    if isinstance(part, Int4Linear):
+    if isinstance(part, Int4Linear | Q6KLinear):
         return part.packed, part.scales_zeros
     assert isinstance(part, DenseLinear)  # refusal() allowed no other kind
     return (part.weight,)
@@ -220,7 +222,7 @@ def _linear(kinds: Sequence[str], x: torch.Tensor, tensors: list[torch.Tensor]) 
         if kind == BF16:
             outputs.append(F.linear(x, taken[0]))
             continue
-        y = _int4_mm(x, taken[0], BLOCK, taken[1])
+        y = _int4_mm(interleave_q6(x) if kind == INT4_Q6 else x, taken[0], BLOCK, taken[1])
         if kind == INT4_HALVES:  # [hi rows; lo rows]: their sum is the weight's product
             y = y[:, : y.shape[1] // 2] + y[:, y.shape[1] // 2 :]
         outputs.append(y)
@@ -298,7 +300,7 @@ def artifact_path(folder: Path, stem: str, file_key: str, threads: int) -> Path:
 def _code_key() -> str:
     """A hash of the code a package is built from and called with (not of this whole file:
     a comment elsewhere in it must not cost every user a rebuild)."""
-    parts = (decode_layers, _linear, _rms_norm, compile_to, CompiledDecode.__call__,
+    parts = (decode_layers, _linear, interleave_q6, _rms_norm, compile_to, CompiledDecode.__call__,
              layer_weights, layer_plan, _tensors)  # fmt: skip
     source = "".join(inspect.getsource(part) for part in parts)
     return hashlib.sha256(source.encode()).hexdigest()[:12]

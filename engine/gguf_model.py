@@ -128,6 +128,8 @@ def build_fast(
             if layout == BF16:
                 advance(len(parts))
                 return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
+            if layout == Q6_INT4:
+                return quant.Q6KLinear.from_blocks(take(*parts))
             return _int4_run([(take(p), file.tensors[p].type) for p in parts])
 
         if layout == BF16:
@@ -191,15 +193,19 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-BF16, PLAIN_INT4, SPLIT_INT4 = "bf16", "int4", "int4 halves"  # the layouts of a weight
+# the layouts of a weight
+BF16, PLAIN_INT4, SPLIT_INT4, Q6_INT4 = "bf16", "int4", "int4 halves", "int4 per 16"
 
 
 def _layout(file: GGUFFile, name: str) -> str:
     """How a weight is held: 4-bit types repacked as they are, 5- and 8-bit ones in two int4
-    halves, others (Q6_K, whose scales cover 16 values; F16; Q2_K...) dequantised to bf16."""
+    halves, Q6_K in int4 groups of its own (quant.Q6KLinear) where the AVX-512 kernels run
+    (under AVX2 a bf16 copy multiplies faster), others (F16, Q2_K...) dequantised to bf16."""
     info = file.tensors[name]
     if info.shape[0] % 16:  # the int4 kernel's rule
         return BF16
+    if info.type == quant.Q6_K:
+        return Q6_INT4 if quant.kernel_block_rows() == 64 else BF16
     return (
         PLAIN_INT4 if info.type in quant.PLAIN else SPLIT_INT4 if info.type in quant.SPLIT else BF16
     )

@@ -27,7 +27,7 @@ from engine.quant import BLOCK, DenseLinear, Int4Linear, Part, Q6KLinear, kernel
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when what is stored, or how it is built, changes
+FORMAT = 3  # bump when what is stored, or how it is built, changes
 # 2: K-quant and Q5 layouts, bf16 weights kept too, an entry's tensors named by its layout
 
 
@@ -111,7 +111,7 @@ def _entry(linear: Part) -> dict[str, torch.Tensor | int]:
         }
     if isinstance(linear, DenseLinear):
         return {"weight": linear.weight}
-    return {"values": linear.values, "scales": linear.scales}
+    return {"q6_packed": linear.packed, "q6_scales_zeros": linear.scales_zeros}
 
 
 def _linear(entry: object, out_features: int, in_features: int) -> Part | None:
@@ -127,14 +127,14 @@ def _linear(entry: object, out_features: int, in_features: int) -> Part | None:
         weight, torch.bfloat16, (out_features, in_features)
     ):
         return DenseLinear(weight)
-    values, scales = entry.get("values"), entry.get("scales")
+    packed, scales = entry.get("q6_packed"), entry.get("q6_scales_zeros")
     if (
-        isinstance(values, torch.Tensor)
+        isinstance(packed, torch.Tensor)
         and isinstance(scales, torch.Tensor)
-        and _is(values, torch.int8, (out_features, in_features))
-        and _is(scales, torch.float32, (out_features, in_features // 16))
+        and _is(packed, torch.uint8, (out_features, in_features))
+        and _is(scales, torch.bfloat16, (in_features // 16, out_features, 2))
     ):
-        return Q6KLinear(values, scales)
+        return Q6KLinear(packed, scales)
     return None
 
 

@@ -7,11 +7,11 @@ same numbers, repacked, not requantised. A wider type (Q5_0, Q5_1, Q5_K, Q8_0, b
 unsigned) goes through the same kernel split exactly into two nibbles per value:
 q = 16·hi + lo gives w = hi·16·scale + lo·scale + offset, two int4 weights over the same
 groups, run as one matmul over twice the rows. Q6_K's scales cover 16 values, finer than the
-kernel's smallest group: Q6KLinear holds it exactly (int8 values, float32 scales) for a fused
-dequantise-and-multiply; eager torch has no such kernel, so the fast model keeps Q6_K in bf16
-(see gguf_model.linear). Scales are kept in the activation dtype (bf16), the only dtype these
-kernels are fast in; the kernels also round their output to bf16 (see llama.Head for what that
-means for logits).
+kernel's smallest group: Q6KLinear holds it exactly in the same kernel, each 16 values as a
+group of 32 nibbles multiplied by the activations laid out alike, where the AVX-512 kernels
+run, and dequantised to bf16 elsewhere (see gguf_model._layout). Scales are kept in the
+activation dtype (bf16), the only dtype these kernels are fast in; the kernels also round their
+output to bf16 (see llama.Head for what that means for logits).
 """
 
 from __future__ import annotations
@@ -233,12 +233,7 @@ class Int4Linear(torch.nn.Module):
             product: torch.Tensor = _int4_mm(eye, self.packed, BLOCK, self.scales_zeros)
             halves = product[:, : self.out_features], product[:, self.out_features :]
             return product if self.plain else halves[0] + halves[1]
-        block = cast(int, kernel_block_rows())
-        packed = self.packed.view(rows // block, columns, block // 2).transpose(0, 1)
-        weight = torch.empty(columns, rows // block, 2, block // 2, dtype=self.scales_zeros.dtype)
-        weight[:, :, 0].copy_(packed & 15)
-        weight[:, :, 1].copy_(packed >> 4)
-        weight = weight.view(columns // BLOCK, BLOCK, rows)
+        weight = self.nibbles_t().view(columns // BLOCK, BLOCK, rows)
         # (q - 8)·scale + zero, with contiguous operands: a strided scale sends mul_ down a
         # path 5x slower (addcmul's broadcast measured 2x). Not q·scale + (zero - 8·scale):
         # the high half of a 5-bit weight would lose ~1% in bf16 to the cancellation.
@@ -249,6 +244,17 @@ class Int4Linear(torch.nn.Module):
         if not self.plain:  # the two halves of a split weight
             weight = weight[:, : self.out_features] + weight[:, self.out_features :]
         return weight
+
+    def nibbles_t(self) -> torch.Tensor:
+        """The packed nibbles 0..15 as numbers [in, rows] in the activation dtype (rows: the
+        packed rows, a multiple of the layout's block)."""
+        rows, columns = self.packed.shape[0], self.packed.shape[1] * 2
+        block = cast(int, kernel_block_rows())
+        packed = self.packed.view(rows // block, columns, block // 2).transpose(0, 1)
+        nibbles = torch.empty(columns, rows // block, 2, block // 2, dtype=self.scales_zeros.dtype)
+        nibbles[:, :, 0].copy_(packed & 15)
+        nibbles[:, :, 1].copy_(packed >> 4)
+        return nibbles.view(columns, rows)
 
     @property
     def nbytes(self) -> int:
@@ -304,61 +310,76 @@ Q6_GROUP = 16  # values a Q6_K scale covers
 
 
 class Q6KLinear(torch.nn.Module):
-    """A Q6_K weight held exactly: int8 values -32..31 [out, in] and float32 scales d·sc
-    [out, in/16] (1.08 bytes a weight against bf16's 2).
+    """A Q6_K weight exactly in the int4 kernel, its scale per 16 values kept.
 
-    Eager torch has no kernel that reads int8 with a scale per 16 values: forward unpacks row
-    chunks to bf16 for each product. At Qwen's shapes ([1536, 8960], [256, 1536]), avx2 or
-    avx512, 1 or 2 threads, that measured 2-25x the time of a bf16 copy (DenseLinear) for one
-    row of activations, and 0.4-7x for 500 (noisy), so build_fast keeps Q6_K in bf16.
-    `decode_product` writes the product as plain elementwise ops and one reduction (eagerly
-    2-24x), which inductor fuses into one pass over the int8 values: 0.95-5x the bf16 copy's
-    time, torch.compile'd alone; the compiled decode step is where it may pay.
+    A Q6_K value is w = s·(q - 32), q = 16·hi + lo (hi 0..3), s per 16 values: finer than the
+    kernel's smallest group (32). So each 16 values become one group of 32 nibbles, their lo
+    then 2·hi + 5, multiplied by the activations laid out alike, x then 8·x:
+        s·(lo - 8)·x + s·(2·hi + 5 - 8)·8x = s·(lo + 16·hi - 32)·x,
+    zero 0 and scale s: exact, with the scale in bf16 as every int4 weight here (8·x is exact
+    in bf16). 1.25 bytes a weight (bf16: 2, the file: 0.82). One thread, Qwen2.5-1.5B's
+    ffn_down [1536, 8960], CPU time per one-row product: AVX-512 1.6 ms against 2.7 for a bf16
+    copy; AVX2 3.5 against 2.7 (its int4 kernel is bound by unpacking), so build_fast uses
+    this layout only where the AVX-512 kernels run (gguf_model._layout).
     """
 
-    values: torch.Tensor  # buffers, declared for the type checker
-    scales: torch.Tensor
-
-    def __init__(self, values: torch.Tensor, scales: torch.Tensor) -> None:
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor) -> None:
+        """packed [out, in] (2·in nibbles), scales_zeros [in/16, out, 2]."""
         super().__init__()
-        self.register_buffer("values", values, persistent=False)  # int8 [out, in]
-        self.register_buffer("scales", scales, persistent=False)  # float32 [out, in/16]
-        self.out_features, self.in_features = values.shape
+        self.out_features, self.in_features = packed.shape
+        self.interleaved = Int4Linear(packed, scales_zeros, self.out_features)  # over x, 8·x
+
+    @property
+    def packed(self) -> torch.Tensor:
+        return self.interleaved.packed
+
+    @property
+    def scales_zeros(self) -> torch.Tensor:
+        return self.interleaved.scales_zeros
 
     @classmethod
-    def from_blocks(cls, raw: torch.Tensor) -> Q6KLinear:
-        return cls(*unpack_q6_k(raw))
+    def from_blocks(cls, raw: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> Q6KLinear:
+        """Q6_K rows uint8 [rows, row_bytes] (rows a multiple of 16, the kernel's rule)."""
+        q, scales = unpack_q6_k(raw)  # int8 q - 32 [out, in], float32 s [out, in/16]
+        rows = q.shape[0]
+        unsigned = (q.view(rows, -1, Q6_GROUP).to(torch.int16) + 32).to(torch.uint8)
+        nibbles = torch.cat([unsigned & 15, 2 * (unsigned >> 4) + 5], dim=-1).view(rows, -1)
+        scales_zeros = torch.stack([scales, torch.zeros_like(scales)], dim=-1)
+        return cls(pack_int4(nibbles), scales_zeros.transpose(0, 1).contiguous().to(dtype))
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in (self.values, self.scales))
+        return self.interleaved.nbytes
 
-    def dense(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Rows start..stop of the weights, in float32 [rows, in] (exact)."""
-        values, scales = self.values[start:stop], self.scales[start:stop]
-        weights = values.view(values.shape[0], -1, Q6_GROUP).float().mul_(scales[..., None])
-        return weights.view(values.shape[0], -1)
+    def dense_t(self) -> torch.Tensor:
+        """The weights transposed, [in, out], in the activation dtype (for a prefill)."""
+        if not self.interleaved.unpackable:  # the product with I: lo's column + 8·m's
+            both = self.interleaved.dense_t().view(-1, 2, Q6_GROUP, self.out_features)
+            return (both[:, 0] + 8 * both[:, 1]).view(self.in_features, self.out_features)
+        # q - 32 = (lo - 8) + 8·(m - 8), an integer (exact in bf16), times s: one rounding
+        nibbles = self.interleaved.nibbles_t().view(-1, 2, Q6_GROUP, self.out_features)
+        weight = nibbles[:, 1].mul(8).add_(nibbles[:, 0]).sub_(72)  # [in/16, 16, out]
+        scale = self.scales_zeros[..., 0].contiguous()  # [in/16, out]
+        return weight.mul_(scale[:, None]).view(self.in_features, self.out_features)
 
-    def decode_product(self, x: torch.Tensor) -> torch.Tensor:
-        """x [n, in] -> [n, out] float32 as plain ops: per 16 values, the sum of x·q, times the
-        scale, summed (the form a compiled step fuses; eager, it makes [n, out, in] floats)."""
-        groups = x.float().view(x.shape[0], 1, -1, Q6_GROUP)  # [n, 1, in/16, 16]
-        values = self.values.view(self.out_features, -1, Q6_GROUP)  # [out, in/16, 16]
-        partial = (values.float() * groups).sum(-1)  # [n, out, in/16]
-        return (partial * self.scales).sum(-1)
+    def dense(self) -> torch.Tensor:
+        return self.dense_t().t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] -> [..., out] bf16: the weights unpacked to bf16 in chunks of rows."""
-        shape, x = x.shape, x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        chunk = 256  # rows: the unpacked chunk stays in the cache for its product
-        y = torch.cat(
-            [
-                torch.nn.functional.linear(x, self.dense(start, start + chunk).to(x.dtype))
-                for start in range(0, self.out_features, chunk)
-            ],
-            dim=-1,
-        )
+        """x [..., in] -> [..., out] in the scales' dtype."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1]).to(self.scales_zeros.dtype)
+        if x.shape[0] >= DENSE_ROWS and self.interleaved.unpackable:
+            y = torch.mm(x, self.dense_t())
+        else:
+            y = self.interleaved.forward(interleave_q6(x))
         return y.reshape(*shape[:-1], self.out_features)
+
+
+def interleave_q6(x: torch.Tensor) -> torch.Tensor:
+    """Activations [n, in] -> [n, 2·in] laid out as Q6KLinear's nibbles: per 16, x then 8·x."""
+    groups = x.view(x.shape[0], -1, Q6_GROUP)
+    return torch.cat([groups, groups * 8], dim=-1).view(x.shape[0], -1)
 
 
 # A weight, or a run of fused weights, of one layout.

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import chat_format
-from engine.loader import default_cache_dir, gguf_tokenizer
+from engine.events import Token
+from engine.loader import default_cache_dir, gguf_tokenizer, load_model
 from engine.prompt import encode_chat
-from engine.settings import Message
+from engine.session import ChatSession
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+from tests.engine.test_fast import decoded_against_exact
 
 QUESTION = [Message("user", "What is the capital of France?")]
 
@@ -33,3 +37,56 @@ def test_the_qwen_file_keeps_its_own_template_and_stops_at_im_end(real_qwen, lea
         encode_chat(tokenizer, QUESTION)[-3:]
         == tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     )
+
+
+# -- the fast model against the exact one, on the real files ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen(real_qwen):
+    """(exact, fast) LoadedModels of the real Qwen file: transformers on the dequantised
+    weights in float32, and Glassbox's own model on its K-quants (eager steps)."""
+    exact = load_model(LoadRequest(str(real_qwen), precision="exact", compiled=False))
+    fast = load_model(LoadRequest(str(real_qwen), precision="fast", compiled=False))
+    return exact, fast
+
+
+def test_qwen_fast_decode_steps_follow_exact_teacher_forced(qwen):
+    """The issue's bar for a real model: over 520 tokens fed one at a time through the fast
+    model's cache, top-1 agreement with the exact model >= 97%, mean |Δp| over its top 10
+    <= 0.005 (llama.cpp on the bundled model: 96.7% and 0.0046)."""
+    exact, fast = qwen
+    agreement, delta, cache = decoded_against_exact(exact, fast.model, tokens=520)
+    print(f"qwen: top-1 agreement {agreement:.4f}, mean |dp| {delta:.5f}")
+    assert cache.length == 520
+    assert agreement >= 0.97, agreement
+    assert delta <= 0.005, delta
+
+
+def test_qwen_exact_greedy_reply_is_generates(qwen):
+    """Where transformers reads the file, the engine's exact greedy reply is model.generate's."""
+    exact, _ = qwen
+    settings = GenerationSettings(greedy=True, max_new_tokens=16)
+    events = list(ChatSession(exact).generate(QUESTION, settings))
+    tokens = [e.token_id for e in events if isinstance(e, Token)]
+    ids = torch.tensor([encode_chat(exact.tokenizer, QUESTION)])
+    generated = exact.model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :]
+    assert tokens == generated.tolist()[: len(tokens)] and len(tokens) > 0
+
+
+def test_qwen_fast_candidates_are_its_own_forward(qwen):
+    """The next-token candidates a fast reply shows are the softmax of the same model's
+    logits, recomputed here over the whole sequence in one eager pass."""
+    _, fast = qwen
+    settings = GenerationSettings(greedy=True, max_new_tokens=6)
+    events = list(ChatSession(fast).generate(QUESTION, settings, ProbeSettings(top_k=5)))
+    tokens = [e for e in events if isinstance(e, Token)]
+    prompt = encode_chat(fast.tokenizer, QUESTION)
+    sequence = prompt + [t.token_id for t in tokens[:-1]]
+    logits = fast.model.forward(torch.tensor([sequence]), None, None, every_position=True)
+    probabilities = logits[len(prompt) - 1 :].float().softmax(-1)
+    for step, token in enumerate(tokens):
+        shown = {c.token_id: c.prob for c in token.top_k}
+        assert token.token_id == int(probabilities[step].argmax())
+        for token_id, prob in shown.items():
+            assert abs(prob - probabilities[step, token_id].item()) < 0.02, (step, token_id)
