@@ -127,16 +127,31 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
     )
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One query over the whole cache, computed in float32, out in the queries' dtype.
+# From this many keys, a decode step's attention runs as two bf16 matmuls instead of SDPA on
+# float32 copies: copies of a long cache no longer fit in the CPU's caches (see below).
+LONG_DECODE_KEYS = 1024
 
-    torch's CPU attention kernel is slow in bf16 for a single query: at 5,000 keys, 5.1-5.3 ms
-    a layer of the bundled model under both the AVX2 and the AVX-512 kernel sets, against
-    0.7-1.1 ms for the same product on float32 copies (which also round less).
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One query over the whole cache: q [1, h, 1, d], k and v [1, kv_h, T, d] -> [1, h, 1, d].
+
+    torch's CPU attention kernel is slow in bf16 for a single query (5.1-5.3 ms a layer of the
+    bundled model at 5,000 keys, under the AVX2 and the AVX-512 kernel sets alike). On float32
+    copies it is fast while they fit in the caches (21 µs at 40 keys, 330 µs at 2,048, one
+    thread), then not (3.9 ms at 5,000: the copies are 4x the bytes the cache holds). Past
+    LONG_DECODE_KEYS, two batched bf16 matmuls read the cache as it is, each group of query
+    heads against its key head, with the softmax in float32: 1.1 ms at 5,000 (Qwen2.5-1.5B's
+    layer: 2.1 against 4.2 ms).
     """
-    gqa = k.shape[1] != q.shape[1]
-    y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=gqa)
-    return y.to(q.dtype)
+    heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[3]
+    if k.shape[2] < LONG_DECODE_KEYS:
+        gqa = kv_heads != heads
+        y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=gqa)
+        return y.to(q.dtype)
+    grouped = q.view(kv_heads, heads // kv_heads, d)  # query heads of one key head together
+    scores = torch.matmul(grouped, k[0].transpose(1, 2)).float().mul_(d**-0.5)
+    weights = scores.softmax(-1).to(v.dtype)  # [kv_h, h / kv_h, T]
+    return torch.matmul(weights, v[0]).view(1, heads, 1, d)
 
 
 class Attention(nn.Module):
@@ -317,8 +332,11 @@ class GGUFLlama(nn.Module):
         probe: AttentionProbe | None,
     ) -> torch.Tensor:
         """Every block, through the compiled step when it can take this pass: one token after
-        at least one cached position (what it was compiled for)."""
-        if self.decode_step is not None and x.shape[0] == 1 and cache is not None and start > 0:
+        at least one cached position (what it was compiled for), and fewer keys than
+        LONG_DECODE_KEYS (its attention is SDPA on float32 copies, which a long cache's
+        eager way, two bf16 matmuls, beats by more than the dispatch the step saves)."""
+        compiled = 0 < start < LONG_DECODE_KEYS - 1
+        if self.decode_step is not None and x.shape[0] == 1 and cache is not None and compiled:
             try:
                 return self._compiled_layers(self.decode_step, x, rope, cache, start, probe)
             except RuntimeError as error:  # inputs it was not compiled for: eager from now on

@@ -513,3 +513,19 @@ def test_fast_greedy_decoding_answers_like_exact(bundled, bundled_fast):
     fast = list(ChatSession(bundled_fast).generate(question, settings))[-1].text
     exact = list(ChatSession(bundled).generate(question, settings))[-1].text
     assert "Paris" in fast and fast == exact
+
+
+@pytest.mark.parametrize("keys", [40, engine.llama.LONG_DECODE_KEYS + 500])  # both its ways
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (12, 2, 128), (4, 4, 32)])
+def test_decode_attention_is_sdpas_over_the_whole_cache(keys, heads, kv_heads, head_dim):
+    """One query over a cache held in bf16, against SDPA in float32 on the same numbers:
+    within a bf16 step of the output (the long way's weights are rounded to bf16)."""
+    seeded = torch.Generator().manual_seed(keys)
+    q = torch.randn(1, heads, 1, head_dim, generator=seeded).bfloat16()
+    k, v = torch.randn(2, 1, kv_heads, keys, head_dim, generator=seeded).bfloat16()
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), enable_gqa=heads != kv_heads
+    )
+    got = engine.llama.decode_attention(q, k, v)
+    assert got.shape == expected.shape and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=8e-3)
