@@ -47,6 +47,11 @@ class LlamaShape:
     context: int
     architecture: str = "llama"
     parameters: int = 0  # weights in the file (as transformers counts them)
+    # Gemma 3 only (the defaults leave the Llama family as it was):
+    sliding_layers: tuple[int, ...] = ()  # layers that attend within a window
+    sliding_window: int = 0  # keys a sliding layer's query sees, itself included
+    local_rope_base: float = 10000.0  # RoPE base of the sliding layers
+    query_scale: float = 0.0  # q·k scale; 0: head_dim ** -0.5
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
