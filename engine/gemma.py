@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention_probe import AttentionProbe, attention_weights
-from engine.kv_buffer import KVBuffer
+from engine.kv_buffer import KVBuffer, WindowedKVBuffer
 from engine.llama import (
     Attention,
     Block,
@@ -55,6 +55,22 @@ def visible(
     if window is not None:
         allowed &= keys > rows - window
     return k, v, allowed[None, None]
+
+
+def attend_window(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: int,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of queries at positions start.. over the keys they may see (within
+    `window` on a sliding layer). q: [1, h, n, d]; k, v: [1, kv_h, K, d] -> [1, h, n, d]."""
+    k, v, mask = visible(k, v, start, q.shape[2], window)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+    )
 
 
 class GemmaAttention(Attention):
@@ -94,12 +110,10 @@ class GemmaAttention(Attention):
         v = qkv[:, qk_heads * d :].view(n, self.kv_heads, d).transpose(0, 1)[None]
         if cache is not None:
             k, v = cache.write(layer, start, k, v)  # [1, kv_h, K, d]
-        k, v, mask = visible(k, v, start, n, self.window)
         if probe is not None and probe.wants(layer):
-            probe.weights[layer] = attention_weights(q, k, mask, self.scale, probe.rows)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1]
-        )  # [1, h, n, d]
+            seen, _, mask = visible(k, v, start, n, self.window)
+            probe.weights[layer] = attention_weights(q, seen, mask, self.scale, probe.rows)
+        y = attend_window(q, k, v, start, self.window, self.scale)  # [1, h, n, d]
         return self.out.forward(y[0].transpose(0, 1).reshape(n, self.heads * d))
 
 
@@ -164,6 +178,7 @@ class GGUFGemma(GGUFLlama):
     """GGUFLlama with Gemma blocks, and a second RoPE table for the sliding layers."""
 
     local_inv_freq: torch.Tensor  # a buffer, declared for the type checker
+    compile_refusal = "gemma3's norms and window are not in the compiled step yet"
 
     def __init__(self, shape: LlamaShape, embedding: Embedding, blocks: list[Block],
                  norm: torch.Tensor, output: Head, inv_freq: torch.Tensor,
@@ -171,6 +186,12 @@ class GGUFGemma(GGUFLlama):
         super().__init__(shape, embedding, blocks, norm, output, inv_freq)
         self.register_buffer("local_inv_freq", local_inv_freq, persistent=False)
         self.sliding = frozenset(shape.sliding_layers)
+
+    def new_cache(self) -> WindowedKVBuffer:
+        """A cache whose sliding layers keep only their window."""
+        s = self.shape
+        return WindowedKVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device,
+                                s.sliding_layers, s.sliding_window)  # fmt: skip
 
     def _layers(
         self,

@@ -256,6 +256,8 @@ class GGUFLlama(nn.Module):
 
     norm: torch.Tensor  # buffers, declared for the type checker
     inv_freq: torch.Tensor
+    # Why compiled_decode's step (Llama's ops, written flat) cannot run this model, if not
+    compile_refusal: str | None = None
 
     def __init__(self, shape: LlamaShape, embedding: Embedding, blocks: list[Block],
                  norm: torch.Tensor, output: Head, inv_freq: torch.Tensor) -> None:  # fmt: skip
