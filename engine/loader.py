@@ -305,7 +305,7 @@ def describe_fast(model: GGUFLlama, name: str, source: str) -> ModelInfo:
     return ModelInfo(
         name=name,
         source=source,
-        architecture=f"GGUFLlama ({shape.architecture})",
+        architecture=f"{type(model).__name__} ({shape.architecture})",  # GGUFLlama, GGUFGemma
         device=str(model.device),
         dtype=str(model.cache_dtype).removeprefix("torch."),
         layers=shape.layers,

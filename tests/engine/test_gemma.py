@@ -172,6 +172,8 @@ def test_kv_bytes_are_the_cache_tensors_and_the_formula(written, tokenizer):
     panel's formula (sliding layers capped at their window)."""
     model = gguf_model.build_fast(GGUFFile(written[1]))
     info = describe_fast(model, "gemma3.gguf", "gguf")
+    assert info.architecture == "GGUFGemma (gemma3)"
+    assert (info.sliding_layers, info.sliding_window) == (SLIDING, WINDOW)
     session = ChatSession(LoadedModel(model, tokenizer, info))
     settings = GenerationSettings(greedy=True, max_new_tokens=8, ignore_eos=True)
     events = list(session.generate(QUESTION, settings, ProbeSettings(top_k=0)))
