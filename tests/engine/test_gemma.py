@@ -218,8 +218,14 @@ def test_sliding_layers_hold_only_their_window_as_the_context_grows():
     assert cache.truncate(38) and not cache.truncate(20)
 
 
-def test_the_compiled_step_is_refused_for_gemma(models):
-    """compiled_decode's step is Llama's ops: the loader must not build one for Gemma."""
+def test_the_compiled_step_is_refused_for_gemma(models, written, tmp_path, monkeypatch, caplog):
+    """compiled_decode's step is Llama's ops: the loader builds none for Gemma, and says why."""
+    from engine.loader import _compile_in_background
+    from engine.settings import LoadRequest
+
+    monkeypatch.setenv("GLASSBOX_COMPILE", "1")
     _, fast = models
-    assert fast.compile_refusal is not None and "gemma3" in fast.compile_refusal
     assert GGUFLlama.compile_refusal is None
+    with caplog.at_level("INFO", logger="engine.loader"):
+        assert _compile_in_background(fast, written[1], tmp_path, LoadRequest()) is None
+    assert "gemma3's norms" in caplog.text and not (tmp_path / "compiled").exists()
