@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import functools
 import logging
 import math
@@ -19,16 +20,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine import quant
+from engine.gemma import GemmaAttention, GemmaBlock, GemmaEmbedding, GemmaFeedForward, GGUFGemma
 from engine.gguf_file import GGUFFile
 from engine.llama import Attention, Block, Embedding, FeedForward, GGUFLlama, Head, LlamaShape
 from engine.pack_cache import PackCache
 
 if TYPE_CHECKING:
-    from transformers import LlamaConfig, PreTrainedModel, Qwen2Config
+    from transformers import Gemma3TextConfig, LlamaConfig, PreTrainedModel, Qwen2Config
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "gemma3")
+# Gemma 3's layers attend within a window but every GEMMA_GLOBAL-th, which sees everything:
+# the file does not say so; llama.cpp (set_swa_pattern(6)) and transformers both assume it.
+GEMMA_GLOBAL = 6
+GEMMA_LOCAL_ROPE_BASE = 10000.0  # the sliding layers' RoPE base (also not in the file)
 # Called per tensor: (tensors done, tensors in all).
 TensorProgress = Callable[[int, int], None]
 ROW_CHUNK = 2048  # rows repacked at a time, so a large lm_head never exists in float32 whole
@@ -59,7 +65,7 @@ def read_shape(file: GGUFFile) -> LlamaShape:
         raise Unsupported("partial RoPE (rotary dimensions below the head size)")
     if "token_embd.weight" not in file.tensors:
         raise Unsupported("no token_embd.weight tensor")
-    return LlamaShape(
+    shape = LlamaShape(
         vocab=file.tensors["token_embd.weight"].shape[0],
         dim=dim,
         layers=int(meta("block_count")),
@@ -72,6 +78,21 @@ def read_shape(file: GGUFFile) -> LlamaShape:
         context=int(meta("context_length", 2048)),
         architecture=arch,
         parameters=sum(math.prod(info.shape) for info in file.tensors.values()),
+    )
+    return _gemma_shape(shape, int(meta("attention.sliding_window"))) if arch == "gemma3" else shape
+
+
+def _gemma_shape(shape: LlamaShape, window: int) -> LlamaShape:
+    """Gemma 3's sliding layers, window and q·k scale, as llama.cpp reads them: the scale is
+    head_dim ** -0.5, but (dim / heads) ** -0.5 on the 62-layer 27B (query_pre_attn_scalar)."""
+    layers = tuple(i for i in range(shape.layers) if (i + 1) % GEMMA_GLOBAL)
+    scalar = shape.dim // shape.heads if shape.layers == 62 else shape.head_dim
+    return dataclasses.replace(
+        shape,
+        sliding_layers=layers,
+        sliding_window=window,
+        local_rope_base=GEMMA_LOCAL_ROPE_BASE,
+        query_scale=scalar**-0.5,
     )
 
 
@@ -145,20 +166,24 @@ def build_fast(
         info = file.tensors[name]
         return quant.dense(take(name), info.type, info.shape[-1]).reshape(-1).clone()
 
-    blocks = []
+    gemma = shape.architecture == "gemma3"
+    blocks: list[Block] = []
     for i in range(shape.layers):
         p = f"blk.{i}."
         qkv = linear(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
+        out = linear(p + "attn_output.weight")
+        gate_up = linear(p + "ffn_gate.weight", p + "ffn_up.weight")
+        down = linear(p + "ffn_down.weight")
+        if gemma:
+            blocks.append(_gemma_block(shape, i, (qkv, out, gate_up, down), p, vector))
+            release_freed_memory()
+            continue
         bias_names = [p + f"attn_{x}.bias" for x in "qkv"]
         bias = None
         if all(b in file.tensors for b in bias_names):
             bias = torch.cat([vector(b) for b in bias_names]).to(torch.bfloat16)
-        attention = Attention(shape, qkv, linear(p + "attn_output.weight"), bias)
-        feed_forward = FeedForward(
-            linear(p + "ffn_gate.weight", p + "ffn_up.weight"),
-            linear(p + "ffn_down.weight"),
-            shape.ffn,
-        )
+        attention = Attention(shape, qkv, out, bias)
+        feed_forward = FeedForward(gate_up, down, shape.ffn)
         norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
         blocks.append(Block(attention, feed_forward, norms, shape.eps))
         release_freed_memory()
@@ -168,11 +193,38 @@ def build_fast(
     norm = vector("output_norm.weight")
     if dense_parts:
         log.info(_dense_note(file, dense_parts))
-    model = GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape)).eval()
+    model: GGUFLlama
+    if gemma:
+        local = _frequencies(shape.head_dim, shape.local_rope_base)
+        embedding = GemmaEmbedding(embedding.lookup, shape.dim)
+        model = GGUFGemma(shape, embedding, blocks, norm, output, _inv_freq(file, shape), local)
+    else:
+        model = GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape))
+    model.eval()
     release_freed_memory()
     if packs is not None:
         packs.save()
     return model
+
+
+def _gemma_block(
+    shape: LlamaShape,
+    layer: int,
+    linears: tuple[quant.Linear, quant.Linear, quant.Linear, quant.Linear],
+    prefix: str,
+    vector: Callable[[str], torch.Tensor],
+) -> GemmaBlock:
+    """A Gemma 3 block from its linears (qkv, out, gate_up, down) and the file's norms, which
+    llama.cpp's converter stores as 1 + w already (its norm_shift): used as they are."""
+    qkv, out, gate_up, down = linears
+    q_norm, k_norm = vector(prefix + "attn_q_norm.weight"), vector(prefix + "attn_k_norm.weight")
+    qk_norm = torch.cat([q_norm.expand(shape.heads, -1), k_norm.expand(shape.kv_heads, -1)])
+    window = shape.sliding_window if layer in shape.sliding_layers else None
+    attention = GemmaAttention(shape, qkv, out, qk_norm, window)
+    names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+    before, after_attention, before_ffn, after_ffn = (vector(f"{prefix}{n}.weight") for n in names)
+    norms = (before, after_attention, before_ffn, after_ffn)
+    return GemmaBlock(attention, GemmaFeedForward(gate_up, down, shape.ffn), norms, shape.eps)
 
 
 def release_freed_memory() -> None:
@@ -323,9 +375,13 @@ def _head(file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None) -> 
     return Head(bulk, rows)
 
 
+def _frequencies(head_dim: int, base: float) -> torch.Tensor:
+    half = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    return 1.0 / (base**half)
+
+
 def _inv_freq(file: GGUFFile, shape: LlamaShape) -> torch.Tensor:
-    half = torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim
-    inv_freq = 1.0 / (shape.rope_base**half)
+    inv_freq = _frequencies(shape.head_dim, shape.rope_base)
     if "rope_freqs.weight" in file.tensors:  # Llama 3.1+ long-context factors, per frequency
         factors = file.tensors["rope_freqs.weight"]
         inv_freq = inv_freq / quant.dense(torch.from_numpy(file.read(factors.name)),
@@ -359,7 +415,18 @@ HF_NAMES = {
 }
 
 
-def hf_name(name: str) -> str | None:
+# Gemma 3 names its norms after where they sit: its ffn_norm is the one before the feed-forward.
+GEMMA_HF_NAMES = {
+    **HF_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+
+
+def hf_name(name: str, architecture: str = "llama") -> str | None:
     if name == "token_embd.weight":
         return "model.embed_tokens.weight"
     if name == "output_norm.weight":
@@ -368,16 +435,19 @@ def hf_name(name: str) -> str | None:
         return "lm_head.weight"
     if name.startswith("blk."):
         _, index, rest = name.split(".", 2)
-        if rest in HF_NAMES:
-            return f"model.layers.{index}.{HF_NAMES[rest]}"
+        names = GEMMA_HF_NAMES if architecture == "gemma3" else HF_NAMES
+        if rest in names:
+            return f"model.layers.{index}.{names[rest]}"
     return None
 
 
-def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config:
-    """A transformers config for the GGUF's model (Llama or Qwen2 classes)."""
+def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config | Gemma3TextConfig:
+    """A transformers config for the GGUF's model (Llama, Qwen2 or Gemma3 classes)."""
     from transformers import LlamaConfig, Qwen2Config
 
     shape = read_shape(file)
+    if shape.architecture == "gemma3":
+        return _gemma_config(file, shape)
     if "rope_freqs.weight" in file.tensors:
         raise Unsupported("Llama 3 RoPE frequency factors in the transformers reference")
     config_class = LlamaConfig if shape.architecture == "llama" else Qwen2Config
@@ -396,6 +466,32 @@ def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config:
     )  # fmt: skip
 
 
+def _gemma_config(file: GGUFFile, shape: LlamaShape) -> Gemma3TextConfig:
+    """Gemma3TextConfig of the shape read_shape found: its layer types, window, both RoPE bases
+    and q·k scale spelled out, rather than left to the config's defaults."""
+    from transformers import Gemma3TextConfig
+
+    sliding = set(shape.sliding_layers)
+    kinds = ["sliding_attention" if i in sliding else "full_attention" for i in range(shape.layers)]
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": shape.rope_base},
+        "sliding_attention": {"rope_type": "default", "rope_theta": shape.local_rope_base},
+    }
+    return Gemma3TextConfig(
+        vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.ffn,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=shape.eps,
+        rope_parameters=rope, max_position_embeddings=shape.context,
+        sliding_window=shape.sliding_window, layer_types=kinds,
+        query_pre_attn_scalar=round(shape.query_scale**-2),
+        tie_word_embeddings="output.weight" not in file.tensors,
+        bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=file.get("tokenizer.ggml.padding_token_id"),
+        architectures=["Gemma3ForCausalLM"],
+    )  # fmt: skip
+
+
 def build_exact(
     file: GGUFFile, dtype: torch.dtype, progress: TensorProgress | None = None
 ) -> PreTrainedModel:
@@ -406,13 +502,16 @@ def build_exact(
     shape = read_shape(file)
     state = {}
     names = list(file.tensors)
+    gemma = shape.architecture == "gemma3"
     for done, name in enumerate(names, 1):
-        target = hf_name(name)
+        target = hf_name(name, shape.architecture)
         if target is not None:
             info = file.tensors[name]
             rows = raw_rows(file, shape, name)
-            state[target] = quant.dense(rows, info.type, info.shape[-1]).reshape(info.shape)
-            state[target] = state[target].to(dtype, copy=True)
+            weight = quant.dense(rows, info.type, info.shape[-1]).reshape(info.shape)
+            if gemma and name.endswith("norm.weight"):  # the file's 1 + w, Gemma3RMSNorm's w
+                weight = weight - 1
+            state[target] = weight.to(dtype, copy=True)
         if progress is not None:
             progress(done, len(names))
     with torch.device("meta"):
@@ -426,5 +525,8 @@ def build_exact(
         raise Unsupported(f"the GGUF lacks {', '.join(missing[:3])}")
     # The rotary tables are buffers computed at construction, which happened on the meta device.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    if gemma:  # so is the embedding's √dim, made in the model's dtype as transformers does
+        scale = torch.tensor(config.hidden_size**0.5, dtype=dtype)
+        model.model.embed_tokens.embed_scale = scale
     exact: PreTrainedModel = model.eval()
     return exact

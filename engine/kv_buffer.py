@@ -83,3 +83,87 @@ def _position_bytes(tensor: torch.Tensor) -> int:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+class WindowedKVBuffer(KVBuffer):
+    """A KVBuffer whose sliding-window layers keep only what a later query can still see.
+
+    A query at position p on a sliding layer sees positions p - window + 1..p, so once a pass
+    is done the next one needs only the last window - 1 positions (it brings its own). Those
+    layers' buffers start at `offset`, the position in their slot 0, and hold at most
+    window - 1 + 2 chunks: when the room runs out, the last window - 1 positions move to the
+    front (one copy per chunk of steps), so their memory no longer grows with the context.
+    write() on a sliding layer returns only the positions the pass's queries may see.
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        sliding: tuple[int, ...],
+        window: int,
+        chunk: int = CHUNK,
+    ) -> None:
+        super().__init__(layers, kv_heads, head_dim, dtype, device, chunk)
+        self.sliding, self.window = frozenset(sliding), window
+        self.full = [layer for layer in range(layers) if layer not in self.sliding]
+        self.offset = 0  # the position held in slot 0 of every sliding layer
+
+    def reserve(self, tokens: int) -> None:
+        """Room for positions up to `tokens` - 1 (call it with the pass's start == length)."""
+        if self.full and tokens > self.keys[self.full[0]].shape[2]:
+            self._move(self.full, slice(0, self.length), -(-tokens // self.chunk) * self.chunk)
+        if not self.sliding:
+            return
+        room = self.keys[min(self.sliding)].shape[2]
+        if tokens - self.offset > room:
+            keep = max(0, self.length - (self.window - 1))  # the first position still seen
+            # a chunk of room beyond what is needed: the next move is a chunk of steps away
+            needed = -(-(tokens - keep) // self.chunk) * self.chunk + self.chunk
+            held = slice(keep - self.offset, self.length - self.offset)
+            self._move(sorted(self.sliding), held, needed)
+            self.offset = keep
+
+    def _move(self, layers: list[int], held: slice, capacity: int) -> None:
+        """The `held` slots of `layers` into slots 0.. of new buffers of `capacity` slots."""
+        for store in (self.keys, self.values):
+            for layer in layers:
+                grown = self._empty(capacity)
+                grown[:, :, : held.stop - held.start] = store[layer][:, :, held]
+                store[layer] = grown
+
+    def write(
+        self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As KVBuffer.write; on a sliding layer the views start at the first position the
+        pass's first query sees (start - window + 1)."""
+        if layer not in self.sliding:
+            return super().write(layer, start, keys, values)
+        first, end = start - self.offset, start - self.offset + keys.shape[2]
+        self.keys[layer][:, :, first:end] = keys
+        self.values[layer][:, :, first:end] = values
+        seen = max(0, start - (self.window - 1) - self.offset)
+        return self.keys[layer][:, :, seen:end], self.values[layer][:, :, seen:end]
+
+    def truncate(self, tokens: int) -> bool:
+        """Keep the first `tokens` positions; False where the sliding layers have already
+        dropped positions a query after them would see."""
+        if tokens < self.length and max(0, tokens - (self.window - 1)) < self.offset:
+            return False
+        return super().truncate(tokens)
+
+    def held_positions(self) -> tuple[int, ...]:
+        """Positions each layer holds for later queries: the last window - 1 on sliding layers."""
+        kept = min(self.length, self.window - 1)
+        return tuple(kept if i in self.sliding else self.length for i in range(len(self.keys)))
+
+    def layer_bytes(self) -> tuple[int, ...]:
+        """Bytes of the positions each layer holds for later queries, one position's bytes read
+        from each tensor's shape and dtype (a sliding layer's spare room is reserved_bytes)."""
+        return tuple(
+            held * (_position_bytes(k) + _position_bytes(v))
+            for held, k, v in zip(self.held_positions(), self.keys, self.values, strict=True)
+        )

@@ -47,6 +47,11 @@ class LlamaShape:
     context: int
     architecture: str = "llama"
     parameters: int = 0  # weights in the file (as transformers counts them)
+    # Gemma 3 only (the defaults leave the Llama family as it was):
+    sliding_layers: tuple[int, ...] = ()  # layers that attend within a window
+    sliding_window: int = 0  # keys a sliding layer's query sees, itself included
+    local_rope_base: float = 10000.0  # RoPE base of the sliding layers
+    query_scale: float = 0.0  # q·k scale; 0: head_dim ** -0.5
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -78,7 +83,9 @@ class Rope:
     Built once per forward pass, applied in every layer. x [n, heads, d] bf16 -> same, rotated.
     """
 
-    def __init__(self, inv_freq: torch.Tensor, start: int, n: int) -> None:
+    def __init__(
+        self, inv_freq: torch.Tensor, start: int, n: int, matrix_rows: int = ROPE_MATRIX_ROWS
+    ) -> None:
         positions = torch.arange(start, start + n, device=inv_freq.device, dtype=torch.float32)
         angles = torch.outer(positions, inv_freq)
         angles = torch.cat([angles, angles], dim=-1)[:, None]  # [n, 1, d]
@@ -87,7 +94,7 @@ class Rope:
         # rotate_half(x)·sin = roll(x, half)·(sin with its first half negated)
         self.cos, self.half = cos, half
         self.sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        self.matrix = _rotation_matrices(cos[:, 0], sin[:, 0]) if n <= ROPE_MATRIX_ROWS else None
+        self.matrix = _rotation_matrices(cos[:, 0], sin[:, 0]) if n <= matrix_rows else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
@@ -278,6 +285,9 @@ class GGUFLlama(nn.Module):
 
     norm: torch.Tensor  # buffers, declared for the type checker
     inv_freq: torch.Tensor
+    # Why compiled_decode's step (Llama's ops, written flat) cannot run this model, if not
+    compile_refusal: str | None = None
+    rope_matrix_rows = ROPE_MATRIX_ROWS  # passes up to this long rotate by matrices (see Rope)
 
     def __init__(self, shape: LlamaShape, embedding: Embedding, blocks: list[Block],
                  norm: torch.Tensor, output: Head, inv_freq: torch.Tensor) -> None:  # fmt: skip
@@ -313,7 +323,7 @@ class GGUFLlama(nn.Module):
         start, n = (cache.length if cache is not None else 0), ids.shape[1]
         if cache is not None:
             cache.reserve(start + n)
-        rope = Rope(self.inv_freq, start, n)
+        rope = Rope(self.inv_freq, start, n, self.rope_matrix_rows)
         x = self.embedding.forward(ids)  # [n, dim] float32
         x = self._layers(x, rope, cache, start, probe)
         if cache is not None:

@@ -1,13 +1,14 @@
 """Load a causal LM and its tokenizer from the bundled GGUF, a hub id, a folder or a .gguf file.
 
 Which path a model takes:
-- a GGUF of a Llama-family architecture (llama, qwen2) at `fast` precision (what `auto` picks
-  on the CPU): Glassbox's own model on the file's 4/8-bit weights (engine/llama.py), built
-  straight from the memory-mapped file, without importing transformers' modeling code;
+- a GGUF of an architecture Glassbox's own model reads (llama, qwen2, gemma3) at `fast`
+  precision (what `auto` picks on the CPU): that model on the file's 4/8-bit weights
+  (engine/llama.py, engine/gemma.py), built straight from the memory-mapped file, without
+  importing transformers' modeling code;
 - the same GGUF at `exact` precision: the transformers model with the weights dequantised to
   float32 from the file (nothing is written to disk);
-- a GGUF of another architecture: transformers' own GGUF loader, dequantised once into a
-  safetensors copy in the cache folder;
+- a GGUF of another architecture: transformers' own GGUF loader, dequantised in memory to
+  bf16 (half float32's memory; nothing is written to disk);
 - a hub id or a folder: transformers, exact.
 A GGUF's tokenizer is converted once and kept (tokenizer.json and its chat template, a few MB)
 in the cache folder, keyed by the file, so later starts load it in its fast form at once; so
@@ -212,9 +213,10 @@ def _load_gguf(
         precision = "fast" if refusal is None else "exact"
     elif precision == "fast" and refusal is not None:
         raise ModelLoadError(f"Fast precision cannot run {name}: {refusal}. Choose exact.")
-    if unsupported is not None:  # transformers' own GGUF reader, through a dequantised copy
-        folder = _dequantised_copy(path, cache, report)
-        model, tokenizer = _load_folder(folder, dtype, report)
+    if unsupported is not None:  # transformers' own GGUF reader, in memory
+        tokenizer = gguf_tokenizer(path, cache, report)
+        wanted = torch.bfloat16 if request.dtype == "auto" else dtype
+        model = _transformers_gguf(path, unsupported, wanted, report)
         return _finish(model, tokenizer, name, source, device, report)
     tokenizer = gguf_tokenizer(path, cache, report, lean=precision == "fast")
     try:
@@ -238,7 +240,8 @@ def _compile_in_background(
     request builds one)."""
     if not request.compiled:
         return None
-    reason = compiled_decode.refusal(model) or compiled_decode.disabled()
+    # the model's own refusal first: compiled_decode.refusal checks only Llama's ops
+    reason = model.compile_refusal or compiled_decode.refusal(model) or compiled_decode.disabled()
     if reason is not None:
         log.info("the decode step stays eager: %s", reason)
         return None
@@ -351,7 +354,7 @@ def describe_fast(model: GGUFLlama, name: str, source: str) -> ModelInfo:
     return ModelInfo(
         name=name,
         source=source,
-        architecture=f"GGUFLlama ({shape.architecture})",
+        architecture=f"{type(model).__name__} ({shape.architecture})",  # GGUFLlama, GGUFGemma
         device=str(model.device),
         dtype=str(model.cache_dtype).removeprefix("torch."),
         layers=shape.layers,
@@ -363,6 +366,9 @@ def describe_fast(model: GGUFLlama, name: str, source: str) -> ModelInfo:
         vocab_size=shape.vocab,
         bytes_per_value=torch.tensor([], dtype=model.cache_dtype).element_size(),
         precision="fast",
+        # the cache's sliding layers keep only their window (kv_buffer.WindowedKVBuffer)
+        sliding_layers=shape.sliding_layers,
+        sliding_window=shape.sliding_window or None,
     )
 
 
@@ -431,33 +437,26 @@ def describe(model: PreTrainedModel, name: str, source: str) -> ModelInfo:
     )
 
 
-def _dequantised_copy(gguf: Path, cache_dir: Path, report: Progress) -> Path:
-    """A safetensors folder with the GGUF's dequantised weights and tokenizer, made once."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _transformers_gguf(
+    gguf: Path, unsupported: str, dtype: torch.dtype, report: Progress
+) -> PreTrainedModel:
+    """transformers' own GGUF reader, for an architecture Glassbox's model does not read: every
+    weight dequantised in memory to `dtype` (no copy on disk)."""
+    from transformers import AutoModelForCausalLM
 
-    folder = cache_dir / "models" / f"{gguf.stem}-{_file_key(gguf)}"
-    if (folder / "config.json").is_file():
-        return folder
-    report("Dequantising the GGUF (first start only)", 0.1)
+    report("Dequantising the GGUF in transformers", 0.3)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=dtype
         )
+    except torch.OutOfMemoryError:
+        raise ModelLoadError(f"{gguf.name} does not fit in memory once dequantised.") from None
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
-        raise ModelLoadError(f"{gguf} is not a readable GGUF model: {_short(error)}") from None
-    report("Saving the dequantised copy for next time", 0.25)  # loading the copy follows
-    # The weights are plain floats now; without this marker transformers refuses to save them.
-    model.config.quantization_config = None
-    del model.config.quantization_config
-    model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's setattr types modules
-
-    def save(staging: Path) -> None:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-
-    _save_atomically(folder, save)
-    return folder
+        raise ModelLoadError(
+            f"{gguf} is not a readable GGUF model: Glassbox's own model cannot run it"
+            f" ({unsupported}) and transformers' GGUF reader failed: {_short(error)}"
+        ) from None
+    return model
 
 
 def _file_key(path: Path) -> str:
@@ -502,12 +501,6 @@ def _check_causal(location: str, local: bool) -> None:
             f"{location} is a '{model_type}' model, not a causal language model (one that"
             " generates text)."
         )
-
-
-def _load_folder(
-    folder: Path, dtype: torch.dtype, report: Progress
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    return _load_pretrained(str(folder), dtype, report, "folder")
 
 
 def _load_pretrained(

@@ -1,5 +1,6 @@
 """Tiny GGUF files written in the test from a random transformers model, the way llama.cpp's
-converter writes them (q/k rows permuted for llama), with the tensor types asked for."""
+converter writes them (q/k rows permuted for llama, Gemma's norms stored as 1 + w), with the
+tensor types asked for."""
 
 from __future__ import annotations
 
@@ -28,8 +29,18 @@ GGUF_NAMES = {
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 
+# Gemma 3's four norms a block and its QK-norm (its ffn_norm is the one before the MLP)
+GEMMA_GGUF_NAMES = {
+    **GGUF_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
 
-def gguf_name(name: str) -> str:
+
+def gguf_name(name: str, arch: str = "llama") -> str:
     if name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if name == "model.norm.weight":
@@ -37,7 +48,7 @@ def gguf_name(name: str) -> str:
     if name == "lm_head.weight":
         return "output.weight"
     _, _, index, rest = name.split(".", 3)
-    return f"blk.{index}.{GGUF_NAMES[rest]}"
+    return f"blk.{index}.{(GEMMA_GGUF_NAMES if arch == 'gemma3' else GGUF_NAMES)[rest]}"
 
 
 def permute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -68,13 +79,13 @@ def random_k_quant(data: np.ndarray, kind: str, seed: int = 0) -> np.ndarray:
 def write_gguf(
     path: Path, model, weights: str = Q4_1, embedding: str = Q8_0, types: dict | None = None
 ) -> Path:
-    """Write `model` (a transformers Llama or Qwen2) as a GGUF: 2-D weights in `weights`
-    (or in types[suffix] for a tensor named "...suffix", e.g. {"attn_v.weight": Q6_K}), the
-    token embedding in `embedding`, norms and biases in F32."""
+    """Write `model` (a transformers Llama, Qwen2 or Gemma3ForCausalLM) as a GGUF: 2-D weights
+    in `weights` (or in types[suffix] for a tensor named "...suffix", e.g. {"attn_v.weight":
+    Q6_K}), the token embedding in `embedding`, norms and biases in F32."""
     import gguf
 
     config = model.config
-    arch = {"llama": "llama", "qwen2": "qwen2"}[config.model_type]
+    arch = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3"}[config.model_type]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -83,14 +94,22 @@ def write_gguf(
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if arch == "gemma3":  # llama.cpp reads the layer pattern, local base and scale from code
+        writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
+        writer.add_sliding_window(config.sliding_window)
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+    else:
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         data = tensor.float().numpy()
-        target = gguf_name(name)
+        target = gguf_name(name, arch)
+        if arch == "gemma3" and target.endswith("norm.weight"):
+            data = data + 1  # llama.cpp's norm_shift: Gemma3RMSNorm scales by 1 + w
         if arch == "llama" and target.endswith("attn_q.weight"):
             data = permute(data, config.num_attention_heads)
         elif arch == "llama" and target.endswith("attn_k.weight"):

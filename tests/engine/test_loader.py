@@ -1,6 +1,6 @@
 """The loader: what a model spec names, a clear error for everything that is not a model,
-folder and GGUF loading with progress, the dequantised cache, device and dtype picks, and the
-numbers `describe` reports."""
+folder and GGUF loading with progress and without a dequantised copy, device and dtype picks,
+and the numbers `describe` reports."""
 
 from __future__ import annotations
 
@@ -266,6 +266,21 @@ def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
     for name in ("eos_token_id", "pad_token_id", "bos_token_id", "eos_token"):
         assert getattr(fast.tokenizer, name) == getattr(exact.tokenizer, name), name
     assert "transformers" not in type(fast.tokenizer).__module__
+
+
+@pytest.mark.bundled
+def test_an_architecture_the_own_model_cannot_read_loads_in_memory_in_bf16(monkeypatch, tmp_path):
+    """transformers' own GGUF reader, dequantised in memory to bf16: nothing but the tokenizer
+    is written to the cache folder (the bundled file, taken for one the own model refuses)."""
+    import engine.loader
+
+    monkeypatch.setattr(engine.loader, "_unsupported", lambda file: "architecture 'x'")
+    loaded = load_model(LoadRequest(spec="bundled", device="cpu", precision="auto"),
+                        cache_dir=tmp_path)  # fmt: skip
+    assert loaded.info.precision == "exact" and loaded.info.dtype == "bfloat16"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizers"]
+    message = load_error("bundled", tmp_path, precision="fast")
+    assert "architecture 'x'" in message and "Choose exact" in message
 
 
 @pytest.mark.bundled
