@@ -30,6 +30,7 @@ from engine.llama import (
     Head,
     LlamaShape,
     Rope,
+    decode_attention,
     rms_norm,
 )
 from engine.quant import Linear, RowReader
@@ -68,6 +69,8 @@ def attend_window(
     """Causal attention of queries at positions start.. over the keys they may see (within
     `window` on a sliding layer). q: [1, h, n, d]; k, v: [1, kv_h, K, d] -> [1, h, n, d]."""
     k, v, mask = visible(k, v, start, q.shape[2], window)
+    if q.shape[2] == 1:  # a decode step: the keys it sees, no mask (llama.decode_attention)
+        return decode_attention(q, k, v, scale)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
     )

@@ -139,8 +139,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
 LONG_DECODE_KEYS = 1024
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One query over the whole cache: q [1, h, 1, d], k and v [1, kv_h, T, d] -> [1, h, 1, d].
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """One query over the whole cache: q [1, h, 1, d], k and v [1, kv_h, T, d] -> [1, h, 1, d],
+    scores scaled by `scale` (default d ** -0.5).
 
     torch's CPU attention kernel is slow in bf16 for a single query (5.1-5.3 ms a layer of the
     bundled model at 5,000 keys, under the AVX2 and the AVX-512 kernel sets alike). On float32
@@ -153,10 +156,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[3]
     if k.shape[2] < LONG_DECODE_KEYS:
         gqa = kv_heads != heads
-        y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=gqa)
+        y = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), scale=scale, enable_gqa=gqa
+        )
         return y.to(q.dtype)
     grouped = q.view(kv_heads, heads // kv_heads, d)  # query heads of one key head together
-    scores = torch.matmul(grouped, k[0].transpose(1, 2)).float().mul_(d**-0.5)
+    scores = torch.matmul(grouped, k[0].transpose(1, 2)).float().mul_(scale or d**-0.5)
     weights = scores.softmax(-1).to(v.dtype)  # [kv_h, h / kv_h, T]
     return torch.matmul(weights, v[0]).view(1, heads, 1, d)
 
