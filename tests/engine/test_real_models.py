@@ -51,6 +51,33 @@ def qwen(real_qwen):
     return exact, fast
 
 
+@pytest.fixture(scope="module")
+def gemma(real_gemma):
+    """(exact, fast) LoadedModels of the real Gemma-3-270M file (exact: float32)."""
+    exact = load_model(
+        LoadRequest(str(real_gemma), precision="exact", dtype="float32", compiled=False)
+    )
+    fast = load_model(LoadRequest(str(real_gemma), precision="fast", compiled=False))
+    return exact, fast
+
+
+def test_gemma_fast_decode_steps_follow_exact_teacher_forced(gemma):
+    """The same bar on Gemma 3: its Q5_0/Q8_0 halves, Q4_K, Q6_K and sliding layers (the
+    window, 512, is passed within the 520 tokens)."""
+    exact, fast = gemma
+    agreement, delta, cache = decoded_against_exact(exact, fast.model, tokens=520)
+    print(f"gemma: top-1 agreement {agreement:.4f}, mean |dp| {delta:.5f}")
+    assert cache.length == 520
+    assert agreement >= 0.97, agreement
+    assert delta <= 0.005, delta
+
+
+def test_the_gemma_base_file_keeps_the_plain_transcript(gemma):
+    """It names no fine-tune: no template is guessed for it (its turns were never learned)."""
+    _, fast = gemma
+    assert fast.info.chat_format == chat_format.PLAIN
+
+
 def test_qwen_fast_decode_steps_follow_exact_teacher_forced(qwen):
     """The issue's bar for a real model: over 520 tokens fed one at a time through the fast
     model's cache, top-1 agreement with the exact model >= 97%, mean |Δp| over its top 10
