@@ -9,7 +9,7 @@ written out here, where the special tokens that template needs are in the vocabu
     llama                   Llama 3 headers (<|start_header_id|> ... <|eot_id|>), else ChatML
 
 Anything else keeps the plain `user:`/`assistant:` transcript of engine/prompt.py, whose reply
-stops where the model starts a new `user:` line (PLAIN_STOP_STRINGS).
+stops where the model starts a new `user:` or `assistant:` line (PLAIN_STOP_STRINGS).
 
 A reply ends at the end-of-turn token of the template in use (END_OF_TURN, where the template
 names it and the vocabulary holds it) as well as at the model's EOS: `end_of_turn_ids`.
@@ -31,7 +31,9 @@ PLAIN = "plain"  # no template: the plain transcript
 END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
 # The plain transcript's reply ends where the model starts writing the user's next turn.
-PLAIN_STOP_STRINGS = ("\nuser:",)
+# A new line of either role ends the reply: a base model that goes on to write the user's turn,
+# or another turn of its own (the Gemma-3-270M base file repeats "assistant: ..." lines).
+PLAIN_STOP_STRINGS = ("\nuser:", "\nassistant:")
 
 # Gemma's own template (as Gemma 3 ships it, for string contents): the system prompt is folded
 # into the first user turn, the assistant's role is called `model`.

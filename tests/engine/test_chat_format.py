@@ -231,6 +231,9 @@ def test_the_plain_transcript_stops_where_the_model_starts_the_users_turn(tokeni
     *_, finished = session.generate(CONVERSATION[1:2], settings, ProbeSettings.off())
     assert finished.reason == "stop_string"
     assert finished.text == "hellothere"
+    scripted(session, ["hello", "\n", "assistant", ":", "hello", "hi", "hi"])  # a turn again
+    *_, finished = session.generate(CONVERSATION[1:2], settings, ProbeSettings.off())
+    assert (finished.reason, finished.text) == ("stop_string", "hello")
     # Completion mode continues text as written: no turns, no stop string added.
     scripted(session, ["hello", "\n", "user", ":", "hi"])
     completion = replace(settings, completion=True, max_new_tokens=5)
