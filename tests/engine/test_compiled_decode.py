@@ -14,7 +14,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 import engine.llama
-from engine import benchmark, compiled_decode, gguf_model
+from engine import benchmark, compiled_decode, gguf_model, quant
 from engine.attention_probe import AttentionProbe
 from engine.compiled_decode import Attacher
 from engine.gguf_file import GGUFFile
@@ -107,7 +107,7 @@ def decode(model: GGUFLlama, tokens: list[int], layers: frozenset[int], compiled
 @pytest.fixture(scope="module")
 def compiled_mixed(tmp_path_factory) -> GGUFLlama:
     """A Qwen2-shaped model (q/k/v biases) of every layout: q/k Q4_K with v Q6_K (an int4
-    product and a bf16 one), gate/up Q5_0 and Q8_0 (int4 halves), out Q5_K, down Q6_K."""
+    product and Q6_K's own), gate/up Q5_0 and Q8_0 (int4 halves), out Q5_K, down Q6_K."""
     needs_a_compiler()
     model = build(mixed_gguf(tmp_path_factory.mktemp("gguf") / "mixed.gguf", Q6_K))
     assert compiled_decode.refusal(model) is None
@@ -124,7 +124,8 @@ def test_compiled_steps_follow_the_eager_steps(compiled):
 def test_compiled_steps_of_biases_and_mixed_layouts_follow_the_eager_steps(compiled_mixed):
     plans = compiled_decode.layer_plan(compiled_mixed)
     kinds = {kind for plan in plans for linear in plan.linears for kind in linear}
-    assert kinds == {"int4", "int4 halves", "bf16"}
+    q6 = "int4 per 16" if quant.kernel_block_rows() == 64 else "bf16"  # Q6_K's, per kernel set
+    assert kinds == {"int4", "int4 halves", q6}
     assert all(plan.bias for plan in plans)
     # Its K-quant weights are random blocks sized like a model's, its logits up to ~3 (the
     # tiny Q4_1 model's stay below 1): the compiled step's own bf16 roundings (fused bias
