@@ -347,11 +347,8 @@ class GGUFLlama(nn.Module):
         probe: AttentionProbe | None,
     ) -> torch.Tensor:
         """Every block, through the compiled step when it can take this pass: one token after
-        at least one cached position (what it was compiled for), and fewer keys than
-        LONG_DECODE_KEYS (its attention is SDPA on float32 copies, which a long cache's
-        eager way, two bf16 matmuls, beats by more than the dispatch the step saves)."""
-        compiled = 0 < start < LONG_DECODE_KEYS - 1
-        if self.decode_step is not None and x.shape[0] == 1 and cache is not None and compiled:
+        at least one cached position (what it was compiled for)."""
+        if self.decode_step is not None and x.shape[0] == 1 and cache is not None and start > 0:
             try:
                 return self._compiled_layers(self.decode_step, x, rope, cache, start, probe)
             except RuntimeError as error:  # inputs it was not compiled for: eager from now on

@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch.torch_version import TorchVersion
 
-import engine.llama
 from engine import benchmark, compiled_decode, gguf_model, quant
 from engine.attention_probe import AttentionProbe
 from engine.compiled_decode import Attacher
@@ -274,40 +273,6 @@ def test_only_one_token_after_a_cached_position_goes_through_the_step(tiny_gguf)
     assert calls == [] and model.decode_step is recording
     model.forward(torch.tensor([[9]]), cache, None)
     assert calls == [4]
-
-
-def test_a_long_cache_decodes_eagerly_where_its_attention_is_cheaper(tiny_gguf, monkeypatch):
-    """From LONG_DECODE_KEYS keys a step's attention runs as two bf16 matmuls, which the
-    compiled step (SDPA on float32 copies) does not: such steps stay eager."""
-    monkeypatch.setattr(engine.llama, "LONG_DECODE_KEYS", 8)
-    model = build(tiny_gguf)
-    calls = []
-
-    def counting(x, rotation, start, cache):
-        calls.append(start)
-        return model_layers(x, rotation, start, cache)
-
-    model_layers = EagerStep(model)
-    model.decode_step = counting  # type: ignore[assignment]
-    cache = model.new_cache()
-    model.forward(torch.tensor([[5, 6, 7]]), cache, None)
-    for token in range(10, 18):
-        model.forward(torch.tensor([[token]]), cache, None)
-    assert calls == [3, 4, 5, 6]  # 7 positions and more: eager
-    assert cache.length == 11 and model.decode_step is counting
-
-
-class EagerStep:
-    """A stand-in for the compiled step that runs the eager blocks (no queries returned)."""
-
-    def __init__(self, model: GGUFLlama) -> None:
-        self.model = model
-
-    def __call__(self, x, rotation, start, cache):
-        rope = engine.llama.Rope(self.model.inv_freq, start, 1)
-        for layer, block in enumerate(self.model.blocks):
-            x = block.forward(x, rope, layer, cache, start, None)
-        return x, []
 
 
 def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
