@@ -31,6 +31,7 @@ from engine.llama import (
     LlamaShape,
     Rope,
     decode_attention,
+    eps_tensor,
     rms_norm,
 )
 from engine.quant import Linear, RowReader
@@ -107,7 +108,8 @@ class GemmaAttention(Attention):
         qk_heads = self.heads + self.kv_heads
         # QK-norm in float32, straight into RoPE (which works in float32 anyway)
         qk = qkv[:, : qk_heads * d].view(n, qk_heads, d).float()
-        qk = rope(F.rms_norm(qk, (d,), None, self.eps).mul_(self.qk_norm))
+        inverse_rms = qk.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        qk = rope(qk.mul(inverse_rms).mul_(self.qk_norm))
         qk = qk.view(1, qk_heads, 1, d) if n == 1 else qk.transpose(0, 1)[None]
         q, k = qk[:, : self.heads], qk[:, self.heads :]  # [1, h, n, d], [1, kv_h, n, d]
         v = qkv[:, qk_heads * d :].view(n, self.kv_heads, d).transpose(0, 1)[None]
@@ -129,8 +131,13 @@ class GemmaFeedForward(FeedForward):
 
 def post_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """A sublayer's bf16 output [n, dim] RMS-normalised in float32, kept in float32 for the
-    residual stream it joins."""
-    return F.rms_norm(h.float(), weight.shape, weight, eps)
+    residual stream it joins. One position (a decode step, 36 calls in Gemma-3-270M) as
+    llama.rms_norm does it: the mean square as one matmul, 3 ops where F.rms_norm runs ~9."""
+    h = h.float()
+    if h.shape[0] != 1:
+        return F.rms_norm(h, weight.shape, weight, eps)
+    inverse_rms = torch.addmm(eps_tensor(eps, h.device), h, h.t(), alpha=1 / h.shape[1]).rsqrt_()
+    return h * (weight * inverse_rms)
 
 
 class GemmaBlock(Block):

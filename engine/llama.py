@@ -63,12 +63,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """
     if x.shape[0] != 1:
         return F.rms_norm(x, weight.shape, weight, eps).to(torch.bfloat16)
-    inverse_rms = torch.addmm(_eps(eps, x.device), x, x.t(), alpha=1 / x.shape[1]).rsqrt_()
+    inverse_rms = torch.addmm(eps_tensor(eps, x.device), x, x.t(), alpha=1 / x.shape[1]).rsqrt_()
     return torch.mul(x, weight * inverse_rms, out=torch.empty_like(x, dtype=torch.bfloat16))
 
 
 @functools.cache
-def _eps(eps: float, device: torch.device) -> torch.Tensor:
+def eps_tensor(eps: float, device: torch.device) -> torch.Tensor:
     return torch.full((1, 1), eps, device=device)
 
 
