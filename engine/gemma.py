@@ -94,32 +94,26 @@ class GemmaAttention(Attention):
         self.window, self.eps = window, shape.eps
         self.scale = shape.query_scale or shape.head_dim**-0.5
 
-    def forward(
+    def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
+        """QK-norm in float32, straight into RoPE (which works in float32 anyway)."""
+        qk = qk.float()
+        inverse_rms = qk.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return qk.mul(inverse_rms).mul_(self.qk_norm)
+
+    def attend(
         self,
-        x: torch.Tensor,
-        rope: Rope,
-        layer: int,
-        cache: KVBuffer | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         start: int,
         probe: AttentionProbe | None,
+        layer: int,
     ) -> torch.Tensor:
-        n, d = x.shape[0], self.head_dim
-        qkv = self.qkv.forward(x)  # [n, (h + 2·kv_h)·d]
-        qk_heads = self.heads + self.kv_heads
-        # QK-norm in float32, straight into RoPE (which works in float32 anyway)
-        qk = qkv[:, : qk_heads * d].view(n, qk_heads, d).float()
-        inverse_rms = qk.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        qk = rope(qk.mul(inverse_rms).mul_(self.qk_norm))
-        qk = qk.view(1, qk_heads, 1, d) if n == 1 else qk.transpose(0, 1)[None]
-        q, k = qk[:, : self.heads], qk[:, self.heads :]  # [1, h, n, d], [1, kv_h, n, d]
-        v = qkv[:, qk_heads * d :].view(n, self.kv_heads, d).transpose(0, 1)[None]
-        if cache is not None:
-            k, v = cache.write(layer, start, k, v)  # [1, kv_h, K, d]
-        if probe is not None and probe.wants(layer):
-            seen, _, mask = visible(k, v, start, n, self.window)
+        """Attention over the keys each query sees (within the window on a sliding layer)."""
+        if probe is not None:
+            seen, _, mask = visible(k, v, start, q.shape[2], self.window)
             probe.weights[layer] = attention_weights(q, seen, mask, self.scale, probe.rows)
-        y = attend_window(q, k, v, start, self.window, self.scale)  # [1, h, n, d]
-        return self.out.forward(y[0].transpose(0, 1).reshape(n, self.heads * d))
+        return attend_window(q, k, v, start, self.window, self.scale)  # [1, h, n, d]
 
 
 class GemmaFeedForward(FeedForward):

@@ -191,17 +191,34 @@ class Attention(nn.Module):
         if self.bias is not None:
             qkv = qkv + self.bias
         qk_heads = self.heads + self.kv_heads
-        qk = rope(qkv[:, : qk_heads * d].view(n, qk_heads, d))
+        qk = rope(self.before_rope(qkv[:, : qk_heads * d].view(n, qk_heads, d)))
         # [1, heads, n, d]; one position is a plain view, which SDPA reads ~25% faster
         qk = qk.view(1, qk_heads, 1, d) if n == 1 else qk.transpose(0, 1)[None]
         q, k = qk[:, : self.heads], qk[:, self.heads :]  # [1, h, n, d], [1, kv_h, n, d]
         v = qkv[:, qk_heads * d :].view(n, self.kv_heads, d).transpose(0, 1)[None]
         if cache is not None:
             k, v = cache.write(layer, start, k, v)  # [1, kv_h, T, d]
-        if probe is not None and probe.wants(layer):
-            probe.weights[layer] = attention_weights(q, k, None, d**-0.5, probe.rows)
-        y = attend(q, k, v, start)  # [1, h, n, d]
+        watched = probe if probe is not None and probe.wants(layer) else None
+        y = self.attend(q, k, v, start, watched, layer)
         return self.out.forward(y[0].transpose(0, 1).reshape(n, self.heads * d))
+
+    def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
+        """q and k [n, h + kv_h, d] before they are rotated: as they are (Gemma norms them)."""
+        return qk
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        start: int,
+        probe: AttentionProbe | None,
+        layer: int,
+    ) -> torch.Tensor:
+        """Causal attention over every key, its weights into `probe` (a watched layer's)."""
+        if probe is not None:
+            probe.weights[layer] = attention_weights(q, k, None, self.head_dim**-0.5, probe.rows)
+        return attend(q, k, v, start)  # [1, h, n, d]
 
 
 class FeedForward(nn.Module):
