@@ -400,12 +400,7 @@ def test_fast_kv_bytes_are_the_filled_tensors_and_the_formula(written, tokenizer
     assert (info.dtype, info.bytes_per_value, info.precision) == ("bfloat16", 2, "fast")
     session = ChatSession(loaded)
     events = list(session.generate(QUESTION, GREEDY, ProbeSettings(top_k=0)))
-    prefill, tokens = events[0], [e for e in events if isinstance(e, Token)]
-    assert prefill.kv_bytes == kv_cache.formula_bytes(info, prefill.prompt_tokens)
-    for token in tokens:
-        cached = prefill.prompt_tokens + token.index
-        assert token.kv_bytes == kv_cache.formula_bytes(info, cached)
-        assert sum(token.kv_bytes_per_layer) == token.kv_bytes
+    _, tokens = assert_kv_bytes_follow_the_formula(events, info)
     cache = session._cache
     filled = sum(
         k[:, :, : cache.length].numel() * k.element_size() * 2 for k in cache.keys
@@ -529,3 +524,16 @@ def test_decode_attention_is_sdpas_over_the_whole_cache(keys, heads, kv_heads, h
     got = engine.llama.decode_attention(q, k, v)
     assert got.shape == expected.shape and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), expected, rtol=0, atol=8e-3)
+
+
+def assert_kv_bytes_follow_the_formula(events, info):
+    """The KV bytes a reply's events report, after the prompt and after each token, are the
+    formula's for that many cached positions, and each token's layers add up to its total.
+    Returns the prefill event and the Token events."""
+    prefill, tokens = events[0], [e for e in events if isinstance(e, Token)]
+    assert prefill.kv_bytes == kv_cache.formula_bytes(info, prefill.prompt_tokens)
+    for token in tokens:
+        cached = prefill.prompt_tokens + token.index
+        assert token.kv_bytes == kv_cache.formula_bytes(info, cached)
+        assert sum(token.kv_bytes_per_layer) == token.kv_bytes
+    return prefill, tokens

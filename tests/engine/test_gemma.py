@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import engine.gemma
-from engine import gguf_model, kv_cache
+from engine import gguf_model
 from engine.attention_probe import AttentionProbe
-from engine.events import Token
 from engine.gemma import GGUFGemma
 from engine.gguf_file import GGUFFile
 from engine.kv_buffer import WindowedKVBuffer
@@ -20,6 +19,7 @@ from engine.llama import GGUFLlama
 from engine.loader import LoadedModel, describe_fast
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
+from tests.engine.test_fast import assert_kv_bytes_follow_the_formula
 from tests.gguf_files import F32, Q4_1, write_gguf
 from tests.models import tiny_config
 
@@ -177,13 +177,8 @@ def test_kv_bytes_are_the_cache_tensors_and_the_formula(written, tokenizer):
     session = ChatSession(LoadedModel(model, tokenizer, info))
     settings = GenerationSettings(greedy=True, max_new_tokens=8, ignore_eos=True)
     events = list(session.generate(QUESTION, settings, ProbeSettings(top_k=0)))
-    prefill, tokens = events[0], [e for e in events if isinstance(e, Token)]
+    prefill, tokens = assert_kv_bytes_follow_the_formula(events, info)
     assert prefill.prompt_tokens > WINDOW  # the test means nothing otherwise
-    assert prefill.kv_bytes == kv_cache.formula_bytes(info, prefill.prompt_tokens)
-    for token in tokens:
-        cached = prefill.prompt_tokens + token.index
-        assert token.kv_bytes == kv_cache.formula_bytes(info, cached)
-        assert sum(token.kv_bytes_per_layer) == token.kv_bytes
     cache = session._cache
     held = cache.held_positions()
     measured = [
