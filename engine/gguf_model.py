@@ -293,9 +293,11 @@ def _dense_note(file: GGUFFile, names: list[str]) -> str:
     )
 
 
-def _int4_run(parts: list[tuple[torch.Tensor, int]]) -> quant.Int4Linear:
-    """Raw rows of PLAIN (or of SPLIT) types as one linear, repacked in chunks of ROW_CHUNK
-    rows across the parts, so a large weight never exists unpacked whole."""
+def _int4_run(
+    parts: list[tuple[torch.Tensor, int]], dtype: torch.dtype = torch.bfloat16
+) -> quant.Int4Linear:
+    """Raw rows of PLAIN (or of SPLIT) types as one linear (scales in `dtype`), repacked in
+    chunks of ROW_CHUNK rows across the parts, so a large weight never exists unpacked whole."""
 
     def build(start: int) -> quant.Int4Linear:
         pieces, offset = [], 0
@@ -304,18 +306,9 @@ def _int4_run(parts: list[tuple[torch.Tensor, int]]) -> quant.Int4Linear:
             if low < high:
                 pieces.append((raw[low:high], qtype))
             offset += raw.shape[0]
-        return quant.Int4Linear.from_parts(pieces, torch.bfloat16)
+        return quant.Int4Linear.from_parts(pieces, dtype)
 
     return _join(build, sum(raw.shape[0] for raw, _ in parts))
-
-
-def _chunked(
-    raw: torch.Tensor, build: Callable[[torch.Tensor], quant.Int4Linear]
-) -> quant.Int4Linear:
-    """Repack `raw` in row chunks and join them: one linear, without a whole int32 copy."""
-    if raw.shape[0] <= ROW_CHUNK:
-        return build(raw)
-    return _join(lambda start: build(raw[start : start + ROW_CHUNK]), raw.shape[0])
 
 
 def _join(build: Callable[[int], quant.Int4Linear], rows: int) -> quant.Int4Linear:

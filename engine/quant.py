@@ -66,7 +66,6 @@ __all__ = [
     "RowReader",
     "dense",
     "dequantize",
-    "fuse",
     "pack_int4",
     "unpack",
 ]
@@ -409,11 +408,6 @@ class PartsLinear(torch.nn.Module):
 
 # The kinds of layer a GGUF weight becomes: all map x [..., in] -> [..., out].
 Linear = Part | PartsLinear
-
-
-def fuse(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate the rows of several raw weights of one type (q, k, v -> qkv)."""
-    return torch.cat(parts, dim=0)
 
 
 F32, F16, BF16 = 0, 1, 30

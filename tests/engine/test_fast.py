@@ -98,12 +98,12 @@ def test_int4_repack_equals_the_dequantised_matmul(kind, rows):
 
 @pytest.mark.parametrize("rows", [64, 4096 + 64])  # the second is repacked in two chunks
 def test_q8_0_splits_exactly_into_two_int4_halves(rows):
-    from engine.gguf_model import _chunked
+    from engine.gguf_model import _int4_run
 
     raw, reference = quantized(rows, 256, Q8_0)
     x = torch.randn(2, 256)
     expected = x @ reference.T
-    linear = _chunked(raw, lambda r: quant.Int4Linear.from_blocks(r, quant.Q8_0, torch.float32))
+    linear = _int4_run([(raw, quant.Q8_0)], torch.float32)
     assert linear.packed.shape[0] == 2 * rows and linear.out_features == rows
     torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(linear.dense(), reference, rtol=1e-5, atol=1e-5)
