@@ -104,6 +104,24 @@ class LeanTokenizer:
         return self(text, add_special_tokens=False)["input_ids"] if tokenize else text
 
 
+def compact_merges(tokenizer_json: Path) -> bool:
+    """Rewrite a BPE tokenizer.json's merges from pairs (["a", "b"]) to the equivalent single
+    strings ("a b") that the `tokenizers` library also reads, where no token holds a space.
+
+    Parsing 515k pairs (Gemma 3's) peaks at ~360 MB and leaves ~300 MB resident, the strings
+    at ~170 and ~130: that transient was the largest part of a 270M model's peak memory.
+    Returns whether the file was rewritten."""
+    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    merges = data.get("model", {}).get("merges") or []
+    if not merges or not isinstance(merges[0], list):
+        return False
+    if any(" " in part for pair in merges for part in pair):  # "a b" would be ambiguous
+        return False
+    data["model"]["merges"] = [f"{first} {second}" for first, second in merges]
+    tokenizer_json.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return True
+
+
 def _content(token: Any) -> str | None:
     """A special token as the config stores it: a string or {"content": ...}."""
     return token.get("content") if isinstance(token, dict) else token

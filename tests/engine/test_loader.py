@@ -4,6 +4,7 @@ and the numbers `describe` reports."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -385,3 +386,36 @@ def test_the_direct_tokenizer_conversion_equals_autotokenizers(tmp_path):
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(reference)
     for name in ("tokenizer.json", "chat_template.jinja"):
         assert (ours / name).read_text() == (reference / name).read_text(), name
+
+
+def test_merges_kept_as_strings_encode_and_decode_as_the_pairs_did(tmp_path):
+    """The cached tokenizer.json keeps BPE merges as "a b" strings (a third of the pairs'
+    parse peak on Gemma 3): the same ids and text as transformers' pair form."""
+    from tokenizers import Tokenizer
+
+    from engine.lean_tokenizer import compact_merges
+    from engine.loader import _tokenizer_converter
+
+    _tokenizer_converter()(bundled_gguf_path()).save_pretrained(tmp_path)
+    file = tmp_path / "tokenizer.json"
+    pairs = Tokenizer.from_file(str(file))
+    assert compact_merges(file)
+    strings = Tokenizer.from_file(str(file))
+    merges = json.loads(file.read_text())["model"]["merges"]
+    assert isinstance(merges[0], str) and len(merges) > 40_000
+    text = "Glassbox shows inference:\n\tKV cache, attention — ünïcødé 123 <|im_start|>"
+    assert strings.encode(text).ids == pairs.encode(text).ids
+    assert strings.decode(strings.encode(text).ids) == pairs.decode(pairs.encode(text).ids)
+    assert not compact_merges(file)  # already strings: left as it is
+
+
+def test_merges_with_a_space_in_a_token_stay_pairs(tmp_path):
+    """"a b" would be ambiguous where a token holds a space: such a file is left alone."""
+    from engine.lean_tokenizer import compact_merges
+
+    file = tmp_path / "tokenizer.json"
+    model = {"type": "BPE", "vocab": {"a": 0, " b": 1, "a b": 2}, "merges": [["a", " b"]]}
+    file.write_text(json.dumps({"model": model}))
+    before = file.read_text()
+    assert not compact_merges(file)
+    assert file.read_text() == before
