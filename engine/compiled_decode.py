@@ -66,11 +66,13 @@ def refusal(model: GGUFLlama) -> str | None:
         return f"the compiled step runs on the CPU, not on {model.device.type}"
     if _package_loader() is None:
         return f"torch {torch.__version__} is older than the {MIN_TORCH} the step is built for"
-    from engine.llama import Block  # llama imports this module for its type
+    from engine.llama import Attention, Block, QKNormAttention  # llama imports this module
 
     for block in _blocks(model):
         if type(block) is not Block:
             return f"its {type(block).__name__} layers are not in the compiled step"
+        if type(block.attention) not in (Attention, QKNormAttention):
+            return f"its {type(block.attention).__name__} is not in the compiled step"
         for linear in _linears(block):
             if any(_kind(part) is None for part in _parts(linear)):
                 return f"its {type(linear).__name__} weights are not in the compiled step"
@@ -120,6 +122,7 @@ class LayerPlan:
 
     bias: bool
     linears: tuple[tuple[str, ...], ...]
+    qk_norm: bool = False  # Qwen3's: q and k heads RMS-normalised before RoPE
 
 
 def _parts(linear: Linear) -> list[Part]:
@@ -145,9 +148,11 @@ def _tensors(part: Part) -> tuple[torch.Tensor, ...]:
 
 def layer_plan(model: GGUFLlama) -> tuple[LayerPlan, ...]:
     """Each layer's plan (refusal() has checked that every part has a kind)."""
+    from engine.llama import QKNormAttention
     return tuple(
         LayerPlan(
             bias=block.attention.bias is not None,
+            qk_norm=isinstance(block.attention, QKNormAttention),
             linears=tuple(
                 tuple(cast("str", _kind(part)) for part in _parts(linear))
                 for linear in _linears(block)
@@ -188,12 +193,16 @@ def decode_layers(
     for layer, (attention_norm, ffn_norm, *tensors) in enumerate(weights):
         k_cache, v_cache = keys[layer], values[layer]
         bias = tensors.pop(0) if plan[layer].bias else None
+        qk_norm = tensors.pop(0) if plan[layer].qk_norm else None
         qkv_kinds, out_kinds, gate_up_kinds, down_kinds = plan[layer].linears
         qkv = _linear(qkv_kinds, _rms_norm(x, attention_norm, eps), tensors)
         if bias is not None:
             qkv = qkv + bias
         heads = qkv.shape[1] // d - 2 * kv_heads
-        qk = torch.matmul(qkv[:, : (heads + kv_heads) * d].view(1, -1, d).float(), rotation)
+        qk = qkv[:, : (heads + kv_heads) * d].view(1, -1, d).float()
+        if qk_norm is not None:  # llama.QKNormAttention.before_rope
+            qk = qk * (qk.square().mean(-1, keepdim=True) + eps).rsqrt() * qk_norm
+        qk = torch.matmul(qk, rotation)
         qk = qk.to(torch.bfloat16).view(1, heads + kv_heads, 1, d)
         q = qk[:, :heads]
         k_cache[:, :, position : position + 1] = qk[:, heads:]
@@ -246,13 +255,16 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch
 
 def layer_weights(model: GGUFLlama) -> list[LayerWeights]:
     """Per layer: the two norms, the q/k/v bias if any, then each part's tensors (plan order)."""
+    from engine.llama import QKNormAttention
+
     weights = []
     for block in _blocks(model):
-        bias = block.attention.bias
+        attention = block.attention
+        extras = [] if attention.bias is None else [attention.bias]
+        if isinstance(attention, QKNormAttention):
+            extras.append(attention.qk_norm)
         tensors = [t for linear in _linears(block) for p in _parts(linear) for t in _tensors(p)]
-        weights.append(
-            (block.attention_norm, block.ffn_norm, *([bias] if bias is not None else []), *tensors)
-        )
+        weights.append((block.attention_norm, block.ffn_norm, *extras, *tensors))
     return weights
 
 

@@ -22,13 +22,13 @@ import torch.nn.functional as F
 from engine.attention_probe import AttentionProbe, attention_weights
 from engine.kv_buffer import KVBuffer, WindowedKVBuffer
 from engine.llama import (
-    Attention,
     Block,
     Embedding,
     FeedForward,
     GGUFLlama,
     Head,
     LlamaShape,
+    QKNormAttention,
     Rope,
     decode_attention,
     eps_tensor,
@@ -77,9 +77,7 @@ def attend_window(
     )
 
 
-class GemmaAttention(Attention):
-    qk_norm: torch.Tensor  # a buffer, declared for the type checker
-
+class GemmaAttention(QKNormAttention):
     def __init__(
         self,
         shape: LlamaShape,
@@ -88,17 +86,9 @@ class GemmaAttention(Attention):
         qk_norm: torch.Tensor,
         window: int | None,
     ) -> None:
-        super().__init__(shape, qkv, out, None)
-        # [h + kv_h, d] float32: q's norm weights once per query head, then k's per key head
-        self.register_buffer("qk_norm", qk_norm, persistent=False)
-        self.window, self.eps = window, shape.eps
+        super().__init__(shape, qkv, out, qk_norm)
+        self.window = window
         self.scale = shape.query_scale or shape.head_dim**-0.5
-
-    def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
-        """QK-norm in float32, straight into RoPE (which works in float32 anyway)."""
-        qk = qk.float()
-        inverse_rms = qk.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        return qk.mul(inverse_rms).mul_(self.qk_norm)
 
     def attend(
         self,

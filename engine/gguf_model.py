@@ -22,15 +22,25 @@ import torch
 from engine import quant
 from engine.gemma import GemmaAttention, GemmaBlock, GemmaEmbedding, GemmaFeedForward, GGUFGemma
 from engine.gguf_file import GGUFFile
-from engine.llama import Attention, Block, Embedding, FeedForward, GGUFLlama, Head, LlamaShape
+from engine.llama import (
+    Attention,
+    Block,
+    Embedding,
+    FeedForward,
+    GGUFLlama,
+    Head,
+    LlamaShape,
+    QKNormAttention,
+    qk_norm_weights,
+)
 from engine.pack_cache import PackCache
 
 if TYPE_CHECKING:
-    from transformers import Gemma3TextConfig, LlamaConfig, PreTrainedModel, Qwen2Config
+    from transformers import Gemma3TextConfig, LlamaConfig, PreTrainedModel, Qwen2Config, Qwen3Config
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = ("llama", "qwen2", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # Gemma 3's layers attend within a window but every GEMMA_GLOBAL-th, which sees everything:
 # the file does not say so; llama.cpp (set_swa_pattern(6)) and transformers both assume it.
 GEMMA_GLOBAL = 6
@@ -178,11 +188,7 @@ def build_fast(
             blocks.append(_gemma_block(shape, i, (qkv, out, gate_up, down), p, vector))
             release_freed_memory()
             continue
-        bias_names = [p + f"attn_{x}.bias" for x in "qkv"]
-        bias = None
-        if all(b in file.tensors for b in bias_names):
-            bias = torch.cat([vector(b) for b in bias_names]).to(torch.bfloat16)
-        attention = Attention(shape, qkv, out, bias)
+        attention = _attention(shape, qkv, out, p, file, vector)
         feed_forward = FeedForward(gate_up, down, shape.ffn)
         norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
         blocks.append(Block(attention, feed_forward, norms, shape.eps))
@@ -207,6 +213,25 @@ def build_fast(
     return model
 
 
+def _attention(
+    shape: LlamaShape,
+    qkv: quant.Linear,
+    out: quant.Linear,
+    prefix: str,
+    file: GGUFFile,
+    vector: Callable[[str], torch.Tensor],
+) -> Attention:
+    """Llama's attention, with Qwen2's q/k/v biases or Qwen3's QK-norm where the file has them."""
+    if prefix + "attn_q_norm.weight" in file.tensors:  # Qwen3
+        q_norm, k_norm = vector(prefix + "attn_q_norm.weight"), vector(prefix + "attn_k_norm.weight")
+        return QKNormAttention(shape, qkv, out, qk_norm_weights(shape, q_norm, k_norm))
+    bias_names = [prefix + f"attn_{x}.bias" for x in "qkv"]
+    bias = None
+    if all(b in file.tensors for b in bias_names):
+        bias = torch.cat([vector(b) for b in bias_names]).to(torch.bfloat16)
+    return Attention(shape, qkv, out, bias)
+
+
 def _gemma_block(
     shape: LlamaShape,
     layer: int,
@@ -218,7 +243,7 @@ def _gemma_block(
     llama.cpp's converter stores as 1 + w already (its norm_shift): used as they are."""
     qkv, out, gate_up, down = linears
     q_norm, k_norm = vector(prefix + "attn_q_norm.weight"), vector(prefix + "attn_k_norm.weight")
-    qk_norm = torch.cat([q_norm.expand(shape.heads, -1), k_norm.expand(shape.kv_heads, -1)])
+    qk_norm = qk_norm_weights(shape, q_norm, k_norm)
     window = shape.sliding_window if layer in shape.sliding_layers else None
     attention = GemmaAttention(shape, qkv, out, qk_norm, window)
     names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
@@ -405,6 +430,8 @@ HF_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3's (and Gemma 3's) QK-norm
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 
 
@@ -414,8 +441,6 @@ GEMMA_HF_NAMES = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 
 
@@ -434,16 +459,18 @@ def hf_name(name: str, architecture: str = "llama") -> str | None:
     return None
 
 
-def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config | Gemma3TextConfig:
-    """A transformers config for the GGUF's model (Llama, Qwen2 or Gemma3 classes)."""
-    from transformers import LlamaConfig, Qwen2Config
+def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config | Qwen3Config | Gemma3TextConfig:
+    """A transformers config for the GGUF's model (Llama, Qwen2, Qwen3 or Gemma3 classes)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     shape = read_shape(file)
     if shape.architecture == "gemma3":
         return _gemma_config(file, shape)
     if "rope_freqs.weight" in file.tensors:
         raise Unsupported("Llama 3 RoPE frequency factors in the transformers reference")
-    config_class = LlamaConfig if shape.architecture == "llama" else Qwen2Config
+    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[
+        shape.architecture
+    ]
     # head_dim and rope_theta go through the configs' **kwargs (read into rope_parameters);
     # their typed signatures leave them out.
     return config_class(  # type: ignore[call-arg]
@@ -455,7 +482,7 @@ def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config | Gemma3TextConfig:
         bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=file.get("tokenizer.ggml.padding_token_id"),
-        architectures=["LlamaForCausalLM" if shape.architecture == "llama" else "Qwen2ForCausalLM"],
+        architectures=[config_class.__name__.replace("Config", "ForCausalLM")],
     )  # fmt: skip
 
 

@@ -221,6 +221,31 @@ class Attention(nn.Module):
         return attend(q, k, v, start)  # [1, h, n, d]
 
 
+class QKNormAttention(Attention):
+    """Attention whose q and k heads are each RMS-normalised over their values before RoPE
+    (Qwen3's q_norm/k_norm, Gemma 3's QK-norm), in float32 as RoPE works anyway."""
+
+    qk_norm: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(
+        self, shape: LlamaShape, qkv: Linear, out: Linear, qk_norm: torch.Tensor
+    ) -> None:
+        super().__init__(shape, qkv, out, None)
+        # [h + kv_h, d] float32: q's norm weights once per query head, then k's per key head
+        self.register_buffer("qk_norm", qk_norm, persistent=False)
+        self.eps = shape.eps
+
+    def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
+        qk = qk.float()
+        inverse_rms = qk.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return qk.mul(inverse_rms).mul_(self.qk_norm)
+
+
+def qk_norm_weights(shape: LlamaShape, q_norm: torch.Tensor, k_norm: torch.Tensor) -> torch.Tensor:
+    """The [d] q and k norm weights laid out per head as QKNormAttention applies them."""
+    return torch.cat([q_norm.expand(shape.heads, -1), k_norm.expand(shape.kv_heads, -1)])
+
+
 class FeedForward(nn.Module):
     def __init__(self, gate_up: Linear, down: Linear, ffn: int) -> None:
         super().__init__()

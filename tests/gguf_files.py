@@ -27,6 +27,8 @@ GGUF_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",  # Qwen3's QK-norm
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
 
 # Gemma 3's four norms a block and its QK-norm (its ffn_norm is the one before the MLP)
@@ -35,8 +37,6 @@ GEMMA_GGUF_NAMES = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
 
 
@@ -79,13 +79,15 @@ def random_k_quant(data: np.ndarray, kind: str, seed: int = 0) -> np.ndarray:
 def write_gguf(
     path: Path, model, weights: str = Q4_1, embedding: str = Q8_0, types: dict | None = None
 ) -> Path:
-    """Write `model` (a transformers Llama, Qwen2 or Gemma3ForCausalLM) as a GGUF: 2-D weights
+    """Write `model` (a transformers Llama, Qwen2, Qwen3 or Gemma3ForCausalLM) as a GGUF: 2-D weights
     in `weights` (or in types[suffix] for a tensor named "...suffix", e.g. {"attn_v.weight":
     Q6_K}), the token embedding in `embedding`, norms and biases in F32."""
     import gguf
 
     config = model.config
-    arch = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3"}[config.model_type]
+    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}[
+        config.model_type
+    ]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -101,6 +103,9 @@ def write_gguf(
         writer.add_value_length(config.head_dim)
     else:
         writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if arch == "qwen3":  # its head size is its own, not hidden_size / heads
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
     for name, tensor in model.state_dict().items():

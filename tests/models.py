@@ -7,7 +7,7 @@ TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "gemma3")
 
 def tiny_config(architecture: str, **overrides):
     """A few-layer config of the given shape with the bundled tokenizer's vocabulary."""
-    from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config
+    from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=49152, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     if architecture == "llama":  # grouped-query attention: 4 query heads share 2 KV heads
@@ -16,6 +16,10 @@ def tiny_config(architecture: str, **overrides):
     elif architecture == "qwen2":
         config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, **common)  # fmt: skip
+    elif architecture == "qwen3":  # QK-norm, and a head size that is not hidden / heads
+        config = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                             **common)  # fmt: skip
     elif architecture == "gpt2":  # multi-head attention, learned positions
         config = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, **common)
     elif architecture == "gemma3":  # a sliding-window layer, then a global one

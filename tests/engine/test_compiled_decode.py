@@ -18,7 +18,7 @@ from engine.attention_probe import AttentionProbe
 from engine.compiled_decode import Attacher
 from engine.gguf_file import GGUFFile
 from engine.kv_buffer import KVBuffer
-from engine.llama import GGUFLlama
+from engine.llama import GGUFLlama, QKNormAttention
 from engine.loader import LoadedModel, default_cache_dir, describe_fast
 from engine.session import ChatSession
 from engine.settings import Message
@@ -275,6 +275,37 @@ def test_only_one_token_after_a_cached_position_goes_through_the_step(tiny_gguf)
     assert calls == [4]
 
 
+class EagerRunner:
+    """The step's flat ops run eagerly behind the compiled runner's interface: the inputs
+    CompiledDecode passes, unflattened as torch.export flattened them."""
+
+    def __init__(self, model: GGUFLlama) -> None:
+        self.plan = compiled_decode.layer_plan(model)
+        self.sizes = [len(layer) for layer in compiled_decode.layer_weights(model)]
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        x, rotation, filled, eps, *rest = inputs
+        weights, at = [], 0
+        for size in self.sizes:
+            weights.append(tuple(rest[at : at + size]))
+            at += size
+        layers = len(self.sizes)
+        keys, values = rest[at : at + layers], rest[at + layers :]
+        out, queries = compiled_decode.decode_layers(
+            x, rotation, filled, eps, weights, keys, values, self.plan
+        )
+        return [out, *queries]
+
+
+def test_the_steps_qk_norm_follows_the_eager_steps(tmp_path):
+    """Qwen3's QK-norm in the step's flat ops (run eagerly here; the compiled tests above hold
+    the compiled ops to the same flat ops)."""
+    model = build(write_gguf(tmp_path / "qwen3.gguf", hf_model("qwen3"), Q4_1, Q8_0))
+    assert all(plan.qk_norm for plan in compiled_decode.layer_plan(model))
+    model.decode_step = compiled_decode.CompiledDecode(EagerRunner(model), model)
+    assert_follows_the_eager_steps(model)
+
+
 def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
     qwen = build(write_gguf(tmp_path / "qwen2.gguf", hf_model("qwen2"), Q4_1, Q8_0))
     monkeypatch.setattr(torch, "__version__", TorchVersion(compiled_decode.MIN_TORCH + ".0"))
@@ -283,6 +314,10 @@ def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
     weight = block.feed_forward.down.dense().float()
     block.feed_forward.down = RequantizedLinear(weight)  # a layout the step does not know
     assert "RequantizedLinear weights are not in" in (compiled_decode.refusal(qwen) or "")
+    qwen3 = build(write_gguf(tmp_path / "qwen3.gguf", hf_model("qwen3"), Q4_1, Q8_0))
+    assert compiled_decode.refusal(qwen3) is None  # its QK-norm is in the step
+    qwen3.blocks[0].attention.__class__ = type("OtherAttention", (QKNormAttention,), {})
+    assert "OtherAttention is not in" in (compiled_decode.refusal(qwen3) or "")
     llama = build(write_gguf(tmp_path / "llama.gguf", hf_model("llama"), Q4_1, Q8_0))
     monkeypatch.setattr(torch, "__version__", TorchVersion("2.11.0+cu130"))
     assert "older than" in (compiled_decode.refusal(llama) or "")
