@@ -149,6 +149,7 @@ def _tensors(part: Part) -> tuple[torch.Tensor, ...]:
 def layer_plan(model: GGUFLlama) -> tuple[LayerPlan, ...]:
     """Each layer's plan (refusal() has checked that every part has a kind)."""
     from engine.llama import QKNormAttention
+
     return tuple(
         LayerPlan(
             bias=block.attention.bias is not None,

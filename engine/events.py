@@ -212,6 +212,7 @@ class Tally:
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
+    paused_s: float = 0.0  # held by the pacer: in no figure, total_s included
 
     def add(self, event: PrefillDone | Token) -> None:
         """Take in an event as the engine reported it: the first token's time completes the
@@ -231,7 +232,7 @@ class Tally:
             reason=reason, text=text, prompt_tokens=self.prompt_tokens,
             reused_tokens=self.reused_tokens, generated_tokens=self.generated,
             tokenize_s=self.tokenize_s, prefill_s=self.prefill_s, ttft_s=self.ttft_s,
-            decode_s=self.decode_s, total_s=time.perf_counter() - self.started,
+            decode_s=self.decode_s, total_s=time.perf_counter() - self.started - self.paused_s,
         )  # fmt: skip
 
 

@@ -36,7 +36,13 @@ from engine.llama import (
 from engine.pack_cache import PackCache
 
 if TYPE_CHECKING:
-    from transformers import Gemma3TextConfig, LlamaConfig, PreTrainedModel, Qwen2Config, Qwen3Config
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        PreTrainedModel,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +229,7 @@ def _attention(
 ) -> Attention:
     """Llama's attention, with Qwen2's q/k/v biases or Qwen3's QK-norm where the file has them."""
     if prefix + "attn_q_norm.weight" in file.tensors:  # Qwen3
-        q_norm, k_norm = vector(prefix + "attn_q_norm.weight"), vector(prefix + "attn_k_norm.weight")
+        q_norm, k_norm = (vector(f"{prefix}attn_{x}_norm.weight") for x in "qk")
         return QKNormAttention(shape, qkv, out, qk_norm_weights(shape, q_norm, k_norm))
     bias_names = [prefix + f"attn_{x}.bias" for x in "qkv"]
     bias = None
@@ -468,12 +474,15 @@ def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config | Qwen3Config | Gemma
         return _gemma_config(file, shape)
     if "rope_freqs.weight" in file.tensors:
         raise Unsupported("Llama 3 RoPE frequency factors in the transformers reference")
-    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[
-        shape.architecture
-    ]
+    classes: dict[str, type[LlamaConfig] | type[Qwen2Config] | type[Qwen3Config]] = {
+        "llama": LlamaConfig,
+        "qwen2": Qwen2Config,
+        "qwen3": Qwen3Config,
+    }
+    config_class = classes[shape.architecture]
     # head_dim and rope_theta go through the configs' **kwargs (read into rope_parameters);
     # their typed signatures leave them out.
-    return config_class(  # type: ignore[call-arg]
+    config: LlamaConfig | Qwen2Config | Qwen3Config = config_class(  # type: ignore[call-arg]
         vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.ffn,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=shape.eps,
@@ -484,6 +493,7 @@ def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config | Qwen3Config | Gemma
         pad_token_id=file.get("tokenizer.ggml.padding_token_id"),
         architectures=[config_class.__name__.replace("Config", "ForCausalLM")],
     )  # fmt: skip
+    return config
 
 
 def _gemma_config(file: GGUFFile, shape: LlamaShape) -> Gemma3TextConfig:

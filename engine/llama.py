@@ -227,9 +227,7 @@ class QKNormAttention(Attention):
 
     qk_norm: torch.Tensor  # a buffer, declared for the type checker
 
-    def __init__(
-        self, shape: LlamaShape, qkv: Linear, out: Linear, qk_norm: torch.Tensor
-    ) -> None:
+    def __init__(self, shape: LlamaShape, qkv: Linear, out: Linear, qk_norm: torch.Tensor) -> None:
         super().__init__(shape, qkv, out, None)
         # [h + kv_h, d] float32: q's norm weights once per query head, then k's per key head
         self.register_buffer("qk_norm", qk_norm, persistent=False)

@@ -46,6 +46,7 @@ from engine.events import (
     frozen_array,
 )
 from engine.loader import LoadedModel
+from engine.pacing import Pacer
 from engine.peaks import peaks_or_none
 from engine.prompt import encoder
 from engine.roofline import ForwardCost, Meter
@@ -68,6 +69,8 @@ class ChatSession:
         self.info = replace(loaded.info, peaks=peaks)
         self.meter = Meter(ForwardCost.of(loaded.model, loaded.info), peaks)
         self._cancel = threading.Event()
+        # The pace of replies (a teacher's Pause / Next token / Play slowly), any thread
+        self.pacer = Pacer()
         self._cache: Cache | None = None
         self._cached_ids: list[int] = []
         self.eos_ids = self._eos_ids()
@@ -75,8 +78,10 @@ class ChatSession:
     # -- public API -------------------------------------------------------------------------
 
     def cancel(self) -> None:
-        """Ask the running generation to stop after the current step (any thread)."""
+        """Ask the running generation to stop after the current step (any thread), also
+        while its pacer holds it."""
         self._cancel.set()
+        self.pacer.wake()
 
     def reset(self) -> None:
         """Forget the KV cache (a new chat, or after an error)."""
@@ -160,10 +165,21 @@ class ChatSession:
         forward = self.prefill(prompt, settings.use_cache, probes)
         tally.prefill_s, tally.reused_tokens = clock.stop(), forward.cached
         yield self._prefill_event(prompt, forward, tally, probes, dropped)
+        if settings.pause_after_prefill:
+            self.pacer.pause()
 
         reason: FinishReason | None = None
         step_s = tally.prefill_s  # token 0's latency starts with the prefill
+        token_id = -1
         for index in range(budget):
+            # Each step waits for the pacer first (at full speed it answers at once), outside
+            # every clock: a paused or slowed reply has the timings of an unpaused one.
+            tally.paused_s += self.pacer.wait(self._cancel)
+            if index > 0:  # the last token through the model (token 0 came from the prefill)
+                clock.start()
+                history = torch.cat([history, history.new_tensor([token_id])])  # [T + 1]
+                forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
+                step_s = clock.stop()
             clock.start()
             probs = sampler.distribution(forward.logits, history)  # [vocab]
             token_id = int(sampler.choose(probs))
@@ -176,10 +192,6 @@ class ChatSession:
             reason = self._after_token(reason, stream)
             if reason is not None:
                 break
-            clock.start()
-            history = torch.cat([history, history.new_tensor([token_id])])  # [T + 1]
-            forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
-            step_s = clock.stop()
         yield tally.finished(reason or "length", stream.text)
 
     def prefill(self, prompt: list[int], use_cache: bool, probes: ProbeSettings) -> Forward:

@@ -31,6 +31,9 @@ class GenerationSettings:
     # Completion mode: the messages' text is fed as written, without the chat template, and
     # the model continues it (system prompts are left out: they belong to the template).
     completion: bool = False
+    # Stepping (a teacher's pace): hold the reply once the prompt is prefilled, until the
+    # session's pacer lets the next step through (engine/pacing.py).
+    pause_after_prefill: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

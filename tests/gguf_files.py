@@ -79,9 +79,9 @@ def random_k_quant(data: np.ndarray, kind: str, seed: int = 0) -> np.ndarray:
 def write_gguf(
     path: Path, model, weights: str = Q4_1, embedding: str = Q8_0, types: dict | None = None
 ) -> Path:
-    """Write `model` (a transformers Llama, Qwen2, Qwen3 or Gemma3ForCausalLM) as a GGUF: 2-D weights
-    in `weights` (or in types[suffix] for a tensor named "...suffix", e.g. {"attn_v.weight":
-    Q6_K}), the token embedding in `embedding`, norms and biases in F32."""
+    """Write `model` (a transformers Llama, Qwen2, Qwen3 or Gemma3ForCausalLM) as a GGUF: 2-D
+    weights in `weights` (or in types[suffix] for a tensor named "...suffix", e.g.
+    {"attn_v.weight": Q6_K}), the token embedding in `embedding`, norms and biases in F32."""
     import gguf
 
     config = model.config

@@ -410,7 +410,7 @@ def test_merges_kept_as_strings_encode_and_decode_as_the_pairs_did(tmp_path):
 
 
 def test_merges_with_a_space_in_a_token_stay_pairs(tmp_path):
-    """"a b" would be ambiguous where a token holds a space: such a file is left alone."""
+    """ "a b" would be ambiguous where a token holds a space: such a file is left alone."""
     from engine.lean_tokenizer import compact_merges
 
     file = tmp_path / "tokenizer.json"

@@ -1,0 +1,112 @@
+"""The pace of a generation: at full speed, held between steps, one step at a time, or slowed to
+a rate, changed from any thread while it runs (a teacher's Pause, Next token, Play slowly).
+
+The generation asks `wait()` before each step; the answer comes at once at full speed, and
+otherwise when a step is granted, the slow rate's interval has passed or the reply is
+cancelled. Waiting blocks on a condition (no spinning: a paused engine holds no CPU), and the
+time spent waiting is returned so the generation can keep it out of every timing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["run", "paused", "slow"]
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What the pacer is doing now: its mode, the slow rate (tokens a second), the steps
+    granted but not yet taken, and whether a generation is held waiting for one."""
+
+    mode: Mode
+    rate: float
+    granted: int
+    waiting: bool
+
+
+class Pacer:
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._mode: Mode = "run"
+        self._rate = 2.0
+        self._granted = 0  # Next token presses not yet used by a step
+        self._last_release = 0.0  # when the slow mode last let a step through (perf_counter)
+        self._waiting = False
+
+    # -- controls (any thread) ----------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Hold the generation before its next step."""
+        self._set("paused")
+
+    def resume(self) -> None:
+        """Full speed from here on."""
+        self._set("run")
+
+    def step(self) -> None:
+        """Let one step through (Next token), leaving the generation paused after it."""
+        with self._changed:
+            if self._mode == "run":
+                self._mode = "paused"
+            self._granted += 1
+            self._changed.notify_all()
+
+    def play(self, rate: float) -> None:
+        """One step every 1/rate seconds (Play slowly)."""
+        if not rate > 0:
+            raise ValueError(f"a rate of {rate} tokens a second: it must be above 0")
+        with self._changed:
+            self._mode, self._rate = "slow", rate
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        """Wake a waiting generation so that it sees its cancel flag (Stop works at any point)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def pace(self) -> Pace:
+        with self._changed:
+            return Pace(self._mode, self._rate, self._granted, self._waiting)
+
+    # -- the generation's side ------------------------------------------------------------------
+
+    def wait(self, cancelled: threading.Event) -> float:
+        """Block until the next step may run (or `cancelled` is set); the seconds waited."""
+        started = time.perf_counter()
+        with self._changed:
+            while not cancelled.is_set():
+                delay = self._delay(time.perf_counter())
+                if delay is None:
+                    break
+                self._waiting = True
+                self._changed.wait(timeout=delay)
+            self._waiting = False
+        return time.perf_counter() - started
+
+    def _delay(self, now: float) -> float | None:
+        """None when a step may run now (and take what lets it), else how long to wait at
+        most before looking again (a paused wait has no end but a control's notify)."""
+        if self._mode == "run":
+            return None
+        if self._granted > 0:
+            self._granted -= 1
+            return None
+        if self._mode == "slow":
+            due = self._last_release + 1 / self._rate
+            if now >= due:
+                self._last_release = now
+                return None
+            return due - now
+        return 3600.0  # paused: woken by a control
+
+    def _set(self, mode: Mode) -> None:
+        with self._changed:
+            self._mode = mode
+            if mode == "run":
+                self._granted = 0
+            self._changed.notify_all()
