@@ -87,7 +87,7 @@ class UnusableDatabase(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Conversation:
+class StoredConversation:
     """One chat. Times are Unix seconds; `deleted` is set while a deletion can be undone."""
 
     id: int
@@ -331,14 +331,14 @@ class ConversationStore:
         assert row_id is not None  # an INSERT always sets it
         return int(row_id)
 
-    def conversation(self, conversation_id: int) -> Conversation | None:
+    def conversation(self, conversation_id: int) -> StoredConversation | None:
         """One conversation, deleted or not; None if there is no such id."""
         row = self._conn.execute(
             "SELECT * FROM conversations WHERE id = ?", (conversation_id,)
         ).fetchone()
         return _conversation(row) if row else None
 
-    def list_conversations(self, limit: int | None = None) -> list[Conversation]:
+    def list_conversations(self, limit: int | None = None) -> list[StoredConversation]:
         """Live conversations, most recently updated first."""
         rows = self._conn.execute(
             "SELECT * FROM conversations WHERE deleted IS NULL"
@@ -347,7 +347,7 @@ class ConversationStore:
         )
         return [_conversation(row) for row in rows]
 
-    def search(self, text: str, limit: int | None = None) -> list[Conversation]:
+    def search(self, text: str, limit: int | None = None) -> list[StoredConversation]:
         """Live conversations whose title or any message contains `text`, newest first.
 
         Case-insensitive for all of Unicode (str.casefold), with no wildcards to escape.
@@ -635,8 +635,8 @@ def _clean_title(title: str) -> str:
     return " ".join(title.split())
 
 
-def _conversation(row: sqlite3.Row) -> Conversation:
-    return Conversation(
+def _conversation(row: sqlite3.Row) -> StoredConversation:
+    return StoredConversation(
         id=row["id"],
         title=row["title"],
         created=row["created"],
