@@ -29,6 +29,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from engine.processes import alive
+
 log = logging.getLogger(__name__)
 
 PARTIAL = ".partial"
@@ -70,7 +72,7 @@ def sweep(folder: Path) -> None:
     """Delete the partial output of builds whose process is gone (killed mid-build)."""
     for partial in folder.glob(f"*{PARTIAL}"):
         pid = partial.name.removesuffix(PARTIAL).rsplit(".", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             log.info("removing %s, left by a build that did not finish", partial.name)
             shutil.rmtree(partial, ignore_errors=True)
 
@@ -107,16 +109,6 @@ def _wait_for_running(package: Path) -> None:
 
 def _partials(package: Path) -> list[Path]:
     return list(package.parent.glob(f"{package.name}.*{PARTIAL}"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _read(path: Path) -> str:
