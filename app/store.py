@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.settings import GenerationSettings, Message
 
@@ -635,30 +635,27 @@ def _clean_title(title: str) -> str:
     return " ".join(title.split())
 
 
+JSON_COLUMNS = frozenset({"settings", "stats"})  # text in the table, dicts in Python
+Stored = TypeVar("Stored", StoredConversation, StoredMessage)
+
+
+def _from_row(kind: type[Stored], row: sqlite3.Row) -> Stored:
+    """A stored conversation or message from its table's row: the columns are named as the
+    fields; the JSON ones are parsed and SQLite's 0/1 flags become bools."""
+    values = {}
+    for field in dataclasses.fields(kind):
+        value = row[field.name]
+        if field.name in JSON_COLUMNS:
+            value = _loads(value)
+        elif field.type == "bool":  # a string: this module's annotations are postponed
+            value = bool(value)
+        values[field.name] = value
+    return kind(**values)
+
+
 def _conversation(row: sqlite3.Row) -> StoredConversation:
-    return StoredConversation(
-        id=row["id"],
-        title=row["title"],
-        created=row["created"],
-        updated=row["updated"],
-        model=row["model"],
-        system_prompt=row["system_prompt"],
-        settings=_loads(row["settings"]),
-        deleted=row["deleted"],
-        completion=bool(row["completion"]),
-    )
+    return _from_row(StoredConversation, row)
 
 
 def _message(row: sqlite3.Row) -> StoredMessage:
-    return StoredMessage(
-        id=row["id"],
-        conversation_id=row["conversation_id"],
-        position=row["position"],
-        role=row["role"],
-        text=row["text"],
-        created=row["created"],
-        model=row["model"],
-        settings=_loads(row["settings"]),
-        complete=bool(row["complete"]),
-        stats=_loads(row["stats"]),
-    )
+    return _from_row(StoredMessage, row)
