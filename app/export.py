@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from app.store import Conversation, ConversationStore, StoredMessage
+from app.store import ConversationStore, StoredConversation, StoredMessage
 from ui.reply_stats import stats_line
 
 ExportFormat = Literal["md", "json"]
@@ -43,7 +43,7 @@ def _message_markdown(message: StoredMessage) -> str:
     return "\n".join(lines)
 
 
-def to_markdown(conversation: Conversation, messages: Sequence[StoredMessage]) -> str:
+def to_markdown(conversation: StoredConversation, messages: Sequence[StoredMessage]) -> str:
     """Title, details, the system prompt, then each message under a role heading with its stats."""
     lines = [f"# {conversation.title}", ""]
     if conversation.model:
@@ -60,7 +60,7 @@ def to_markdown(conversation: Conversation, messages: Sequence[StoredMessage]) -
     return "\n".join(parts).rstrip() + "\n"
 
 
-def to_json(conversation: Conversation, messages: Sequence[StoredMessage]) -> str:
+def to_json(conversation: StoredConversation, messages: Sequence[StoredMessage]) -> str:
     """Every stored field; times as ISO 8601 in UTC."""
     document = {
         "format": JSON_FORMAT_NAME,
@@ -92,7 +92,7 @@ def to_json(conversation: Conversation, messages: Sequence[StoredMessage]) -> st
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
-def render(conversation: Conversation, messages: Sequence[StoredMessage], fmt: str) -> str:
+def render(conversation: StoredConversation, messages: Sequence[StoredMessage], fmt: str) -> str:
     if fmt == "md":
         return to_markdown(conversation, messages)
     if fmt == "json":
@@ -100,7 +100,7 @@ def render(conversation: Conversation, messages: Sequence[StoredMessage], fmt: s
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
-def suggested_filename(conversation: Conversation, fmt: str) -> str:
+def suggested_filename(conversation: StoredConversation, fmt: str) -> str:
     """A file name from the title, safe on every platform, e.g. "trip-to-rome.md"."""
     slug = re.sub(r"[^\w]+", "-", conversation.title.casefold()).strip("-_")[:60]
     return f"{slug or f'conversation-{conversation.id}'}.{fmt}"

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.cache_folder import default_cache_dir
+
 CHUNK = 8 << 20
 
 
@@ -86,11 +88,7 @@ Download = Callable[[str, Path], None]
 
 def models_dir(cache_dir: Path | None = None) -> Path:
     """Where fetched models are kept: the cache folder's models/ (GLASSBOX_CACHE_DIR honoured)."""
-    if cache_dir is None:
-        from engine.loader import default_cache_dir
-
-        cache_dir = default_cache_dir()
-    return cache_dir / "models"
+    return (cache_dir or default_cache_dir()) / "models"
 
 
 def fetched(model: RealModel, folder: Path) -> Path | None:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.settings import GenerationSettings, Message
 
@@ -87,7 +87,7 @@ class UnusableDatabase(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Conversation:
+class StoredConversation:
     """One chat. Times are Unix seconds; `deleted` is set while a deletion can be undone."""
 
     id: int
@@ -331,14 +331,14 @@ class ConversationStore:
         assert row_id is not None  # an INSERT always sets it
         return int(row_id)
 
-    def conversation(self, conversation_id: int) -> Conversation | None:
+    def conversation(self, conversation_id: int) -> StoredConversation | None:
         """One conversation, deleted or not; None if there is no such id."""
         row = self._conn.execute(
             "SELECT * FROM conversations WHERE id = ?", (conversation_id,)
         ).fetchone()
         return _conversation(row) if row else None
 
-    def list_conversations(self, limit: int | None = None) -> list[Conversation]:
+    def list_conversations(self, limit: int | None = None) -> list[StoredConversation]:
         """Live conversations, most recently updated first."""
         rows = self._conn.execute(
             "SELECT * FROM conversations WHERE deleted IS NULL"
@@ -347,7 +347,7 @@ class ConversationStore:
         )
         return [_conversation(row) for row in rows]
 
-    def search(self, text: str, limit: int | None = None) -> list[Conversation]:
+    def search(self, text: str, limit: int | None = None) -> list[StoredConversation]:
         """Live conversations whose title or any message contains `text`, newest first.
 
         Case-insensitive for all of Unicode (str.casefold), with no wildcards to escape.
@@ -635,30 +635,27 @@ def _clean_title(title: str) -> str:
     return " ".join(title.split())
 
 
-def _conversation(row: sqlite3.Row) -> Conversation:
-    return Conversation(
-        id=row["id"],
-        title=row["title"],
-        created=row["created"],
-        updated=row["updated"],
-        model=row["model"],
-        system_prompt=row["system_prompt"],
-        settings=_loads(row["settings"]),
-        deleted=row["deleted"],
-        completion=bool(row["completion"]),
-    )
+JSON_COLUMNS = frozenset({"settings", "stats"})  # text in the table, dicts in Python
+Stored = TypeVar("Stored", StoredConversation, StoredMessage)
+
+
+def _from_row(kind: type[Stored], row: sqlite3.Row) -> Stored:
+    """A stored conversation or message from its table's row: the columns are named as the
+    fields; the JSON ones are parsed and SQLite's 0/1 flags become bools."""
+    values = {}
+    for field in dataclasses.fields(kind):
+        value = row[field.name]
+        if field.name in JSON_COLUMNS:
+            value = _loads(value)
+        elif field.type == "bool":  # a string: this module's annotations are postponed
+            value = bool(value)
+        values[field.name] = value
+    return kind(**values)
+
+
+def _conversation(row: sqlite3.Row) -> StoredConversation:
+    return _from_row(StoredConversation, row)
 
 
 def _message(row: sqlite3.Row) -> StoredMessage:
-    return StoredMessage(
-        id=row["id"],
-        conversation_id=row["conversation_id"],
-        position=row["position"],
-        role=row["role"],
-        text=row["text"],
-        created=row["created"],
-        model=row["model"],
-        settings=_loads(row["settings"]),
-        complete=bool(row["complete"]),
-        stats=_loads(row["stats"]),
-    )
+    return _from_row(StoredMessage, row)

@@ -7,11 +7,11 @@ CPU a step against 36.1 eager here, on one thread.
 
 Compiling takes ~2 minutes on 2 cores (longer under load), so it happens once per model
 file, torch version, CPU, thread count and version of the step's code, in a background
-process at low priority (`python -m engine.compiled_decode`), and is kept in the cache folder
-as a .pt2 package. Until it is there the model decodes eagerly; then a background thread loads it
-through torch's C++ package loader (well under a second, and no dynamo or inductor import:
-~1 MB, where loading a torch.compile'd function took 4-7 s and ~130 MB) and the next step
-goes through it.
+process at low priority (`python -m engine.compile_step`, one build of a package at a time:
+engine/build_lock.py), and is kept in the cache folder as a .pt2 package. Until it is there
+the model decodes eagerly; then a background thread loads it through torch's C++ package
+loader (well under a second, and no dynamo or inductor import: ~1 MB, where loading a
+torch.compile'd function took 4-7 s and ~130 MB) and the next step goes through it.
 
 Only one-token passes through a cache are compiled; the prompt's pass and the no-cache
 teaching mode stay eager. The probes stay the model's own: the function returns every layer's
@@ -21,16 +21,13 @@ the q and k it attended with.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import inspect
 import logging
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -40,11 +37,12 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 import torch.nn.functional as F
 
+from engine import build_lock
 from engine.kv_buffer import KVBuffer
+from engine.llama import Attention, Block, GGUFLlama, QKNormAttention
 from engine.quant import BLOCK, DenseLinear, Int4Linear, PartsLinear, Q6KLinear, interleave_q6
 
 if TYPE_CHECKING:
-    from engine.llama import Block, GGUFLlama
     from engine.quant import Linear, Part
 
 log = logging.getLogger(__name__)
@@ -66,8 +64,6 @@ def refusal(model: GGUFLlama) -> str | None:
         return f"the compiled step runs on the CPU, not on {model.device.type}"
     if _package_loader() is None:
         return f"torch {torch.__version__} is older than the {MIN_TORCH} the step is built for"
-    from engine.llama import Attention, Block, QKNormAttention  # llama imports this module
-
     for block in _blocks(model):
         if type(block) is not Block:
             return f"its {type(block).__name__} layers are not in the compiled step"
@@ -148,7 +144,6 @@ def _tensors(part: Part) -> tuple[torch.Tensor, ...]:
 
 def layer_plan(model: GGUFLlama) -> tuple[LayerPlan, ...]:
     """Each layer's plan (refusal() has checked that every part has a kind)."""
-    from engine.llama import QKNormAttention
 
     return tuple(
         LayerPlan(
@@ -256,8 +251,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch
 
 def layer_weights(model: GGUFLlama) -> list[LayerWeights]:
     """Per layer: the two norms, the q/k/v bias if any, then each part's tensors (plan order)."""
-    from engine.llama import QKNormAttention
-
     weights = []
     for block in _blocks(model):
         attention = block.attention
@@ -335,15 +328,17 @@ def _scratch_beside(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(path.parent / "inductor", ignore_errors=True)  # kept by earlier versions
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(scratch) / "inductor")
-        try:
-            yield Path(scratch)
-        finally:
-            if before is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    scratch = build_lock.partial_folder(path)  # named by this process: swept if it is killed
+    scratch.mkdir(exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
 def compile_to(model: GGUFLlama, path: Path) -> None:
@@ -418,8 +413,7 @@ class Attacher:
 
     def _run(self) -> None:
         try:
-            if not self.path.exists():
-                self._compile_elsewhere()
+            self._compile_elsewhere()
             with torch.no_grad():
                 self.model.decode_step = load(self.path, self.model)
             log.info("decode step compiled and attached (%s)", self.path.name)
@@ -430,45 +424,17 @@ class Attacher:
             self.done.set()
 
     def _compile_elsewhere(self) -> None:
-        log.info("compiling the decode step in the background (once; a few minutes)")
+        """Compile the step unless it is kept or another launch's build makes it."""
         files = (str(self.gguf), str(self.path), str(self.cache_dir))
         threads = f"--threads={torch.get_num_threads()}"  # the count this process decodes with
-        command = [*LOW_PRIORITY, sys.executable, "-m", "engine.compiled_decode", *files, threads]
+        command = [*LOW_PRIORITY, sys.executable, "-m", BUILDER, *files, threads]
         root = Path(__file__).parent.parent  # where `engine` imports from
-        result = subprocess.run(command, capture_output=True, text=True, cwd=root, check=False)
-        if result.returncode != 0:
+        result = build_lock.build_once(self.path, command, cwd=root)
+        if result is not None and result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"compiling exited with code {result.returncode}: {last}")
 
 
 # A background compile must not slow the replies decoded meanwhile: it gets the idle CPU.
 LOW_PRIORITY = ["nice", "-n", "19"] if shutil.which("nice") else []
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Compile the decode step of a GGUF in fast precision into `path`."""
-    parser = argparse.ArgumentParser(prog="python -m engine.compiled_decode")
-    parser.add_argument("gguf", help="the .gguf file")
-    parser.add_argument("path", type=Path, help="where to save the compiled step")
-    parser.add_argument("cache_dir", type=Path, help="the cache folder the model loads from")
-    parser.add_argument("--threads", type=int, help="torch threads the step will run with")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from engine.loader import load_model
-    from engine.settings import LoadRequest
-
-    request = LoadRequest(args.gguf, precision="fast", compiled=False)
-    model = cast("GGUFLlama", load_model(request, cache_dir=args.cache_dir).model)
-    reason = refusal(model)
-    if reason is None and not can_save_compiled():
-        reason = f"torch {torch.__version__} cannot save a compiled step"
-    if reason is not None:
-        print(f"not compiled: {reason}", file=sys.stderr)
-        return 2
-    compile_to(model, args.path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+BUILDER = "engine.compile_step"  # the module that compiles it (python -m)

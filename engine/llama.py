@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +26,6 @@ from torch import nn
 from engine.attention_probe import AttentionProbe, attention_weights
 from engine.kv_buffer import KVBuffer
 from engine.quant import Linear, RowReader
-
-if TYPE_CHECKING:
-    from engine.compiled_decode import CompiledDecode
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +49,16 @@ class LlamaShape:
     sliding_window: int = 0  # keys a sliding layer's query sees, itself included
     local_rope_base: float = 10000.0  # RoPE base of the sliding layers
     query_scale: float = 0.0  # q·k scale; 0: head_dim ** -0.5
+
+
+class DecodeStep(Protocol):
+    """Every layer of a one-token pass in one call (engine/compiled_decode.py builds one):
+    x [1, dim], the rotation matrix [1, d, d], the position and the cache -> x after the last
+    layer and each layer's queries [1, heads, 1, d]."""
+
+    def __call__(
+        self, x: torch.Tensor, rotation: torch.Tensor, start: int, cache: KVBuffer
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -343,7 +350,7 @@ class GGUFLlama(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [d / 2] float32
         self.cache_dtype = torch.bfloat16
         # one-token passes through a cache run here once compiled (engine/compiled_decode.py)
-        self.decode_step: CompiledDecode | None = None
+        self.decode_step: DecodeStep | None = None
 
     @property
     def device(self) -> torch.device:
@@ -400,7 +407,7 @@ class GGUFLlama(nn.Module):
 
     def _compiled_layers(
         self,
-        step: CompiledDecode,
+        step: DecodeStep,
         x: torch.Tensor,
         rope: Rope,
         cache: KVBuffer,

@@ -30,10 +30,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
-import platformdirs
 import torch
 
 from engine import attention_probe, chat_format, compiled_decode, peaks
+from engine.cache_folder import default_cache_dir
 from engine.compiled_decode import Attacher
 from engine.device import pick_device, pick_dtype
 from engine.events import ModelInfo
@@ -84,13 +84,6 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     info: ModelInfo
     compiling: Attacher | None = None  # a fast model's compiled decode step, on its way
-
-
-def default_cache_dir() -> Path:
-    """Where dequantised models are kept: $GLASSBOX_CACHE_DIR, else the platform's user cache."""
-    override = os.environ.get("GLASSBOX_CACHE_DIR")
-    default = platformdirs.user_cache_dir("glassbox", appauthor=False)
-    return Path(override).expanduser() if override else Path(default)
 
 
 def bundled_gguf_path() -> Path:

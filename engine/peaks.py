@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.cache_folder import default_cache_dir
 from engine.device import synchronize
 from engine.events import Peaks
 
@@ -58,7 +59,7 @@ def machine_peaks(
     key = machine_key(device, dtype) + ("|quick" if quick else "")
     if not refresh and key in _memo:
         return _memo[key]
-    path = (cache_dir or _default_cache_dir()) / CACHE_FILE
+    path = (cache_dir or default_cache_dir()) / CACHE_FILE
     stored = _read(path)
     recalled = None if refresh else _recall(key, stored)
     if recalled is not None:
@@ -86,7 +87,7 @@ def known(
     """Whether machine_peaks would answer from memory or the cache, without measuring (what
     it finds in the cache is kept in memory, so that call reads nothing again)."""
     key = machine_key(torch.device(device), _dtype(dtype))
-    stored = {} if key in _memo else _read((cache_dir or _default_cache_dir()) / CACHE_FILE)
+    stored = {} if key in _memo else _read((cache_dir or default_cache_dir()) / CACHE_FILE)
     return key in _memo or _recall(key, stored) is not None
 
 
@@ -227,12 +228,6 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _default_cache_dir() -> Path:
-    from engine.loader import default_cache_dir  # the one rule for where the cache lives
-
-    return default_cache_dir()
 
 
 def _read(path: Path) -> dict[str, Any]:

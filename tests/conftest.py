@@ -125,7 +125,8 @@ def tokenizer():
     $GLASSBOX_TEST_TOKENIZER names a folder holding it instead (saved with save_pretrained),
     for a machine without the bundled package, such as a GPU machine the tests are copied to.
     """
-    from engine.loader import bundled_gguf_path, default_cache_dir, gguf_tokenizer
+    from engine.cache_folder import default_cache_dir
+    from engine.loader import bundled_gguf_path, gguf_tokenizer
 
     folder = os.environ.get("GLASSBOX_TEST_TOKENIZER")
     if folder:

@@ -15,11 +15,12 @@ from torch.torch_version import TorchVersion
 
 from engine import benchmark, compiled_decode, gguf_model, quant
 from engine.attention_probe import AttentionProbe
+from engine.cache_folder import default_cache_dir
 from engine.compiled_decode import Attacher
 from engine.gguf_file import GGUFFile
 from engine.kv_buffer import KVBuffer
 from engine.llama import GGUFLlama, QKNormAttention
-from engine.loader import LoadedModel, default_cache_dir, describe_fast
+from engine.loader import LoadedModel, describe_fast
 from engine.session import ChatSession
 from engine.settings import Message
 from tests.engine.test_fast import decoded_against_exact, hf_model

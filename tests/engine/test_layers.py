@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,17 +32,39 @@ def test_import_contracts_are_kept():
     assert "0 broken" in result.stdout
 
 
-def test_import_contracts_catch_the_engine_importing_qt(tmp_path):
-    """A copy of the code with one forbidden import: the same contracts must fail on it."""
+def lint_a_copy(tmp_path: Path, change: Callable[[Path], None]) -> subprocess.CompletedProcess:
+    """lint-imports on a copy of the code that `change` has edited."""
     ignore = shutil.ignore_patterns("__pycache__")
     for package in ("engine", "app", "ui"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    (tmp_path / "engine" / "leak.py").write_text("import PySide6.QtCore  # noqa: F401\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    result = lint_imports(tmp_path, env)
+    change(tmp_path)
+    return lint_imports(tmp_path, {**os.environ, "PYTHONPATH": str(tmp_path)})
+
+
+def test_import_contracts_catch_the_engine_importing_qt(tmp_path):
+    """A copy of the code with one forbidden import: the same contracts must fail on it."""
+
+    def leak(root: Path) -> None:
+        (root / "engine" / "leak.py").write_text("import PySide6.QtCore  # noqa: F401\n")
+
+    result = lint_a_copy(tmp_path, leak)
     assert result.returncode != 0
     assert "engine.leak -> PySide6" in result.stdout
+
+
+def test_import_contracts_catch_a_circle_inside_the_engine(tmp_path):
+    """The session imports the settings; the settings importing the session back, even
+    inside a function (how the circles used to hide), breaks the no-circles contract."""
+
+    def circle(root: Path) -> None:
+        with (root / "engine" / "settings.py").open("a") as settings:
+            settings.write("\n\ndef _circle() -> None:\n    from engine import session  # noqa\n")
+
+    result = lint_a_copy(tmp_path, circle)
+    assert result.returncode != 0
+    assert "No import circles inside a package BROKEN" in result.stdout
+    assert "No cycles are allowed in engine." in result.stdout
 
 
 def test_importing_the_engine_loads_no_qt():

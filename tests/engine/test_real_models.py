@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from engine import chat_format
+from engine.cache_folder import default_cache_dir
 from engine.events import Token
-from engine.loader import default_cache_dir, gguf_tokenizer, load_model
+from engine.loader import gguf_tokenizer, load_model
 from engine.prompt import encode_chat
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings

@@ -20,7 +20,7 @@ from tests.ui.test_panels import (
     run_reply,
     token,
 )
-from ui.panels import attention
+from ui.panels import pooled_rows
 from ui.panels.docks import InternalsView
 from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MosaicLayout, best_columns
 from ui.panels.ranges import decimate, headroom
@@ -124,8 +124,8 @@ def test_the_heads_are_one_image_with_each_weight_in_its_place(view, rng):
 
 
 def test_pooled_cells_map_hover_to_the_rows_and_keys_they_cover(view, rng, monkeypatch):
-    monkeypatch.setattr(attention, "DISPLAY_ROWS", 4)
-    monkeypatch.setattr(attention, "DISPLAY_KEYS", 6)
+    monkeypatch.setattr(pooled_rows, "DISPLAY_ROWS", 4)
+    monkeypatch.setattr(pooled_rows, "DISPLAY_KEYS", 6)
     panel = view.attention
     run_reply(view, rng, count=12)  # 16 rows and keys
     view.redraw(force=True)
@@ -173,10 +173,10 @@ def test_one_head_fills_the_mosaic_and_labels_follow(view, rng):
 def test_colour_levels_are_a_histogram_equal_to_one_built_from_scratch(rng, monkeypatch):
     """Rows stream in, pooling factors change and old rows drop: at every step the kept counts
     equal np.histogram of the pooled image, and the level brackets np.quantile."""
-    monkeypatch.setattr(attention, "DISPLAY_ROWS", 8)
-    monkeypatch.setattr(attention, "DISPLAY_KEYS", 12)
+    monkeypatch.setattr(pooled_rows, "DISPLAY_ROWS", 8)
+    monkeypatch.setattr(pooled_rows, "DISPLAY_KEYS", 12)
     rows = AttentionRows(HEADS, max_rows=20)
-    pooled = attention.PooledRows()
+    pooled = pooled_rows.PooledRows()
     rows.append_block(causal(rng, 6, 6))
     one_bin = LEVEL_EDGES[-1] / LEVEL_EDGES[-2]
     factors = set()
@@ -288,7 +288,7 @@ def test_pooling_starts_over_only_when_the_context_doubles(rng):
     """Filling and halving the row buffer, and a growing context, keep the pooled cells: a
     full re-pool (tens of milliseconds at 10,000 keys) happens once per doubling."""
     rows = AttentionRows(HEADS, max_rows=64)
-    pooled = attention.PooledRows()
+    pooled = pooled_rows.PooledRows()
     rows.append_block(causal(rng, 4, 4))
     restarts, key = 0, None
     for keys in range(5, 700):
@@ -304,4 +304,4 @@ def test_pooling_starts_over_only_when_the_context_doubles(rng):
 def test_max_pooling_keys_takes_the_largest_of_each_run(rng, factor):
     block = rng.random((3, 5, 4 * factor)).astype(np.float32)
     expected = block.reshape(3, 5, 4, factor).max(axis=3)
-    np.testing.assert_array_equal(attention.max_pool_keys(block, factor), expected)
+    np.testing.assert_array_equal(pooled_rows.max_pool_keys(block, factor), expected)

@@ -14,11 +14,11 @@ from engine import synthetic
 from engine.events import Candidate, Failed, Finished, ModelInfo, PrefillDone, Token, frozen_array
 from engine.kv_cache import formula_bytes as kv_formula_bytes
 from engine.settings import FEWEST_ROWS
-from ui.panels import attention
-from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
+from ui.panels import pooled_rows
 from ui.panels.docks import InternalsView, build_docks
 from ui.panels.kv_cache import STACKED, formula_text
 from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MOSAIC_LEVELS
+from ui.panels.pooled_rows import DISPLAY_KEYS, DISPLAY_ROWS
 from ui.panels.state import AttentionRows, GrowableArray
 from ui.panels.state.attention import DROP_BLOCK
 from ui.panels.timing import WITH_CACHE, WITHOUT_CACHE, cache_label
@@ -209,10 +209,10 @@ def test_formula_counts_bytes_with_sliding_layers_capped():
 
 
 def test_pooled_rows_match_a_full_max_pool_as_rows_arrive(monkeypatch, rng):
-    monkeypatch.setattr(attention, "DISPLAY_ROWS", 4)
-    monkeypatch.setattr(attention, "DISPLAY_KEYS", 3)
+    monkeypatch.setattr(pooled_rows, "DISPLAY_ROWS", 4)
+    monkeypatch.setattr(pooled_rows, "DISPLAY_KEYS", 3)
     rows = AttentionRows(HEADS)
-    pooled = attention.PooledRows()
+    pooled = pooled_rows.PooledRows()
     rows.append_block(causal(rng, 5, 5))
     for keys in range(6, 16):
         rows.append_row(causal(rng, 1, keys)[:, 0, :])

@@ -12,7 +12,7 @@ import pytest
 
 from app.stall import SOURCE, StallRun, stall_statistics
 from ui.conversation import Change, ReplyTokens
-from ui.panels.attention import DISPLAY_KEYS, DISPLAY_ROWS
+from ui.panels.pooled_rows import DISPLAY_KEYS, DISPLAY_ROWS
 
 TOKENS = 10_000
 # Measured here (2 cores, offscreen): longest stall 100-125 ms, 99th percentile about 100 ms:

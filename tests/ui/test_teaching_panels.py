@@ -12,8 +12,8 @@ from PySide6.QtCore import QPointF, QRectF
 from engine.events import Peaks, Roofline
 from tests.ui.test_panels import PER_TOKEN, PROMPT, model_info, prefill, run_reply, token
 from ui.panels import roofline as roofline_panel
-from ui.panels.attention import label_step
 from ui.panels.docks import InternalsView
+from ui.panels.head_overview import label_step
 from ui.panels.kv_cache import formula_text, human_bytes
 from ui.panels.roofline import DECODE_POINTS, phase_sentence
 

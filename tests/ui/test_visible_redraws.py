@@ -28,7 +28,7 @@ from engine.settings import GenerationSettings
 from tests.ui.test_panels import HEADS, causal, model_info, prefill, token
 from ui.chat_view import ChatView
 from ui.conversation import Conversation
-from ui.panels import attention, docks, redraw
+from ui.panels import docks, pooled_rows, redraw
 from ui.panels.docks import (
     FRAME_MS,
     GUI_CPU_SHARE,
@@ -426,7 +426,7 @@ def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng, budget):
     With a cell budget the rows kept shrink as keys grow (48 to 16 here), and the row factor
     follows them down."""
     rows = AttentionRows(HEADS, max_rows=48, max_cells=budget)
-    pooled = attention.PooledRows()
+    pooled = pooled_rows.PooledRows()
     rows.append_block(causal(rng, 5, 5))
     pooled.update(rows, max_rows=10, max_keys=16)
     for keys in range(6, 200):
@@ -434,7 +434,7 @@ def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng, budget):
         pooled.extend(rows)
         if keys % 7 == 0:  # a frame now and then
             cells, row_factor, key_factor = pooled.update(rows, max_rows=10, max_keys=16)
-            fresh = attention.PooledRows()
+            fresh = pooled_rows.PooledRows()
             fresh._key = (*pooled._key[:4], 0)  # the same sticky row factor
             expected, *factors = fresh.update(rows, max_rows=10, max_keys=16)
             assert factors == [row_factor, key_factor]
@@ -442,7 +442,7 @@ def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng, budget):
             np.testing.assert_array_equal(pooled.levels(), fresh.levels())
     assert rows.dropped > 0 and pooled.update(rows, 10, 16)[1] > 1  # halved and pooled rows
     limit = rows.limit(rows.keys)
-    assert pooled.update(rows, 10, 16)[1] == attention.pool_factor(limit, 10)
+    assert pooled.update(rows, 10, 16)[1] == pooled_rows.pool_factor(limit, 10)
     assert limit == (16 if budget else 48)
 
 

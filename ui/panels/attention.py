@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
+from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter
 from PySide6.QtWidgets import (
@@ -21,36 +22,23 @@ from PySide6.QtWidgets import (
 )
 
 from ui.panels.empty import EmptyState
+from ui.panels.head_overview import HeadOverview
 from ui.panels.mosaic import (
     MOSAIC_LEVELS,
     MosaicLayout,
-    WeightHistogram,
     best_columns,
     mosaic_colours,
 )
-from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker, Throttle
+from ui.panels.pooled_rows import PooledRows
+from ui.panels.redraw import RedrawTracker
 from ui.panels.state import ATTENTION, AttentionRows, InternalsState
 
-# Bounded work per frame: rows and keys past these are max-pooled into one image cell.
-DISPLAY_ROWS = 256
-DISPLAY_KEYS = 512
-# Within those, a tile has about one cell per screen pixel: finer cells cost pooling, upload
-# and painting, and the screen could not show them (hover still reads every row and key).
+# Within DISPLAY_ROWS x DISPLAY_KEYS (pooled_rows.py), a tile has about one cell per screen
+# pixel: finer cells cost pooling, upload and painting, and the screen could not show them
+# (hover still reads every row and key).
 MIN_CELLS = 32
-POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
-# The overview's means move by a hair per token: it redraws at most this often (and at once
-# when its layers, its measure or its size change). Every frame, it was a second plot to
-# repaint in this panel while the mosaic, what a reader watches, changed.
-OVERVIEW_INTERVAL_S = 1.0
-LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
 ALL_HEADS = "all heads"
 MOSAIC_BACKGROUND = (0, 0, 0, 255)  # the gaps between tiles: the view's own black
-MEASURES = {"mean max weight": "max", "mean entropy (normalized)": "entropy"}
-MEANINGS = {
-    "max": "how much of a row goes to its single strongest key (1: all of it)",
-    "entropy": "how evenly a row spreads over the keys it sees (1: uniformly, 0: one key)",
-}
 # A tile keeps its rows x keys shape on screen (square cells for the prompt's matrix) unless
 # that would make it flatter than this: then the rows stretch, so a long context's latest
 # rows stay readable.
@@ -68,138 +56,7 @@ EMPTY_MESSAGE = (
 
 
 def colour_table() -> np.ndarray:
-    return pg.colormap.get("viridis").getLookupTable(nPts=256)
-
-
-def max_pool_keys(block: np.ndarray, factor: int) -> np.ndarray:
-    """Max over each run of `factor` keys of [heads, rows, columns * factor]."""
-    if factor >= 24:  # one reduction call beats `factor` strided ones (5x at 64)
-        return np.maximum.reduceat(block, np.arange(0, block.shape[2], factor), axis=2)
-    out = block[:, :, 0::factor].copy()
-    for offset in range(1, factor):
-        np.maximum(out, block[:, :, offset::factor], out=out)
-    return out
-
-
-def pool_factor(count: int, cells: int) -> int:
-    """How many rows (or keys) one of at most `cells` cells covers: a power of two.
-
-    A new factor pools every row again (tens of milliseconds at 10,000 keys); powers of two
-    change it once per doubling of the context instead of every `cells` tokens.
-    """
-    return 1 << max(math.ceil(count / cells) - 1, 0).bit_length()
-
-
-class PooledRows:
-    """A display copy of one layer's rows, max-pooled to at most DISPLAY_ROWS x DISPLAY_KEYS
-    cells (or fewer, as `update` asks).
-
-    Rows only ever change at the bottom (a new row, or the last one rewritten), so each frame
-    pools just the rows since the last pooled block; rows dropped from the top shift the pooled
-    blocks up. A new reply or new pooling factors start it over, pooling POOL_CHUNK rows at a
-    time so a long context never needs a dense copy of every row. Max-pooling keeps a lone
-    strong weight visible however far it zooms out.
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple = ()
-        self._grid = (DISPLAY_ROWS, DISPLAY_KEYS)  # the cell bounds of the last update
-        self._data = np.zeros((0, 0, 0), dtype=np.float32)
-        self._rows = 0
-        self._dropped = 0
-        self.histogram = WeightHistogram(0, 0)  # of the pooled cells, for the colour levels
-
-    def update(
-        self,
-        rows: AttentionRows,
-        max_rows: int | None = None,
-        max_keys: int | None = None,
-        whole_blocks: bool = False,
-    ) -> tuple[np.ndarray, int, int]:
-        """The pooled [heads, row blocks, key blocks] and how many rows and keys a cell covers.
-
-        `max_rows` and `max_keys` (at most DISPLAY_ROWS and DISPLAY_KEYS) bound the cells.
-        `whole_blocks` pools only up to the last full block of rows (a partial block is pooled
-        again with each row that joins it).
-        """
-        max_rows = min(max_rows or DISPLAY_ROWS, DISPLAY_ROWS)
-        max_keys = min(max_keys or DISPLAY_KEYS, DISPLAY_KEYS)
-        self._grid = (max_rows, max_keys)
-        key, shift = self._plan(rows, max_rows, max_keys)
-        row_factor, key_factor = key[3], key[4]
-        if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
-            self._key, self._rows = key, 0
-            self._data = np.zeros((rows.heads, DISPLAY_ROWS, DISPLAY_KEYS), dtype=np.float32)
-            self.histogram = WeightHistogram(rows.heads, DISPLAY_ROWS)
-        elif shift:
-            self._shift(shift // row_factor)
-            self._rows -= shift
-        self._dropped = rows.dropped
-        self._rows = min(self._rows, rows.rows)
-        columns = math.ceil(rows.keys / key_factor)
-        blocks = math.ceil(rows.rows / row_factor)
-        chunk = row_factor * max(POOL_CHUNK // row_factor, 1)
-        first = max(self._rows - 1, 0) // row_factor  # the block holding the last row seen
-        end = rows.rows - rows.rows % row_factor if whole_blocks else rows.rows
-        for start in range(first * row_factor, end, chunk):
-            source = rows.padded(start, columns * key_factor, min(start + chunk, end))
-            pooled = max_pool_keys(source, key_factor)
-            starts = np.arange(0, pooled.shape[1], row_factor)
-            block = start // row_factor
-            target = self._data[:, block : block + starts.size, :columns]
-            target[...] = np.maximum.reduceat(pooled, starts, axis=1)
-            self.histogram.set_rows(block, target)
-        self._rows = max(end, self._rows)
-        return self._data[:, :blocks, :columns], row_factor, key_factor
-
-    def extend(self, rows: AttentionRows) -> bool:
-        """Pool the rows that arrived since the last `update`, with its cell bounds, unless the
-        pooling would start over (a new reply, new factors): that is left to the next `update`.
-
-        Called as events arrive, so a frame finds its new rows pooled: the work comes in one
-        small piece per delivered batch instead of one long one per frame. True if it pooled.
-        """
-        if not self._key:
-            return False
-        key, shift = self._plan(rows, *self._grid)
-        if key != self._key or shift % key[3] or not 0 <= shift <= self._rows:
-            return False
-        if rows.rows - rows.rows % key[3] <= self._rows - shift and not shift:
-            return False  # no new full block
-        self.update(rows, *self._grid, whole_blocks=True)
-        return True
-
-    def _plan(
-        self, rows: AttentionRows, max_rows: int, max_keys: int
-    ) -> tuple[tuple[int, int, int, int, int], int]:
-        """The pooling key (serial, heads, max_rows, row and key factors) and the rows dropped
-        from the top since the last pooling."""
-        # The buffer fills, then drops its older half, every max_rows / 2 tokens: a row factor
-        # that followed it down would pool every row again each time. It only grows per reply.
-        row_factor = pool_factor(rows.rows, max_rows)
-        if self._key[:3] == (rows.serial, rows.heads, max_rows):
-            row_factor = max(row_factor, self._key[3])
-        # ... except where a longer context keeps fewer rows (AttentionRows.limit): 52 rows
-        # at 10,000 keys pooled by the 8 that 256 needed would fill 7 cells of a tile.
-        row_factor = min(row_factor, pool_factor(rows.limit(rows.keys), max_rows))
-        key_factor = pool_factor(rows.keys, max_keys)
-        key = (rows.serial, rows.heads, max_rows, row_factor, key_factor)
-        return key, rows.dropped - self._dropped
-
-    def levels(self, quantile: float = LEVEL_QUANTILE) -> np.ndarray:
-        """Per head, the top colour level: a high quantile of its nonzero pooled weights.
-
-        Not the max: the first query can only attend to itself (weight 1), which would leave
-        everything else dark. Read from a histogram kept as cells are pooled, not by sorting
-        the image every frame.
-        """
-        return self.histogram.level(quantile)
-
-    def _shift(self, blocks: int) -> None:
-        kept = self._data.shape[1] - blocks
-        self._data[:, :kept] = self._data[:, blocks:].copy()
-        self._data[:, kept:] = 0.0
-        self.histogram.shift(blocks)
+    return np.asarray(pg.colormap.get("viridis").getLookupTable(nPts=256))
 
 
 class TileLabel(QGraphicsItem):
@@ -255,13 +112,6 @@ def axis_token(text: str) -> str:
     return shown[: TOKEN_LABEL_CHARACTERS - 1] + "…"
 
 
-def label_step(count: int, pixels: float, label_pixels: float) -> int:
-    """Label every `step`-th of `count` cells spread over `pixels` so labels do not collide."""
-    if count <= 0 or pixels <= 0:
-        return 1
-    return max(math.ceil(label_pixels / (pixels / count)), 1)
-
-
 def tile_aspect(rows: int, keys: int) -> float:
     """A tile's height / width on screen: its rows / keys, but never flatter than FLATTEST_TILE."""
     return min(max(rows / max(keys, 1), FLATTEST_TILE), 1.0)
@@ -283,13 +133,11 @@ class AttentionPanel(QWidget):
         self.tracker = RedrawTracker(state, ATTENTION)
         self._lut = colour_table()
         self._pooled = PooledRows()
-        self._choices_key: tuple = ()
-        self._overview_key: tuple = ()
-        self._overview_throttle = Throttle()
-        self.overview_layers: tuple[int, ...] = ()
+        self._choices_key: tuple[object, ...] = ()
         # The mosaic as last drawn: its layout, the heads per tile, each tile's colour scale
         # (1 / its level) and the size of an image pixel in buffer units (keys, rows).
-        self.layout: MosaicLayout | None = None
+        # (it shadows QWidget.layout(), which nothing calls on the panel: the tests read this)
+        self.layout: MosaicLayout | None = None  # type: ignore[assignment]
         self.slots: tuple[int, ...] = ()
         self.tile_scale = np.ones(0)
         self.pool_factors = (1, 1)  # buffer rows and keys per display cell
@@ -298,27 +146,23 @@ class AttentionPanel(QWidget):
         self._mosaic_extent: tuple[QRectF, float] | None = None  # as last set: rect, ratio
         self._build_controls()
         self._build_mosaic()
-        self._build_overview()
+        self.head_overview = HeadOverview(state, self._lut)
+        self.head_overview.changed.connect(self.tracker.mark)
+        self.head_overview.picked.connect(self.select)
+        # what the tests and the docks read of it, by the names they had here
+        self.overview, self.overview_image = self.head_overview.plot, self.head_overview.image
+        self.overview_caption = self.head_overview.caption
+        self.measure_choice = self.head_overview.measure_choice
         self.hover = QLabel("Hover a heatmap to read a weight.")
         grid_box = QWidget()
         grid_layout = QVBoxLayout(grid_box)
         grid_layout.setContentsMargins(0, 0, 0, 0)
         grid_layout.addWidget(self.grid, 1)
         grid_layout.addWidget(self.hover)
-        overview_box = QWidget()
-        overview_layout = QVBoxLayout(overview_box)
-        overview_layout.setContentsMargins(0, 0, 0, 0)
-        measure_row = QHBoxLayout()
-        measure_row.addWidget(QLabel("Every watched layer × head, coloured by"))
-        measure_row.addWidget(self.measure_choice)
-        measure_row.addStretch(1)
-        overview_layout.addLayout(measure_row)
-        overview_layout.addWidget(self.overview, 1)
-        overview_layout.addWidget(ReadoutBox(self.overview_caption))
         # The overview under the mosaic, at the dock's full width: every head fits at any width.
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(grid_box)
-        splitter.addWidget(overview_box)
+        splitter.addWidget(self.head_overview)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
         self.pages = EmptyState(EMPTY_MESSAGE, splitter)
@@ -346,9 +190,6 @@ class AttentionPanel(QWidget):
         self.all_heads.clicked.connect(lambda: self.show_head(None))
         self.all_heads.setVisible(False)
         self.per_head_scale.toggled.connect(lambda _on: self.tracker.mark())
-        self.measure_choice = QComboBox()
-        self.measure_choice.addItems(list(MEASURES))
-        self.measure_choice.currentIndexChanged.connect(lambda _index: self.tracker.mark())
         self._controls = QHBoxLayout()
         for label, widget in (("Layer:", self.layer_choice), ("Head:", self.head_choice)):
             self._controls.addWidget(QLabel(label))
@@ -372,7 +213,7 @@ class AttentionPanel(QWidget):
         for axis in (self.key_axis, self.query_axis):
             axis.setStyle(tickFont=self.font(), autoReduceTextSpace=True)
             axis.setVisible(False)
-        self._token_ticks: tuple = ()
+        self._token_ticks: tuple[object, ...] = ()
         self.mosaic = pg.ImageItem(axisOrder="row-major")
         self.mosaic.setLookupTable(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
         self.heads_view.addItem(self.mosaic)
@@ -380,26 +221,6 @@ class AttentionPanel(QWidget):
         self.heads_view.sigResized.connect(self._on_mosaic_resized)
         self.grid.scene().sigMouseMoved.connect(self._on_hover)
         self.grid.scene().sigMouseClicked.connect(self._on_mosaic_click)
-
-    def _build_overview(self) -> None:
-        self.overview = pg.PlotWidget()
-        self.overview.setMinimumHeight(90)
-        plot = self.overview.getPlotItem()
-        plot.setLabel("bottom", "head")
-        plot.setLabel("left", "layer")
-        plot.invertY(True)
-        plot.setMouseEnabled(x=False, y=False)
-        plot.disableAutoRange()
-        plot.setMenuEnabled(False)
-        self.overview_image = pg.ImageItem(axisOrder="row-major")
-        self.overview_image.setLookupTable(self._lut)
-        plot.addItem(self.overview_image)
-        self.overview_caption = QLabel("")
-        self.overview_caption.setWordWrap(True)
-        self.overview.scene().sigMouseClicked.connect(self._on_overview_click)
-        plot.vb.sigResized.connect(self._on_overview_resized)
-
-    # -- public ----------------------------------------------------------------------------
 
     @property
     def selected_layer(self) -> int | None:
@@ -458,15 +279,19 @@ class AttentionPanel(QWidget):
         slot, inside_y, inside_x = found
         return self.slots[slot], math.floor(inside_y * row_size), math.floor(inside_x * key_size)
 
+    def overview_cell(self, scene_position: QPointF) -> tuple[int, int] | None:
+        """The (layer, head) under a scene position of the overview, if any."""
+        return self.head_overview.cell(scene_position)
+
     def head_tile(self, head: int) -> np.ndarray:
         """The weights the tile of `head` shows, one per display cell (colour scale undone)."""
         if self.layout is None or self.mosaic.image is None or head not in self.slots:
             raise KeyError(f"head {head} is not in the mosaic")
         slot = self.slots.index(head)
-        return self.layout.tile(self.mosaic.image, slot) / self.tile_scale[slot]
+        return np.asarray(self.layout.tile(self.mosaic.image, slot) / self.tile_scale[slot])
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale or (self._overview_throttle.pending and self._overview_due())
+        return self.tracker.stale or self.head_overview.wants_drawing()
 
     def prepare(self) -> None:
         """Pool the shown layer's new rows now (called after each delivered batch), so the
@@ -484,10 +309,7 @@ class AttentionPanel(QWidget):
             self.pages.show_content(bool(self._state.attention))
             self.all_heads.setVisible(self.selected_head is not None)
             self._draw_heads()
-        self._overview_throttle.pending = True
-        if self._overview_due():
-            self._draw_overview()
-            self._overview_throttle.drawn(self._overview_shape())
+        self.head_overview.redraw()
         self.tracker.drawn(revisions)
 
     # -- choices ---------------------------------------------------------------------------
@@ -581,7 +403,9 @@ class AttentionPanel(QWidget):
         self.tile_scale = scale
         self._draw_token_axes(rows, slots)
 
-    def _place(self, layout: MosaicLayout, pixel: tuple[float, float], slots: tuple) -> None:
+    def _place(
+        self, layout: MosaicLayout, pixel: tuple[float, float], slots: tuple[int, ...]
+    ) -> None:
         """Size the image and the view to a new extent; put each head's label on its tile."""
         self.layout, self._pixel, self.slots = layout, pixel, slots
         key_size, row_size = pixel
@@ -648,7 +472,7 @@ class AttentionPanel(QWidget):
                 axis.unlinkFromView()
             axis.setVisible(shown)
 
-    def _on_mosaic_click(self, event) -> None:
+    def _on_mosaic_click(self, event: MouseClickEvent) -> None:
         """A click on a head's tile shows it alone; a click on a lone head shows them all."""
         position = event.scenePos()
         if not self.heads_view.sceneBoundingRect().contains(position):
@@ -676,76 +500,3 @@ class AttentionPanel(QWidget):
             text = self.describe(*cell)
             if text:
                 self.hover.setText(text)
-
-    # -- overview --------------------------------------------------------------------------
-
-    def _overview_shape(self) -> tuple:
-        """What, changed, redraws the overview at once: its layers, measure and size."""
-        size = self.overview.size()
-        measure = self.measure_choice.currentText()
-        return (tuple(sorted(self._state.head_stats)), measure, size.width(), size.height())
-
-    def _overview_due(self) -> bool:
-        if self._state.stats_pending:  # a prompt's rows are still being summed, a piece a tick
-            return False
-        return self._overview_throttle.due(OVERVIEW_INTERVAL_S, self._overview_shape())
-
-    def _draw_overview(self) -> None:
-        stats = self._state.head_stats
-        measure = MEASURES[self.measure_choice.currentText()]
-        layers = tuple(sorted(stats))
-        self.overview_layers = layers
-        if not layers:
-            self.overview_image.clear()
-            self.overview_caption.setText("")
-            self._overview_key = ()
-            return
-        heads = max(s.heads for s in stats.values())
-        grid = np.zeros((len(layers), heads), dtype=np.float32)
-        for row, layer in enumerate(layers):
-            values = stats[layer].mean(measure)
-            grid[row, : values.size] = values
-        low, high = float(grid.min()), float(grid.max())
-        high = max(high, low + 1e-6)  # spread the colours over the values present
-        self.overview_image.setImage(grid, levels=(low, high), autoLevels=False)
-        self.overview_caption.setText(
-            f"Colour: {self.measure_choice.currentText()} per head over this reply's rows, "
-            f"{MEANINGS[measure]}. Dark {low:.3g}, bright {high:.3g}. Click a cell to open "
-            "that head."
-        )
-        # Label every head (layer) when there is room, every other (or fewer) when narrow:
-        # labels drawn on top of each other read as none.
-        box = self.overview.getPlotItem().vb.size()
-        line = self.fontMetrics().height()
-        head_step = label_step(heads, box.width(), self.fontMetrics().horizontalAdvance("00 "))
-        layer_step = label_step(len(layers), box.height(), line)
-        key = (layers, heads, head_step, layer_step)
-        if key != self._overview_key:  # ticks and range change with the shape only
-            self._overview_key = key
-            plot = self.overview.getPlotItem()
-            self.overview_image.setRect(QRectF(0, 0, heads, len(layers)))
-            plot.setRange(xRange=(0, heads), yRange=(0, len(layers)), padding=0)
-            ticks = [(i + 0.5, str(layers[i])) for i in range(0, len(layers), layer_step)]
-            plot.getAxis("left").setTicks([ticks])
-            head_ticks = [(h + 0.5, str(h)) for h in range(0, heads, head_step)]
-            plot.getAxis("bottom").setTicks([head_ticks])
-
-    def _on_overview_resized(self) -> None:
-        if self._overview_key:  # the labels that fit may have changed
-            self.tracker.mark()
-
-    def overview_cell(self, scene_position: QPointF) -> tuple[int, int] | None:
-        """The (layer, head) under a scene position of the overview, if any."""
-        view = self.overview.getPlotItem().vb
-        if not self.overview_layers or not view.sceneBoundingRect().contains(scene_position):
-            return None
-        point = view.mapSceneToView(scene_position)
-        row, head = math.floor(point.y()), math.floor(point.x())
-        if 0 <= row < len(self.overview_layers) and 0 <= head < self.overview_image.width():
-            return self.overview_layers[row], head
-        return None
-
-    def _on_overview_click(self, event) -> None:
-        cell = self.overview_cell(event.scenePos())
-        if cell is not None:
-            self.select(*cell)

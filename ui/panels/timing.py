@@ -17,7 +17,7 @@ from ui.panels.line_chart import LineChart, Series
 from ui.panels.ranges import AxisLimit, Bars, decimate
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker, Throttle
-from ui.panels.state import TIMING, InternalsState, Reply
+from ui.panels.state import TIMING, InternalsState, ReplyTiming
 
 WITH_CACHE = "with KV cache"
 WITHOUT_CACHE = "without KV cache"
@@ -56,13 +56,13 @@ def cache_label(use_cache: bool) -> str:
     return WITH_CACHE if use_cache else WITHOUT_CACHE
 
 
-def turn_ticks(replies: Sequence[Reply]) -> list[tuple[int, str]]:
+def turn_ticks(replies: Sequence[ReplyTiming]) -> list[tuple[int, str]]:
     """Evenly spaced (index, turn) labels, at most MAX_TURN_LABELS, the latest always one."""
     step = max(math.ceil(len(replies) / MAX_TURN_LABELS), 1)
     return [(i, replies[i].turn) for i in range(len(replies) - 1, -1, -step)][::-1]
 
 
-def phase_seconds(reply: Reply) -> tuple[float, float, float, float]:
+def phase_seconds(reply: ReplyTiming) -> tuple[float, float, float, float]:
     decode = reply.finished.decode_s if reply.finished is not None else reply.decode_s
     return reply.tokenize_s, reply.prefill_s, reply.first_token_extra_s, decode
 
@@ -73,7 +73,7 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def summary_html(reply: Reply | None, error: str | None = None) -> str:
+def summary_html(reply: ReplyTiming | None, error: str | None = None) -> str:
     failed = f"<span style='color:#d93025'>failed: {html.escape(error)}</span>" if error else ""
     if reply is None:
         return failed or "No reply yet."
@@ -258,7 +258,7 @@ class TimingPanel(QWidget):
             plot.getAxis("left").setTicks([list(enumerate(turns))])
             plot.setYRange(-0.5, max(len(turns), 1) - 0.5, padding=0.05)
 
-    def _draw_steps(self, reply: Reply | None) -> None:
+    def _draw_steps(self, reply: ReplyTiming | None) -> None:
         pixels = self.steps_plot.plot_rect().width()
         if reply is None:
             self.step_curve.setData([], [])
@@ -283,7 +283,7 @@ class TimingPanel(QWidget):
         self._steps_y.update(slowest)
         self.steps_plot.set_range(self._steps_x.limit, self._steps_y.limit)
 
-    def _update_legend(self, reply: Reply | None, previous: Reply | None) -> None:
+    def _update_legend(self, reply: ReplyTiming | None, previous: ReplyTiming | None) -> None:
         current = (reply.curve_label if reply else "") or "this reply"
         names: tuple[str, ...] = (current,)
         if previous is not None:

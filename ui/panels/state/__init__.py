@@ -16,8 +16,8 @@ from ui.panels.state.internals import (
     TIMING,
     InternalsState,
 )
-from ui.panels.state.reply import Reply
 from ui.panels.state.roofline import RooflineTrace
+from ui.panels.state.timing import ReplyTiming
 
 __all__ = [
     "ATTENTION",
@@ -32,6 +32,6 @@ __all__ = [
     "GrowableArray",
     "HeadStats",
     "InternalsState",
-    "Reply",
+    "ReplyTiming",
     "RooflineTrace",
 ]

@@ -26,8 +26,8 @@ from engine.kv_cache import formula_bytes
 from ui.panels.state.arrays import GrowableArray
 from ui.panels.state.attention import ATTENTION_CELLS, AttentionRows, HeadStats
 from ui.panels.state.prepared import PreparedStats
-from ui.panels.state.reply import Reply
 from ui.panels.state.roofline import RooflineTrace
+from ui.panels.state.timing import ReplyTiming
 
 # Revision keys: each panel follows one of them.
 TIMING = "timing"
@@ -66,9 +66,9 @@ class InternalsState:
 
     def clear(self) -> None:
         """Forget the conversation (a new chat); the model and watched layers stay."""
-        self.replies: list[Reply] = []
+        self.replies: list[ReplyTiming] = []
         self._open = False  # between a reply's first event and its Finished
-        self.previous: Reply | None = None
+        self.previous: ReplyTiming | None = None
         self.kv_tokens = GrowableArray(np.int64)
         self.kv_bytes = GrowableArray(np.int64)
         self.kv_layers: GrowableArray | None = None
@@ -97,7 +97,7 @@ class InternalsState:
         self._next_curve_label = label
 
     @property
-    def reply(self) -> Reply | None:
+    def reply(self) -> ReplyTiming | None:
         return self.replies[-1] if self.replies else None
 
     def revision(self, key: str) -> int:
@@ -122,11 +122,11 @@ class InternalsState:
                 self.reply.error = event.message
             self._bump(TIMING)
 
-    def _begin_reply(self) -> Reply:
+    def _begin_reply(self) -> ReplyTiming:
         if self.replies:
             self.previous = self.replies[-1]
         turn = f"turn {len(self.replies) + 1}"
-        reply = Reply(turn=turn, curve_label=self._next_curve_label or "")
+        reply = ReplyTiming(turn=turn, curve_label=self._next_curve_label or "")
         self._next_curve_label = None
         self.replies.append(reply)
         self._open = True

@@ -11,7 +11,7 @@ from ui.panels.state.arrays import GrowableArray
 
 
 @dataclass
-class Reply:
+class ReplyTiming:
     """Timing of one reply, from its PrefillDone to its Finished.
 
     The totals live in an `engine.events.Tally`, filled from the events exactly as the engine

@@ -1,0 +1,152 @@
+"""One layer's attention rows max-pooled for display: at most DISPLAY_ROWS x DISPLAY_KEYS cells
+per head, pooled as rows arrive, with a histogram of the cells for the colour levels.
+
+Plain numpy, no Qt (an import-linter contract holds it to that): the attention panel draws
+what this returns, and the tests hold it to a full max-pool of every row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ui.panels.mosaic import WeightHistogram
+from ui.panels.state import AttentionRows
+
+# Bounded work per frame: rows and keys past these are max-pooled into one image cell.
+DISPLAY_ROWS = 256
+DISPLAY_KEYS = 512
+POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
+LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
+
+
+def max_pool_keys(block: np.ndarray, factor: int) -> np.ndarray:
+    """Max over each run of `factor` keys of [heads, rows, columns * factor]."""
+    if factor >= 24:  # one reduction call beats `factor` strided ones (5x at 64)
+        return np.maximum.reduceat(block, np.arange(0, block.shape[2], factor), axis=2)
+    out = block[:, :, 0::factor].copy()
+    for offset in range(1, factor):
+        np.maximum(out, block[:, :, offset::factor], out=out)
+    return out
+
+
+def pool_factor(count: int, cells: int) -> int:
+    """How many rows (or keys) one of at most `cells` cells covers: a power of two.
+
+    A new factor pools every row again (tens of milliseconds at 10,000 keys); powers of two
+    change it once per doubling of the context instead of every `cells` tokens.
+    """
+    return 1 << max(math.ceil(count / cells) - 1, 0).bit_length()
+
+
+class PooledRows:
+    """A display copy of one layer's rows, max-pooled to at most DISPLAY_ROWS x DISPLAY_KEYS
+    cells (or fewer, as `update` asks).
+
+    Rows only ever change at the bottom (a new row, or the last one rewritten), so each frame
+    pools just the rows since the last pooled block; rows dropped from the top shift the pooled
+    blocks up. A new reply or new pooling factors start it over, pooling POOL_CHUNK rows at a
+    time so a long context never needs a dense copy of every row. Max-pooling keeps a lone
+    strong weight visible however far it zooms out.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[int, ...] = ()
+        self._grid = (DISPLAY_ROWS, DISPLAY_KEYS)  # the cell bounds of the last update
+        self._data = np.zeros((0, 0, 0), dtype=np.float32)
+        self._rows = 0
+        self._dropped = 0
+        self.histogram = WeightHistogram(0, 0)  # of the pooled cells, for the colour levels
+
+    def update(
+        self,
+        rows: AttentionRows,
+        max_rows: int | None = None,
+        max_keys: int | None = None,
+        whole_blocks: bool = False,
+    ) -> tuple[np.ndarray, int, int]:
+        """The pooled [heads, row blocks, key blocks] and how many rows and keys a cell covers.
+
+        `max_rows` and `max_keys` (at most DISPLAY_ROWS and DISPLAY_KEYS) bound the cells.
+        `whole_blocks` pools only up to the last full block of rows (a partial block is pooled
+        again with each row that joins it).
+        """
+        max_rows = min(max_rows or DISPLAY_ROWS, DISPLAY_ROWS)
+        max_keys = min(max_keys or DISPLAY_KEYS, DISPLAY_KEYS)
+        self._grid = (max_rows, max_keys)
+        key, shift = self._plan(rows, max_rows, max_keys)
+        row_factor, key_factor = key[3], key[4]
+        if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
+            self._key, self._rows = key, 0
+            self._data = np.zeros((rows.heads, DISPLAY_ROWS, DISPLAY_KEYS), dtype=np.float32)
+            self.histogram = WeightHistogram(rows.heads, DISPLAY_ROWS)
+        elif shift:
+            self._shift(shift // row_factor)
+            self._rows -= shift
+        self._dropped = rows.dropped
+        self._rows = min(self._rows, rows.rows)
+        columns = math.ceil(rows.keys / key_factor)
+        blocks = math.ceil(rows.rows / row_factor)
+        chunk = row_factor * max(POOL_CHUNK // row_factor, 1)
+        first = max(self._rows - 1, 0) // row_factor  # the block holding the last row seen
+        end = rows.rows - rows.rows % row_factor if whole_blocks else rows.rows
+        for start in range(first * row_factor, end, chunk):
+            source = rows.padded(start, columns * key_factor, min(start + chunk, end))
+            pooled = max_pool_keys(source, key_factor)
+            starts = np.arange(0, pooled.shape[1], row_factor)
+            block = start // row_factor
+            target = self._data[:, block : block + starts.size, :columns]
+            target[...] = np.maximum.reduceat(pooled, starts, axis=1)
+            self.histogram.set_rows(block, target)
+        self._rows = max(end, self._rows)
+        return self._data[:, :blocks, :columns], row_factor, key_factor
+
+    def extend(self, rows: AttentionRows) -> bool:
+        """Pool the rows that arrived since the last `update`, with its cell bounds, unless the
+        pooling would start over (a new reply, new factors): that is left to the next `update`.
+
+        Called as events arrive, so a frame finds its new rows pooled: the work comes in one
+        small piece per delivered batch instead of one long one per frame. True if it pooled.
+        """
+        if not self._key:
+            return False
+        key, shift = self._plan(rows, *self._grid)
+        if key != self._key or shift % key[3] or not 0 <= shift <= self._rows:
+            return False
+        if rows.rows - rows.rows % key[3] <= self._rows - shift and not shift:
+            return False  # no new full block
+        self.update(rows, *self._grid, whole_blocks=True)
+        return True
+
+    def _plan(
+        self, rows: AttentionRows, max_rows: int, max_keys: int
+    ) -> tuple[tuple[int, int, int, int, int], int]:
+        """The pooling key (serial, heads, max_rows, row and key factors) and the rows dropped
+        from the top since the last pooling."""
+        # The buffer fills, then drops its older half, every max_rows / 2 tokens: a row factor
+        # that followed it down would pool every row again each time. It only grows per reply.
+        row_factor = pool_factor(rows.rows, max_rows)
+        if self._key[:3] == (rows.serial, rows.heads, max_rows):
+            row_factor = max(row_factor, self._key[3])
+        # ... except where a longer context keeps fewer rows (AttentionRows.limit): 52 rows
+        # at 10,000 keys pooled by the 8 that 256 needed would fill 7 cells of a tile.
+        row_factor = min(row_factor, pool_factor(rows.limit(rows.keys), max_rows))
+        key_factor = pool_factor(rows.keys, max_keys)
+        key = (rows.serial, rows.heads, max_rows, row_factor, key_factor)
+        return key, rows.dropped - self._dropped
+
+    def levels(self, quantile: float = LEVEL_QUANTILE) -> np.ndarray:
+        """Per head, the top colour level: a high quantile of its nonzero pooled weights.
+
+        Not the max: the first query can only attend to itself (weight 1), which would leave
+        everything else dark. Read from a histogram kept as cells are pooled, not by sorting
+        the image every frame.
+        """
+        return self.histogram.level(quantile)
+
+    def _shift(self, blocks: int) -> None:
+        kept = self._data.shape[1] - blocks
+        self._data[:, :kept] = self._data[:, blocks:].copy()
+        self._data[:, kept:] = 0.0
+        self.histogram.shift(blocks)
