@@ -27,8 +27,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from engine.processes import alive
-
 log = logging.getLogger(__name__)
 
 SHARED_ROOT = Path("/dev/shm")
@@ -103,5 +101,15 @@ def remove_stale(root: Path = SHARED_ROOT) -> None:
     """Remove the folders of window processes that are gone (killed before they could)."""
     for folder in root.glob(f"{PREFIX}*-*"):
         owner = folder.name[len(PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not alive(int(owner)):
+        if owner.isdigit() and not _alive(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
