@@ -1,4 +1,4 @@
-"""Build the whole window: chat, internals docks, conversation sidebar, store and worker."""
+"""Build the whole window: chat, internals docks, conversation sidebar, store, on an engine."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from PySide6.QtCore import QRect, QSettings, Qt
 from PySide6.QtWidgets import QDockWidget
 
 from app import paths
-from app import worker as worker_module
 from app.controller import ConversationController
+from app.engine_client import EngineClient
 from app.store import ConversationStore
 from engine.events import ModelInfo
 from ui import layout
@@ -23,7 +23,7 @@ from ui.panels.timing import cache_label
 @dataclass
 class Parts:
     window: MainWindow
-    worker: worker_module.WorkerBase
+    worker: EngineClient
     internals: InternalsView
     controller: ConversationController
 
@@ -39,13 +39,13 @@ def default_watched_layers(info: ModelInfo) -> tuple[int, ...]:
 
 
 def assemble(
-    worker: worker_module.WorkerBase | None = None,
+    worker: EngineClient,
     database: Path | None = None,
     settings: QSettings | None = None,
     screen: QRect | None = None,
 ) -> Parts:
-    """`screen`: the available geometry to fit (by default that of the screen it opens on)."""
-    worker = worker or worker_module.GenerationWorker()  # looked up late: tests replace it
+    """The window on `worker`'s engine. `screen`: the available geometry to fit (by default
+    that of the screen it opens on)."""
     window = MainWindow(worker, settings)
     internals = build_docks(window)
     for dock in internals.docks.values():
@@ -91,7 +91,7 @@ def _fit_to_screen(
     layout.KeepFrameOnScreen(window, screen)  # the title bar is known once it is shown
 
 
-def _connect_engine_notes(window: MainWindow, worker: worker_module.WorkerBase) -> None:
+def _connect_engine_notes(window: MainWindow, worker: EngineClient) -> None:
     """The engine died: one line in the chat (a reply it cut off says so itself)."""
 
     def stopped(line: str) -> None:

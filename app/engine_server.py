@@ -1,12 +1,15 @@
-"""The engine child's side of app.engine_process: it imports torch and the model's code, then
-runs the GUI's requests until "quit" or the GUI is gone.
+"""The engine server: runs the client's requests (app.wire) against one chat session, and is
+the only owner of job state (which job runs, which were cancelled).
 
-Three threads in the child: the main one runs jobs in order; a listener reads requests and acts
-on "cancel" at once, so Stop reaches the session within one decode step and is
-never queued behind the reply it stops (a count is answered in order: the tokenizer is not
-shared between threads); a sender pickles and writes replies, so a reply never
-waits on the GUI's reader, and coalesces the events waiting into one message. Each event
-crosses once: an attention row is sent with its token, never again.
+The same server runs in the engine's child process over a pipe (`serve`, the app's path) and in
+a thread of the client's process over in-memory queues (app.engine_thread, the fast tests).
+
+Three threads: the main one runs jobs in order; a listener reads requests and acts on Cancel
+and Quit at once, so Stop reaches the session within one decode step and is never queued
+behind the reply it stops (a count is answered in order: the tokenizer is not shared between
+threads); a sender writes replies, so a reply never waits on the client's reader, and
+coalesces the events waiting into one message. Each event crosses once: an attention row is
+sent with its token, never again.
 """
 
 from __future__ import annotations
@@ -28,17 +31,48 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from app import collector
-from app.engine_process import EngineSpec, Frame, send_message, widen_pipe
-from app.jobs import describe_error, event_weight, load_session, run_generation
+from app.engine_spec import EngineSpec
+from app.jobs import (
+    Loader,
+    Session,
+    SessionFactory,
+    describe_error,
+    event_weight,
+    load_session,
+    run_generation,
+)
+from app.pipe import send_message, widen_pipe
 from app.shared_arrays import SharedFolder
+from app.wire import (
+    ALL_JOBS,
+    Cancel,
+    Count,
+    Counted,
+    DecodeStep,
+    Done,
+    Events,
+    Generate,
+    Load,
+    Loaded,
+    LoadFailed,
+    Progress,
+    Quit,
+    Ready,
+    Reply,
+    Request,
+    Reset,
+)
 from engine.events import Event, Failed, Finished, PrefillDone
 
 if TYPE_CHECKING:
-    from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+    from engine.settings import LoadRequest, Message
 
 log = logging.getLogger(__name__)
 
 MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet written
+
+Job = Load | Generate | Reset | Count
+Write = Callable[[Reply, int], object]  # (reply, weight): sends it; OSError once nobody reads
 
 
 @dataclass(frozen=True)
@@ -86,46 +120,49 @@ def serve(
     spec: EngineSpec,
     shared: SharedFolder | None = None,
 ) -> None:
-    """The child's main function: import, then run requests until "quit" or the GUI is gone."""
+    """The child's main function: import, then run requests until Quit or the GUI is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in a terminal is the window's to handle
     logging.basicConfig(level=logging.WARNING, format="engine %(levelname)s %(name)s: %(message)s")
     widen_pipe(replies)
-    engine = _Engine(replies, spec, shared)
-    listener = threading.Thread(target=engine.listen, args=(requests,), name="engine-listen")
-    listener.daemon = True
-    listener.start()
     with collector.paused():
         for name in spec.preload:
             importlib.import_module(name)
         gc.freeze()  # what the imports made lives as long as the process: see app.collector
+    threads = None
     torch = sys.modules.get("torch")
     if torch is not None:
-        engine.threads = Threads.of(spec, torch.get_num_threads(), os.cpu_count() or 1)
-        torch.set_num_threads(engine.threads.decode)  # a compiled decode step is built for it
-    engine.outbox.put(("ready",))
+        threads = Threads.of(spec, torch.get_num_threads(), os.cpu_count() or 1)
+        torch.set_num_threads(threads.decode)  # a compiled decode step is built for it
+
+    def write(reply: Reply, _weight: int) -> None:
+        send_message(replies, reply, shared)
+
+    def receive() -> Request:
+        request: Request = pickle.loads(requests.recv_bytes())
+        return request
+
+    server = EngineServer(write, resolve(spec.loader), resolve(spec.session_factory), threads)
     try:
-        engine.run()
+        server.serve(receive)
     finally:
-        engine.outbox.close()
         replies.close()
 
 
-class _Outbox:
+class Outbox:
     """Replies written by a thread of their own; the events waiting go out as one message."""
 
-    def __init__(self, connection: Connection, shared: SharedFolder | None = None) -> None:
-        self._connection = connection
-        self._shared = shared
-        self._items: deque[tuple[Frame, int, float]] = deque()  # (message, weight, queued at)
+    def __init__(self, write: Write) -> None:
+        self._write = write
+        self._items: deque[tuple[Reply, int, float]] = deque()  # (reply, weight, queued at)
         self._weight = 0
         self._closed = False
         self._condition = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="engine-send", daemon=True)
         self._thread.start()
 
-    def put(self, message: Frame, weight: int = 0) -> None:
+    def put(self, reply: Reply, weight: int = 0) -> None:
         with self._condition:
-            self._items.append((message, weight, time.monotonic()))
+            self._items.append((reply, weight, time.monotonic()))
             self._weight += weight
             self._condition.notify_all()
 
@@ -148,29 +185,30 @@ class _Outbox:
             self._condition.notify_all()
         self._thread.join()
 
-    def _next(self) -> Frame | None:
+    def _next(self) -> tuple[Reply, int] | None:
         with self._condition:
             while not self._items and not self._closed:
                 self._condition.wait()
             if not self._items:
                 return None
-            message, weight, queued_at = self._items.popleft()
-            if message[0] == "events":  # coalesce the events queued behind it
-                events = list(message[2])
-                while self._items and self._items[0][0][0] == "events":
+            reply, weight, queued_at = self._items.popleft()
+            if isinstance(reply, Events):  # coalesce the events queued behind it
+                events = list(reply.events)
+                while self._items and _same_job_events(self._items[0][0], reply.job):
                     more, more_weight, _ = self._items.popleft()
-                    events.extend(more[2])
+                    assert isinstance(more, Events)  # checked by _same_job_events
+                    events.extend(more.events)
                     weight += more_weight
-                message = ("events", queued_at, events)  # the oldest event's wait counts
+                reply = Events(reply.job, tuple(events), queued_at)  # the oldest wait counts
             self._weight -= weight
             self._condition.notify_all()
-            return message
+            return reply, weight
 
     def _run(self) -> None:
-        while (message := self._next()) is not None:
+        while (item := self._next()) is not None:
             try:
-                send_message(self._connection, message, self._shared)
-            except (OSError, ValueError):  # the GUI is gone: nobody to tell
+                self._write(*item)
+            except (OSError, ValueError):  # the client is gone: nobody to tell
                 with self._condition:
                     self._closed = True
                     self._items.clear()
@@ -178,36 +216,60 @@ class _Outbox:
                 return
 
 
-class _Engine:
+def _same_job_events(reply: Reply, job: int) -> bool:
+    return isinstance(reply, Events) and reply.job == job
+
+
+class EngineServer:
+    """Jobs in order on one session; Cancel and Quit as they arrive. See the module docstring."""
+
     def __init__(
-        self, replies: Connection, spec: EngineSpec, shared: SharedFolder | None = None
+        self,
+        write: Write,
+        loader: Loader,
+        session_factory: SessionFactory,
+        threads: Threads | None = None,
     ) -> None:
-        self.spec = spec
-        self.outbox = _Outbox(replies, shared)
-        self.jobs: queue.Queue[Frame | None] = queue.Queue()
-        self.session: Any = None
+        self.outbox = Outbox(write)
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.session: Session | None = None
+        self.threads = threads  # None: torch's own (a server in the client's process)
+        self._loader = loader
+        self._session_factory = session_factory
         self._lock = threading.Lock()
         self._cancelled_upto = 0
         self._running_job = 0
-        self.threads: Threads | None = None  # once torch is imported; None without it
+
+    def serve(self, receive: Callable[[], Request]) -> None:
+        """Listen in a thread of its own, say Ready and run jobs here until Quit; the replies
+        queued by then are sent before it returns."""
+        listener = threading.Thread(
+            target=self.listen, args=(receive,), name="engine-listen", daemon=True
+        )
+        listener.start()
+        self.outbox.put(Ready())
+        try:
+            self.run()
+        finally:
+            self.outbox.close()
 
     # -- listener thread ----------------------------------------------------------------------
 
-    def listen(self, requests: Connection) -> None:
+    def listen(self, receive: Callable[[], Request]) -> None:
         while True:
             try:
-                message = pickle.loads(requests.recv_bytes())
-            except (EOFError, OSError):  # the GUI process is gone
-                message = ("quit",)
-            kind = message[0]
-            if kind == "cancel":
-                self.cancel(message[1])
-            elif kind == "quit":
-                self.cancel(sys.maxsize)
-                self.jobs.put(None)
-                return
-            else:
-                self.jobs.put(message)
+                request = receive()
+            except (EOFError, OSError):  # the client is gone
+                request = Quit()
+            match request:
+                case Cancel(job=job):
+                    self.cancel(job)
+                case Quit():
+                    self.cancel(ALL_JOBS)
+                    self.jobs.put(None)
+                    return
+                case Load() | Generate() | Reset() | Count():
+                    self.jobs.put(request)
 
     def cancel(self, job: int) -> None:
         with self._lock:
@@ -218,84 +280,67 @@ class _Engine:
             session.cancel()
         self.outbox.wake()  # a reply waiting for room in the outbox goes on
 
-    def count(self, ident: int, messages: Sequence[Message]) -> None:
-        try:
-            tokens = self.session.count_tokens(messages) if self.session is not None else None
-        except Exception:
-            log.exception("counting tokens failed")
-            tokens = None
-        self.outbox.put(("count", ident, tokens))
-
     def cancelled(self, job: int) -> bool:
         return job <= self._cancelled_upto
 
     # -- main thread ---------------------------------------------------------------------------
 
     def run(self) -> None:
-        while (message := self.jobs.get()) is not None:
-            kind, *args = message
-            if kind == "load":
-                self.load(*args)
-                self.outbox.put(("done", "load"))
-            elif kind == "generate":
-                self.generate(*args)
-                self.outbox.put(("done", "generate"))
-            elif kind == "reset":
-                self.reset()
-            elif kind == "count":
-                self.count(*args)
+        while (job := self.jobs.get()) is not None:
+            match job:
+                case Load(job=ident, request=request):
+                    self.load(ident, request)
+                case Generate():
+                    self.generate(job)
+                case Reset():
+                    self.reset()
+                case Count(job=ident, messages=messages):
+                    self.count(ident, messages)
+            self.outbox.put(Done(job.job))
 
-    def load(self, request: LoadRequest) -> None:
+    def load(self, job: int, request: LoadRequest) -> None:
         def progress(stage: str, fraction: float) -> None:
-            self.outbox.put(("progress", stage, fraction))
+            self.outbox.put(Progress(job, stage, fraction))
 
         try:
             with collector.paused():
-                session = load_session(
-                    resolve(self.spec.loader), resolve(self.spec.session_factory), request, progress
-                )
+                session = load_session(self._loader, self._session_factory, request, progress)
         except Exception as error:
             log.exception("loading %r failed", request.spec)
-            self.outbox.put(("load_failed", describe_error(error)))
+            self.outbox.put(LoadFailed(job, describe_error(error)))
             return
         with self._lock:
             self.session = session
-        self.outbox.put(("loaded", session.info))
-        self._report_decode_step(session)
+        self.outbox.put(Loaded(job, session.info))
+        self._report_decode_step(job, session)
 
-    def _report_decode_step(self, session: Any) -> None:
+    def _report_decode_step(self, job: int, session: Any) -> None:
         """Say when a fast model's compiled decode step is attached, or that it will not be."""
         if getattr(session, "info", None) is None or session.info.precision != "fast":
             return
         compiling = getattr(session, "compiling", None)
         if compiling is None:
-            from engine.compiled_decode import NOT_COMPILED
+            from engine.compiled_decode import NOT_COMPILED  # torch: only a fast model has it
 
-            self.outbox.put(("decode_step", NOT_COMPILED))
+            self.outbox.put(DecodeStep(job, NOT_COMPILED))
             return
 
         def report() -> None:
             compiling.done.wait()
-            self.outbox.put(("decode_step", compiling.state))
+            self.outbox.put(DecodeStep(job, compiling.state))
 
         threading.Thread(target=report, name="decode-step-report", daemon=True).start()
 
-    def generate(
-        self,
-        job: int,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-        deliver: bool = True,
-    ) -> None:
+    def generate(self, request: Generate) -> None:
+        job = request.job
         with self._lock:
             self._running_job = job
-        push = self._sender(job) if deliver else self._final_only
+        push = self._sender(job, request.stream)
         self._set_threads("prefill")
         try:
             run_generation(
-                self.session, messages, settings, probes, self._decode_after(push),
-                lambda: self.cancelled(job),
+                self.session, request.messages, request.settings, request.probes,
+                self._decode_after(push), lambda: self.cancelled(job),
             )  # fmt: skip
         finally:
             self._set_threads("decode")
@@ -318,19 +363,27 @@ class _Engine:
         if self.threads is not None and torch is not None:
             torch.set_num_threads(getattr(self.threads, phase))
 
-    def _sender(self, job: int) -> Callable[[list[Event]], None]:
+    def _sender(self, job: int, stream: bool) -> Callable[[list[Event]], None]:
+        """Events to the client as they come; without `stream`, only the reply's end."""
+
         def push(events: list[Event]) -> None:
+            if not stream:
+                events = [e for e in events if isinstance(e, Failed | Finished)]
+                if not events:
+                    return
             weight = sum(event_weight(event) for event in events)
-            self.outbox.put(("events", 0.0, events), weight)
+            self.outbox.put(Events(job, tuple(events)), weight)
             self.outbox.wait_for_room(lambda: self.cancelled(job))
 
         return push
 
-    def _final_only(self, events: list[Event]) -> None:
-        """A headless reply (benchmarks): only its ending crosses to the GUI."""
-        kept = [e for e in events if isinstance(e, Failed | Finished)]
-        if kept:
-            self.outbox.put(("events", 0.0, kept))
+    def count(self, job: int, messages: Sequence[Message]) -> None:
+        try:
+            tokens = self.session.count_tokens(messages) if self.session is not None else None
+        except Exception:
+            log.exception("counting tokens failed")
+            tokens = None
+        self.outbox.put(Counted(job, tokens))
 
     def reset(self) -> None:
         try:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import collector
-from app.cli import load_request, parser
+from app.options import load_request, parser
 
 if TYPE_CHECKING:
     from app.assembly import Parts
-    from app.engine_client import EngineProcessWorker
+    from app.engine_client import EngineClient
     from app.engine_process import EngineProcess
 
 NO_DISPLAY = "no display found: set DISPLAY, or run `glassbox chat` for the terminal"
@@ -68,11 +68,12 @@ def spawn_engine() -> EngineProcess:
     return EngineProcess()
 
 
-def engine_backend(engine: EngineProcess) -> EngineProcessWorker:
-    """The window's backend on the engine process spawned by `spawn_engine`."""
-    from app.engine_client import EngineProcessWorker
+def engine_backend(engine: EngineProcess) -> EngineClient:
+    """The window's backend on the engine process spawned by `spawn_engine` (Qt: imported
+    once the engine is on its way)."""
+    from app.engine_client import EngineClient
 
-    return EngineProcessWorker(engine)
+    return EngineClient(engine)
 
 
 def open_window(engine: EngineProcess, **options: Any) -> Parts:

@@ -1,5 +1,5 @@
-"""One load or one generation run as a job: the rules shared by the engine process and the
-in-process worker thread. Qt-free, so the engine process never imports Qt.
+"""One load or one generation run as a job: the rules the engine server (app.engine_server)
+runs them by. Qt-free, so the engine process never imports Qt.
 
 A job reports through callbacks: `push(events)` for a generation's events, in order, and a
 throttled `progress(stage, fraction)` for a load. Whatever happens, a generation job pushes
@@ -44,6 +44,8 @@ class Session(Protocol):
     def cancel(self) -> None: ...
 
     def reset(self) -> None: ...
+
+    def count_tokens(self, messages: Sequence[Message]) -> int: ...
 
 
 ProgressCallback = Callable[[str, float], None]

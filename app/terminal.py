@@ -17,7 +17,7 @@ from dataclasses import replace
 from types import FrameType
 
 from app.chat_log import ChatLog, open_store
-from app.cli import generation_settings, load_request, print_json
+from app.options import generation_settings, load_request, print_json
 from engine import chat_format
 from engine.events import Event, Failed, Finished, PrefillDone, Token
 from engine.loader import ModelLoadError, load_model

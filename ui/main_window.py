@@ -1,7 +1,7 @@
 """The main window: the chat in the middle, dock widgets around it, actions and a status bar.
 
-The window talks to the model only through a backend object (app.worker.GenerationWorker in
-the program, a fake in tests) whose signals arrive in the GUI thread; it never runs model work.
+The window talks to the model only through a backend object (app.engine_client.EngineClient
+in the program) whose signals arrive in the GUI thread; it never runs model work.
 The conversation is a ui.conversation.Conversation the window owns and changes in the order
 things happen; the chat view draws its changes and the store (app.controller) writes them.
 """
@@ -46,7 +46,7 @@ STATE_VERSION = 2  # bump when the set of docks changes: older layouts are then 
 
 
 class Backend(Protocol):
-    """What the window needs of the model thread (app.worker.GenerationWorker has it)."""
+    """What the window needs of the engine (app.engine_client.EngineClient has it)."""
 
     events: Any  # Signal(list of events)
     loaded: Any  # Signal(ModelInfo)
@@ -101,12 +101,10 @@ class MainWindow(QMainWindow):
     draws it, the store writes it).
 
     Signals, all in the GUI thread: `events_received(list)` per batch of engine events, the
-    reply's and any other (the internals panels listen here); `event_received(event)` for each
-    of them, before the conversation takes it in (benchmarks and tests listen here);
-    `conversation_changed()` after the user's message, the reply or the chat changed;
-    `chat_reset()`; `model_changed(ModelInfo)`."""
+    reply's and any other, once the conversation took them in (the internals panels,
+    benchmarks and tests listen here); `conversation_changed()` after the user's message, the
+    reply or the chat changed; `chat_reset()`; `model_changed(ModelInfo)`."""
 
-    event_received = Signal(object)
     events_received = Signal(object)
     conversation_changed = Signal()
     # Another conversation begins (New chat, or a stored one opened): the replies shown so far
@@ -458,12 +456,10 @@ class MainWindow(QMainWindow):
         tokens: list[Event] = []
         for event in batch:
             if isinstance(event, Token):
-                self.event_received.emit(event)
                 tokens.append(event)
                 continue
             self._apply(tokens)
             tokens = []
-            self.event_received.emit(event)
             self._apply([event])
         self._apply(tokens)
         self.events_received.emit(batch)

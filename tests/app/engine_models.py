@@ -1,4 +1,4 @@
-"""Models the engine process builds by name in tests (app.engine_process.EngineSpec): a tiny
+"""Models the engine process builds by name in tests (app.engine_spec.EngineSpec): a tiny
 random Llama with a byte-level tokenizer, made in memory in well under a second."""
 
 from __future__ import annotations

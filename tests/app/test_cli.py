@@ -143,7 +143,7 @@ def test_trace_has_the_documented_shape(one_shot):
 
 
 def test_every_command_takes_a_precision():
-    from app.cli import load_request, parser
+    from app.options import load_request, parser
 
     for command in ([], ["chat"], ["bench"]):
         assert load_request(parser().parse_args(command)).precision == "auto"
@@ -152,7 +152,7 @@ def test_every_command_takes_a_precision():
 
 
 def test_every_command_takes_a_chat_template():
-    from app.cli import load_request, parser
+    from app.options import load_request, parser
 
     for command in ([], ["chat"], ["bench"]):
         assert load_request(parser().parse_args(command)).chat_template == "auto"
@@ -163,7 +163,7 @@ def test_every_command_takes_a_chat_template():
 
 
 def test_model_options_are_one_definition_wherever_they_are_given():
-    from app.cli import load_request, parser
+    from app.options import load_request, parser
 
     window = load_request(parser().parse_args(["--model", "a.gguf", "--device", "cpu"]))
     chat = load_request(parser().parse_args(["chat", "--model", "a.gguf", "--device", "cpu"]))

@@ -23,10 +23,13 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QCoreApplication, QSettings
 
-from app import assembly, engine_process
-from app.engine_client import RESTART_NOTE, EngineProcessWorker
-from app.engine_process import ENGINE_NICENESS, EngineSpec, receive_message, send_message
+from app import assembly, pipe
+from app.engine_client import RESTART_NOTE, EngineClient
+from app.engine_process import ENGINE_NICENESS, EngineProcess
+from app.engine_spec import EngineSpec
+from app.pipe import receive_message, send_message
 from app.shared_arrays import MIN_SHARED_BYTES, take
+from app.wire import Events
 from engine.events import ENGINE_STOPPED, Failed, Finished, PrefillDone, Token, frozen_array
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
@@ -46,7 +49,7 @@ def fake_request(tokens: int = 0, delay: float = 0.0, spec: str = "fake") -> Loa
 
 @pytest.fixture
 def worker(qtbot):
-    worker = EngineProcessWorker(spec=FAKE)
+    worker = EngineClient(EngineProcess(FAKE))
     yield worker
     worker.shutdown()
 
@@ -99,7 +102,7 @@ def test_stop_reaches_the_engine_within_one_step(qtbot, worker):
 
 def reported(qtbot, spec: EngineSpec, replies: int = 1) -> list[str]:
     """The Finished texts of `replies` replies of thread_counting_session in `spec`'s child."""
-    worker = EngineProcessWorker(spec=spec)
+    worker = EngineClient(EngineProcess(spec))
     texts = []
     try:
         load(qtbot, worker, fake_request(tokens=5))
@@ -230,16 +233,17 @@ def test_attention_rows_at_ten_thousand_keys_cross_once_per_token_read_only():
     reader, writer = multiprocessing.Pipe(duplex=False)
     sent: list[int] = []
     sender = threading.Thread(target=lambda: sent.append(send_message(writer, message)))
-    message = ("events", 0.0, [token])
+    message = Events(1, (token,))
     try:
         sender.start()  # a pipe holds less than a token: the writer waits for the reader
-        (kind, _queued, (back,)), received = receive_message(reader)
+        reply, received = receive_message(reader)
         sender.join(10)
     finally:
         reader.close()
         writer.close()
     assert 4 * 9 * 10_000 * 4 < sent[0] == received < 4 * 9 * 10_000 * 4 + 2048
-    assert kind == "events" and back.text == "a"
+    (back,) = reply.events
+    assert isinstance(reply, Events) and back.text == "a"
     for layer, array in rows.items():
         np.testing.assert_array_equal(back.attention[layer], array)
         assert not back.attention[layer].flags.writeable
@@ -249,7 +253,7 @@ def test_a_long_prompts_attention_crosses_through_shared_memory(qtbot, worker, m
     """The engine child writes the prompt's rows (2.6 MB a layer here) to shared memory; the
     window maps them: causal rows that each sum to one, read-only, and nothing left behind."""
     taken: list[str] = []
-    monkeypatch.setattr(engine_process, "take", lambda path: taken.append(path) or take(path))
+    monkeypatch.setattr(pipe, "take", lambda path: taken.append(path) or take(path))
     load(qtbot, worker, fake_request(tokens=3))
     events = collect(worker)
     prompt = (Message("user", " ".join(["word"] * 640)),)
@@ -274,7 +278,7 @@ def test_a_long_prompts_attention_crosses_through_shared_memory(qtbot, worker, m
 
 @pytest.fixture
 def window_parts(qtbot, tmp_path):
-    worker = EngineProcessWorker(spec=FAKE)
+    worker = EngineClient(EngineProcess(FAKE))
     settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
     parts = assembly.assemble(worker, database=tmp_path / "chats.sqlite3", settings=settings)
     qtbot.addWidget(parts.window)
@@ -293,7 +297,7 @@ def test_sigkill_mid_reply_keeps_the_partial_reply_and_the_next_message_is_answe
     parts = window_parts
     window, worker = parts.window, parts.worker
     events: list = []
-    window.event_received.connect(events.append)
+    window.events_received.connect(events.extend)
     window.settings_panel.set_settings(GenerationSettings(greedy=True, max_new_tokens=1000))
     assert window.send("Tell me a long story")
     qtbot.waitUntil(lambda: sum(isinstance(e, Token) for e in events) >= 5, timeout=10_000)
@@ -332,7 +336,7 @@ def test_the_engine_says_when_the_compiled_decode_step_is_attached(qtbot, error,
         session_factory="tests.app.engine_models:compiled_fast_session",
         preload=(),
     )
-    worker = EngineProcessWorker(spec=spec)
+    worker = EngineClient(EngineProcess(spec))
     try:
         extra = {"error": error} if error else {}
         with qtbot.waitSignal(worker.decode_step, timeout=10_000) as said:
@@ -351,7 +355,8 @@ def test_the_window_process_never_imports_torch(tmp_path):
         sys.path.insert(0, {str(ROOT)!r})
 
         def main():
-            from app.engine_process import EngineProcess, EngineSpec
+            from app.engine_process import EngineProcess
+            from app.engine_spec import EngineSpec
             engine = EngineProcess(EngineSpec(loader="tests.app.engine_models:tiny_llama"))
             from PySide6.QtCore import QSettings
             from PySide6.QtWidgets import QApplication
@@ -366,7 +371,7 @@ def test_the_window_process_never_imports_torch(tmp_path):
             parts.window.settings_panel.set_settings(
                 GenerationSettings(greedy=True, max_new_tokens=8))
             events = []
-            parts.window.event_received.connect(events.append)
+            parts.window.events_received.connect(events.extend)
             sent = parts.window.send("Hello")  # typed while the model loads: it waits
             deadline = time.time() + 60
             while not (events and isinstance(events[-1], Finished)) and time.time() < deadline:
@@ -433,7 +438,7 @@ def test_the_engine_is_started_before_numpy_or_the_engine_is_imported():
 
 def test_bench_window_and_transport_report_their_numbers(qapp):
     """The --window benchmark's whole path, on the fake session instead of the real model."""
-    from app.window_bench import _paired, measure_transport, measure_window
+    from app.bench.window import _paired, measure_transport, measure_window
 
     result = measure_window(fake_request(tokens=40), new_tokens=40, repeats=2, spec=FAKE)
     assert result["model"] == "fake" and result["repeats"] == 2
@@ -465,7 +470,7 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
 
 
 def test_decode_over_wall_time_counts_what_happens_between_steps():
-    from app.window_bench import _wall_decode
+    from app.bench.window import _wall_decode
 
     ended = Finished("length", "", 100, 0, 11, 0.0, 0.8, 1.0, decode_s=1.5, total_s=3.0)
     assert ended.decode_tokens_per_s == pytest.approx(10 / 1.5)  # the steps' own timer
@@ -474,7 +479,7 @@ def test_decode_over_wall_time_counts_what_happens_between_steps():
 
 
 def test_the_paired_interval_holds_the_median_and_narrows_with_more_pairs():
-    from app.window_bench import _paired, _paired_interval
+    from app.bench.window import _paired, _paired_interval
 
     assert _paired_interval([1.0], [1.0]) is None  # one pair has no spread to resample
     assert _paired_interval([0.9] * 5, [1.0] * 5) == [0.9, 0.9]
@@ -488,7 +493,7 @@ def test_the_paired_interval_holds_the_median_and_narrows_with_more_pairs():
 
 def test_quitting_while_the_engine_still_imports_does_not_wait_for_it(qtbot):
     slow = EngineSpec(FAKE.loader, FAKE.session_factory, preload=("tests.app.slow_import",))
-    worker = EngineProcessWorker(spec=slow)
+    worker = EngineClient(EngineProcess(slow))
     started = time.perf_counter()
     worker.shutdown()
     assert time.perf_counter() - started < 2 and not worker.is_running()

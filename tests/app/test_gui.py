@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 
 import app.gui
-import app.worker
-from app.cli import load_request
+from app.engine_client import EngineClient
 from app.gui import NO_DISPLAY, parse_args, run_gui
+from app.options import load_request
 from engine.settings import LoadRequest
+from tests.engines import in_memory
 from tests.ui.fakes import FakeBackend
 
 
@@ -34,13 +35,11 @@ def test_arguments_default_to_the_bundled_model():
 
 def test_the_window_loads_the_requested_model_and_quits_cleanly(qtbot, qapp, monkeypatch):
     backend = FakeBackend()
-    workers: list[app.worker.GenerationWorker] = []
+    workers: list[EngineClient] = []
 
     def make_worker(engine):
         assert engine == "spawned before the window"
-        worker = app.worker.GenerationWorker(
-            loader=backend.load, session_factory=backend.make_session
-        )
+        worker = in_memory(backend.load, backend.make_session)
         workers.append(worker)
         return worker
 

@@ -24,7 +24,8 @@ import json, sys
 sys.path.insert(0, {root!r})
 
 def main():
-    from app.engine_process import EngineProcess, EngineSpec
+    from app.engine_process import EngineProcess
+    from app.engine_spec import EngineSpec
     engine = EngineProcess(EngineSpec(loader="tests.ui.fakes:process_loader",
                                       session_factory="tests.ui.fakes:process_session",
                                       preload=()))
@@ -43,7 +44,9 @@ def main():
     window.load_model(LoadRequest(spec="fake", extra={{"tokens": "1000", "delay": "0.02"}}))
     window.settings_panel.set_settings(GenerationSettings(greedy=True, max_new_tokens=1000))
     tokens = []
-    window.event_received.connect(lambda e: tokens.append(e) if isinstance(e, Token) else None)
+    window.events_received.connect(
+        lambda batch: tokens.extend(e for e in batch if isinstance(e, Token))
+    )
     window.send("Tell me a long story")
 
     def streaming():

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine_process import receive_message, send_message
+from app.pipe import receive_message, send_message
 from app.shared_arrays import (
     MAX_WAITING_FILES,
     MIN_SHARED_BYTES,

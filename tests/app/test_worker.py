@@ -1,5 +1,6 @@
-"""GenerationWorker: events reach the GUI thread in order and in batches; stop, load and
-failures leave it usable; shutdown leaves no thread behind."""
+"""The engine client on the shipped server (over the in-memory transport): events reach the GUI
+thread in order and in batches; stop, load and failures leave it usable; shutdown leaves no
+thread behind."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import time
 import pytest
 from PySide6.QtCore import QCoreApplication, QThread
 
-from app.worker import GenerationWorker
+from app.engine_client import EngineClient
 from engine.events import Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, LoadRequest, Message
 from engine.synthetic import BROKEN, SyntheticSession
+from tests.engines import in_memory
 from tests.ui.fakes import REPLY, FakeBackend, fake_info
 
 HELLO = (Message("user", "hello"),)
@@ -22,14 +24,12 @@ SETTINGS = GenerationSettings(greedy=True)
 class Recorder:
     """Collects what a worker emits, noting the thread each batch arrived on."""
 
-    def __init__(self, worker: GenerationWorker) -> None:
+    def __init__(self, worker: EngineClient) -> None:
         self.batches: list[list] = []
-        self.singles: list = []
         self.threads: set = set()
         self.failures: list[str] = []
         self.progress: list[tuple[str, float]] = []
         worker.events.connect(self._on_batch)
-        worker.event_delivered.connect(self.singles.append)
         worker.load_failed.connect(self.failures.append)
         worker.load_progress.connect(lambda stage, f: self.progress.append((stage, f)))
 
@@ -53,18 +53,18 @@ def backend() -> FakeBackend:
 
 @pytest.fixture
 def worker(qtbot, backend):
-    worker = GenerationWorker(loader=backend.load, session_factory=backend.make_session)
+    worker = in_memory(backend.load, backend.make_session)
     yield worker
     worker.shutdown()
 
 
-def load(qtbot, worker: GenerationWorker, spec: str = "fake-135M") -> None:
+def load(qtbot, worker: EngineClient, spec: str = "fake-135M") -> None:
     with qtbot.waitSignal(worker.loaded, timeout=5000):
         worker.load(LoadRequest(spec=spec))
     qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
 
 
-def reply(qtbot, worker: GenerationWorker, messages=HELLO) -> None:
+def reply(qtbot, worker: EngineClient, messages=HELLO) -> None:
     with qtbot.waitSignal(worker.busy_changed, timeout=5000, check_params_cb=lambda b: not b):
         assert worker.generate(messages, SETTINGS)
 
@@ -83,7 +83,6 @@ def test_events_arrive_in_order_batched_on_the_gui_thread(qtbot, backend, worker
     assert rec.finished[0].text == "".join(e.text for e in events[1:-1])
     # 202 events, produced faster than a frame: far fewer than one delivery per event.
     assert len(rec.batches) < 20
-    assert rec.singles == events
     assert rec.threads == {QCoreApplication.instance().thread()}
 
 
@@ -146,17 +145,21 @@ def test_an_exception_in_the_session_becomes_failed_and_the_worker_survives(qtbo
     assert rec.finished[-1].reason == "eos"
 
 
-def test_a_generator_that_ends_without_finished_still_ends_the_reply(qtbot, worker):
+def test_a_generator_that_ends_without_finished_still_ends_the_reply(qtbot, backend):
     class Truncated(SyntheticSession):
         def generate(self, messages, settings=None, probes=None):
             yield from list(super().generate(messages, settings, probes))[:-1]
 
-    worker._runner.session = Truncated(fake_info(), REPLY)  # it breaks the contract
-    worker._info = worker._runner.session.info
-    rec = Recorder(worker)
-    reply(qtbot, worker)
-    assert isinstance(rec.events[-2], Failed)
-    assert rec.events[-1].reason == "error"
+    # A session that breaks the contract.
+    worker = in_memory(backend.load, lambda loaded: Truncated(fake_info(), REPLY))
+    try:
+        load(qtbot, worker)
+        rec = Recorder(worker)
+        reply(qtbot, worker)
+        assert isinstance(rec.events[-2], Failed)
+        assert rec.events[-1].reason == "error"
+    finally:
+        worker.shutdown()
 
 
 def test_a_failed_load_keeps_the_previous_model(qtbot, backend, worker):
@@ -175,17 +178,20 @@ def test_a_failed_load_keeps_the_previous_model(qtbot, backend, worker):
     assert ("Ready", 1.0) in rec.progress
 
 
-def test_an_unexpected_loader_error_is_reported_with_its_type(qtbot, worker, caplog):
+def test_an_unexpected_loader_error_is_reported_with_its_type(qtbot, caplog):
     def explode(request, progress):
         raise ValueError("weights are damaged")
 
-    worker._runner._loader = explode
-    rec = Recorder(worker)
-    with qtbot.waitSignal(worker.load_failed, timeout=5000):
-        worker.load(LoadRequest(spec="x"))
-    assert rec.failures == ["ValueError: weights are damaged"]
-    assert worker.info is None
-    assert "loading 'x' failed" in caplog.text
+    worker = in_memory(explode)
+    try:
+        rec = Recorder(worker)
+        with qtbot.waitSignal(worker.load_failed, timeout=5000):
+            worker.load(LoadRequest(spec="x"))
+        assert rec.failures == ["ValueError: weights are damaged"]
+        assert worker.info is None
+        assert "loading 'x' failed" in caplog.text
+    finally:
+        worker.shutdown()
 
 
 def test_reset_reaches_the_session(qtbot, backend, worker):
@@ -225,11 +231,11 @@ def test_the_engine_clients_receiver_prepares_each_batch_off_the_gui_thread(qtbo
     """The engine process's client runs the window's preparer on every event in its receiving
     thread, before the GUI thread gets them; a preparer that fails is dropped (logged) and the
     reply still arrives whole."""
-    from app.engine_client import EngineProcessWorker
+    from app.engine_process import EngineProcess
     from tests.app.test_engine_process import FAKE, fake_request
     from tests.app.test_engine_process import load as load_engine
 
-    worker = EngineProcessWorker(spec=FAKE)
+    worker = EngineClient(EngineProcess(FAKE))
     try:
         load_engine(qtbot, worker, fake_request(tokens=40))
         prepared: list = []

@@ -1,4 +1,5 @@
-"""A main window wired to the real worker thread, running fake sessions instead of a model."""
+"""A main window wired to the shipped engine client and server (in memory), running fake sessions
+instead of a model."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 from PySide6.QtCore import QSettings
 
 from app import assembly
-from app.worker import GenerationWorker
+from app.engine_client import EngineClient
 from engine.settings import LoadRequest
 from tests.app.process_check import no_engine_process_left  # noqa: F401 - autouse
+from tests.engines import in_memory
 from tests.models import make_tiny
 from tests.ui.fakes import FakeBackend
 from tests.ui.test_panels import model_info
@@ -32,10 +34,10 @@ def qsettings(tmp_path) -> QSettings:
 @pytest.fixture
 def make_window(qtbot, qsettings) -> Iterator[Callable[[FakeBackend], MainWindow]]:
     """Build a shown window whose worker has loaded the fake model "fake-135M"."""
-    workers: list[GenerationWorker] = []
+    workers: list[EngineClient] = []
 
     def make(backend: FakeBackend) -> MainWindow:
-        worker = GenerationWorker(loader=backend.load, session_factory=backend.make_session)
+        worker = in_memory(backend.load, backend.make_session)
         workers.append(worker)
         window = MainWindow(worker, settings=qsettings)
         qtbot.addWidget(window)
@@ -62,8 +64,7 @@ def build(qtbot, tmp_path):
     built = []
 
     def make(loader, session_factory=None, database=tmp_path / "chats.sqlite3"):
-        kwargs = {"session_factory": session_factory} if session_factory else {}
-        worker = GenerationWorker(loader=loader, **kwargs)
+        worker = in_memory(loader, session_factory)
         settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
         parts = assembly.assemble(worker, database=database, settings=settings)
         qtbot.addWidget(parts.window)

@@ -49,7 +49,7 @@ class FakeLoaded:
 
 @dataclass
 class FakeBackend:
-    """A loader and session factory for GenerationWorker, with a session per model name.
+    """A loader and session factory for an engine server, with a session per model name.
 
     Loading the spec "broken" fails; any other spec loads a fake session.
     """
@@ -81,7 +81,7 @@ class FakeBackend:
 
 
 # -- in the engine process -------------------------------------------------------------------
-# The engine child imports these by name (app.engine_process.EngineSpec). Options travel in
+# The engine child imports these by name (app.engine_spec.EngineSpec). Options travel in
 # LoadRequest.extra: "delay" seconds per token and "tokens" (a reply of that many " wN").
 
 

@@ -20,7 +20,7 @@ from tests.ui.fakes import REPLY, FakeBackend, fake_info
 
 def send_and_wait(qtbot, parts, text: str) -> list:
     events: list = []
-    parts.window.event_received.connect(events.append)
+    parts.window.events_received.connect(events.extend)
     parts.window.settings_panel.set_settings(
         GenerationSettings(greedy=True, max_new_tokens=12, ignore_eos=True)
     )

@@ -28,7 +28,7 @@ def gated(build):
 
 def collect(parts) -> list:
     events: list = []
-    parts.window.event_received.connect(events.append)
+    parts.window.events_received.connect(events.extend)
     return events
 
 

@@ -39,7 +39,9 @@ def wait_idle(qtbot, window) -> None:
 
 def finished_events(window) -> list[Finished]:
     seen: list[Finished] = []
-    window.event_received.connect(lambda e: seen.append(e) if isinstance(e, Finished) else None)
+    window.events_received.connect(
+        lambda batch: seen.extend(e for e in batch if isinstance(e, Finished))
+    )
     return seen
 
 
@@ -47,7 +49,9 @@ def test_a_typed_message_streams_its_reply_in(qtbot, backend, make_window):
     backend.gate = threading.Semaphore(0)
     window = make_window(backend)
     tokens: list[Token] = []
-    window.event_received.connect(lambda e: tokens.append(e) if isinstance(e, Token) else None)
+    window.events_received.connect(
+        lambda batch: tokens.extend(e for e in batch if isinstance(e, Token))
+    )
     finished = finished_events(window)
 
     type_message(qtbot, window, "Hi there")

@@ -1,17 +1,17 @@
 """The chat window on the real engine: a tiny random Llama and a byte-level tokenizer, built in
-memory (no download), answered through the worker thread and ChatSession."""
+memory (no download), answered through the engine server and ChatSession."""
 
 from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
 
-from app.worker import GenerationWorker
 from engine.events import Finished, PrefillDone, Token
 from engine.loader import LoadedModel
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, LoadRequest, Message
 from tests.app import engine_models
+from tests.engines import in_memory
 from ui.main_window import MainWindow
 
 
@@ -21,14 +21,12 @@ def tiny_llama() -> LoadedModel:
 
 
 def test_a_real_session_streams_a_reply_into_the_window(qtbot, qsettings, tiny_llama):
-    worker = GenerationWorker(
-        loader=lambda request, progress: tiny_llama, session_factory=ChatSession
-    )
+    worker = in_memory(lambda request, progress: tiny_llama, ChatSession)
     window = MainWindow(worker, settings=qsettings)
     qtbot.addWidget(window)
     window.settings_panel.set_settings(GenerationSettings(greedy=True, max_new_tokens=24))
     events: list = []
-    window.event_received.connect(events.append)
+    window.events_received.connect(events.extend)
     try:
         with qtbot.waitSignal(worker.loaded, timeout=10_000):
             window.load_model(LoadRequest("tiny"))

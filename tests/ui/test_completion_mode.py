@@ -25,11 +25,11 @@ def test_the_switch_is_part_of_the_settings_and_only_a_click_announces_it(qtbot)
 
 def send(qtbot, parts, text: str) -> PrefillDone:
     events: list = []
-    parts.window.event_received.connect(events.append)
+    parts.window.events_received.connect(events.extend)
     assert parts.window.send(text)
     qtbot.waitUntil(lambda: any(isinstance(e, Finished) for e in events), timeout=30000)
     qtbot.waitUntil(lambda: not parts.worker.busy, timeout=30000)  # ready for the next one
-    parts.window.event_received.disconnect(events.append)
+    parts.window.events_received.disconnect(events.extend)
     return next(e for e in events if isinstance(e, PrefillDone))
 
 

@@ -13,8 +13,8 @@ from PySide6.QtCore import QPoint, QRect, QSettings, QSize
 from PySide6.QtWidgets import QDockWidget, QScrollArea, QWidget
 
 from app import assembly
-from app.worker import GenerationWorker
 from engine.settings import LoadRequest
+from tests.engines import in_memory
 from tests.ui.fakes import FakeBackend
 from ui import layout
 
@@ -36,7 +36,7 @@ def open_window(qtbot, tmp_path):
 
     def open_(screen: QRect, name: str = "layout.ini"):
         backend = FakeBackend()
-        worker = GenerationWorker(loader=backend.load, session_factory=backend.make_session)
+        worker = in_memory(backend.load, backend.make_session)
         settings = QSettings(str(tmp_path / name), QSettings.Format.IniFormat)
         parts = assembly.assemble(
             worker, database=tmp_path / "chats.sqlite3", settings=settings, screen=screen

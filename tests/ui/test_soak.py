@@ -22,9 +22,9 @@ from PySide6.QtCore import QSettings, QThread, QTimer
 from PySide6.QtWidgets import QApplication
 
 from app import assembly
-from app.worker import GenerationWorker
 from engine.events import Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, LoadRequest
+from tests.engines import in_memory
 from tests.models import make_tiny
 
 TURNS = 200
@@ -90,7 +90,7 @@ def test_two_hundred_turns_leak_no_memory_threads_or_timers(
         progress("Ready", 1.0)
         return make_tiny(tokenizer, "llama", max_position_embeddings=CONTEXT)
 
-    worker = GenerationWorker(loader=load)
+    worker = in_memory(load)
     settings = QSettings(str(tmp_path / "layout.ini"), QSettings.Format.IniFormat)
     parts = assembly.assemble(worker, database=tmp_path / "chats.sqlite3", settings=settings)
     qtbot.addWidget(parts.window)
@@ -101,16 +101,17 @@ def test_two_hundred_turns_leak_no_memory_threads_or_timers(
     dropped: list[int] = []
     pieces: list[str] = []
 
-    def on_event(event):
-        if isinstance(event, Finished):
-            finished.append(event)
-        elif isinstance(event, PrefillDone):
-            dropped.append(event.dropped_messages)
-            pieces.clear()
-        elif isinstance(event, Token):
-            pieces.append(event.piece)
+    def on_events(batch):
+        for event in batch:
+            if isinstance(event, Finished):
+                finished.append(event)
+            elif isinstance(event, PrefillDone):
+                dropped.append(event.dropped_messages)
+                pieces.clear()
+            elif isinstance(event, Token):
+                pieces.append(event.piece)
 
-    parts.window.event_received.connect(on_event)
+    parts.window.events_received.connect(on_events)
     try:
         with qtbot.waitSignal(worker.loaded, timeout=30000):
             parts.window.load_model(LoadRequest(spec="tiny"))

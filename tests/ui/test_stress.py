@@ -1,5 +1,6 @@
 """A 10,000-token reply into the whole window, internals docks floating: it stays responsive and
-nothing is lost on the way (app.stall streams synthetic events with the bundled model's shapes).
+nothing is lost on the way (app.bench.stall streams synthetic events with the bundled model's
+shapes).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from app.stall import SOURCE, StallRun, stall_statistics
+from app.bench.stall import SOURCE, StallRun, stall_statistics
 from ui.conversation import Change, ReplyTokens
 from ui.panels.pooled_rows import DISPLAY_KEYS, DISPLAY_ROWS
 
@@ -113,7 +114,7 @@ def test_bench_gui_only_reports_the_window_numbers_without_a_model(qapp, capsys)
 def test_a_stall_is_split_into_the_gui_threads_own_time_and_waiting():
     """bench --window's stall_own_cpu_ms: of each gap between heartbeats beyond the interval,
     the part the GUI thread ran (its CPU time in the gap, never more than the stall)."""
-    from app.window_bench import WindowReply, own_stalls
+    from app.bench.window import WindowReply, own_stalls
 
     reply = WindowReply(sent=0.0)
     # Beats at 0, 5 ms (on time), 45 ms (a 35 ms stall, 30 ms of it the GUI's own work),

@@ -6,9 +6,9 @@ import threading
 
 from PySide6.QtCore import Qt
 
-from app.worker import GenerationWorker
 from engine.events import Finished
 from engine.settings import LoadRequest, Message
+from tests.engines import in_memory
 from tests.ui.fakes import REPLY, FakeBackend
 from ui.main_window import WAITING, MainWindow
 
@@ -20,7 +20,7 @@ def slow_window(qtbot, qsettings, backend: FakeBackend, release: threading.Event
         release.wait(10)
         return backend.load(request, progress)
 
-    worker = GenerationWorker(loader=load, session_factory=backend.make_session)
+    worker = in_memory(load, backend.make_session)
     window = MainWindow(worker, settings=qsettings)
     qtbot.addWidget(window)
     window.show()
@@ -32,7 +32,7 @@ def test_a_message_sent_while_loading_is_answered_when_the_model_is_ready(qtbot,
     backend, release = FakeBackend(), threading.Event()
     window, worker = slow_window(qtbot, qsettings, backend, release)
     events: list = []
-    window.event_received.connect(events.append)
+    window.events_received.connect(events.extend)
     try:
         assert window.info is None and worker.busy
         window.input.setPlainText("Are you there?")

@@ -1,10 +1,10 @@
 """How long the GUI event loop stalls while a long reply streams into the whole window.
 
 `measure_gui_stall` builds the window as `glassbox` does (chat, settings, conversations, the
-four internals docks, the store, the worker thread), floats the internals docks so each panel
-is on screen and redraws, and streams one long reply into it. A 5 ms heartbeat QTimer in the
-GUI thread notes when it fires: the longest gap between beats, less the interval, is the
-longest time the window could not react to anything.
+four internals docks, the store, the engine client, here on a server thread), floats the
+internals docks so each panel is on screen and redraws, and streams one long reply into it. A
+5 ms heartbeat QTimer in the GUI thread notes when it fires: the longest gap between beats,
+less the interval, is the longest time the window could not react to anything.
 
 The reply does not come from a model. engine.synthetic's session yields real engine events with the
 bundled model's shapes (SmolLM2-135M: 30 layers, 9 heads, 3 KV heads, head_dim 64; attention
@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from app.bench.loop import quiet_offscreen, run_for, run_until
+from app.engine_thread import EngineThread
 from engine.events import Event, Finished, ModelInfo
 from engine.settings import GenerationSettings, LoadRequest
 from engine.synthetic import BUNDLED_SHAPES, SyntheticSession
@@ -33,10 +35,6 @@ from engine.synthetic import BUNDLED_SHAPES, SyntheticSession
 SOURCE = "synthetic events, bundled model's shapes"
 HEARTBEAT_MS = 5
 SETTLE_S = 0.5
-# How often a wait checks whether it is over. The waits run the event loop of the GUI thread
-# being measured: a 1 ms poll woke it 1,000 times a second, ~0.05 of a core of its CPU that the
-# window itself never spends.
-POLL_MS = 10
 
 
 @dataclass
@@ -79,12 +77,14 @@ class StallRun:
         from PySide6.QtCore import QSettings
 
         from app.assembly import assemble
-        from app.worker import GenerationWorker
+        from app.engine_client import EngineClient
 
         self.session = SyntheticSession()
-        self.worker = GenerationWorker(
-            loader=lambda _request, progress: _Loaded(self.session.info),
-            session_factory=lambda _loaded: self.session,
+        self.worker = EngineClient(
+            EngineThread(
+                loader=lambda _request, progress: _Loaded(self.session.info),
+                session_factory=lambda _loaded: self.session,
+            )
         )
         layout = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
         self.parts = assemble(self.worker, database=folder / "chats.sqlite3", settings=layout)
@@ -99,8 +99,8 @@ class StallRun:
         self.largest_batch = 0
         self.window.events_received.connect(self._on_batch)
         self.window.load_model(LoadRequest(spec="synthetic"))
-        _run_until(lambda: self.worker.info is not None and not self.worker.busy, 30.0)
-        _run_for(SETTLE_S)  # first layout and paint of every window: not part of streaming
+        run_until(lambda: self.worker.info is not None and not self.worker.busy, 30.0)
+        run_for(SETTLE_S)  # first layout and paint of every window: not part of streaming
 
     def _count_redraws(self, name: str) -> None:
         panel = getattr(self.internals, name)
@@ -137,9 +137,9 @@ class StallRun:
         started = time.perf_counter()
         if not self.window.send("Write a long essay on how transformers generate text."):
             raise RuntimeError("the window refused to send")
-        streamed_s = _run_until(lambda: self.finished is not None, timeout_s) - started
+        streamed_s = run_until(lambda: self.finished is not None, timeout_s) - started
         panels = self.internals.panels
-        _run_until(lambda: not any(p.needs_redraw() for p in panels), 10.0)  # the last frame
+        run_until(lambda: not any(p.needs_redraw() for p in panels), 10.0)  # the last frame
         heartbeat.stop()
         longest, p99 = stall_statistics(beats, heartbeat_ms / 1000)
         tokens = self.finished.generated_tokens if self.finished is not None else 0
@@ -183,37 +183,6 @@ def synthetic_session(loaded: _Loaded) -> SyntheticSession:
     return SyntheticSession(loaded.info, delay=loaded.delay)
 
 
-def _run_for(seconds: float) -> None:
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    loop = QEventLoop()
-    QTimer.singleShot(round(seconds * 1000), loop.quit)
-    loop.exec()
-
-
-def _run_until(done: Callable[[], bool], timeout_s: float) -> float:
-    """Run the event loop until `done()`; returns the time it became true (to POLL_MS)."""
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    deadline = time.perf_counter() + timeout_s
-    loop = QEventLoop()
-    poll = QTimer()
-    poll.setInterval(POLL_MS)
-
-    def check() -> None:
-        if done() or time.perf_counter() > deadline:
-            loop.quit()
-
-    poll.timeout.connect(check)
-    poll.start()
-    if not done():
-        loop.exec()
-    poll.stop()
-    if not done():
-        raise TimeoutError(f"the window did not get there within {timeout_s:.0f} s")
-    return time.perf_counter()
-
-
 def measure_gui_stall(
     tokens: int = 10_000, heartbeat_ms: int = HEARTBEAT_MS, timeout_s: float = 600.0
 ) -> dict[str, Any]:
@@ -226,7 +195,7 @@ def measure_gui_stall(
     from PySide6.QtWidgets import QApplication
 
     _app = QApplication.instance() or QApplication(["glassbox-bench"])
-    previous = qInstallMessageHandler(_quiet_offscreen)
+    previous = qInstallMessageHandler(quiet_offscreen)
     try:
         with tempfile.TemporaryDirectory(prefix="glassbox-stall-") as folder:
             run = StallRun(Path(folder))
@@ -236,12 +205,6 @@ def measure_gui_stall(
                 run.close()
     finally:
         qInstallMessageHandler(previous)
-
-
-def _quiet_offscreen(_kind: Any, _context: Any, message: str) -> None:
-    """Drop the offscreen platform's "This plugin does not support raise()" notes."""
-    if not message.startswith("This plugin does not support"):
-        print(message, file=sys.stderr)
 
 
 __all__ = [

@@ -7,7 +7,7 @@ same ~1,000-token prompt runs:
 
 - in the window: sent as a user would, every event crossing to the GUI and drawn;
 - headless: in the same engine process, on the same loaded model, with the same probes, whose
-  events stay in the engine (only its Finished crosses);
+  events stay in the engine (a Generate with stream=False: only its Finished crosses);
 - terminal: in a second engine process that runs as the terminal chat does, while the
   window is idle (TerminalEngine): every core, normal priority, and only what a plain
   `glassbox chat` records (no attention rows, no candidates). The window's engine gives way
@@ -52,9 +52,12 @@ from typing import Any
 
 import numpy as np
 
-from app.engine_process import EngineProcess, EngineSpec
-from app.stall import HEARTBEAT_MS, float_docks, peak_rss_mb, stalls_of
-from engine.events import Event, Finished, Token
+from app.bench.loop import quiet_offscreen, run_for, run_until, wait_for_signal
+from app.bench.stall import HEARTBEAT_MS, float_docks, peak_rss_mb, stalls_of
+from app.engine_client import EngineClient
+from app.engine_process import EngineProcess
+from app.engine_spec import EngineSpec
+from engine.events import ENGINE_STOPPED, Event, Failed, Finished, Token
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 from engine.synthetic import PASSAGE
 
@@ -147,42 +150,38 @@ class WindowBench:
         self.launch_s = (process_age_s() or 0.0) - (time.perf_counter() - self.started)
         from PySide6.QtCore import QSettings
 
-        from app.engine_client import EngineProcessWorker
         from app.gui import open_window
 
         layout = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
         self.parts = open_window(self.engine, database=folder / "chats.sqlite3", settings=layout)
-        assert isinstance(self.parts.worker, EngineProcessWorker)
         self.worker = self.parts.worker
         self.window = self.parts.window
         float_docks(self.parts.internals)
         self.window_shown_s = self._since_launch()
         self.window.load_model(request)
-        _run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
+        run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
         self.model_ready_s = self._since_launch()
         if self.worker.info is None:
             raise RuntimeError("the model did not load")
         self.decode_step_wait_s = settle_decode_step(self.worker)
-        self.engine_ready_s = None
-        receiver = self.worker._receiver
-        if receiver is not None and receiver.ready_at is not None:
-            self.engine_ready_s = self.launch_s + receiver.ready_at - self.started
+        ready_at = self.worker.ready_at
+        self.engine_ready_s = None if ready_at is None else self.launch_s + ready_at - self.started
         self._reply: WindowReply | None = None
         self._reply_over: Any = None  # ends the wait for the reply in progress
-        self._headless: list[Finished | None] = []
         self.headless_cpu_s: list[float | None] = []
-        self.window.event_received.connect(self._on_event)
-        self.worker.headless_finished.connect(self._headless.append)
+        self.window.events_received.connect(self._on_events)
 
     def _since_launch(self) -> float:
         return self.launch_s + time.perf_counter() - self.started
 
-    def _on_event(self, event: Event) -> None:
+    def _on_events(self, batch: list[Event]) -> None:
         reply = self._reply
-        if reply is not None:
+        if reply is None:  # a headless reply's end, or the warm-up's
+            return
+        for event in batch:
             reply.on_event(event)
-            if reply.finished is not None and self._reply_over is not None:
-                self._reply_over()
+        if reply.finished is not None and self._reply_over is not None:
+            self._reply_over()
 
     def _wait_for_finished(self, reply: WindowReply, heartbeat: Any) -> None:
         """Run the event loop until the reply's Finished is delivered; the heartbeat stops
@@ -218,7 +217,7 @@ class WindowBench:
 
         self.worker.tokens_counted.connect(on_count)
         ident = self.worker.count_tokens([Message("user", text)])
-        _run_until(lambda: ident in answers, 60)
+        run_until(lambda: ident in answers, 60)
         self.worker.tokens_counted.disconnect(on_count)
         return answers[ident]
 
@@ -232,7 +231,8 @@ class WindowBench:
         from PySide6.QtCore import Qt, QTimer
 
         self.window.new_chat()
-        self.window.settings_panel.settings = lambda: settings  # no ignore_eos switch there
+        # The panel has no ignore_eos switch: its settings are replaced for the benchmark.
+        setattr(self.window.settings_panel, "settings", lambda: settings)  # noqa: B010
         internals = self.parts.internals
         reply = WindowReply(sent=time.perf_counter(), frames=lambda: internals.frames)
         beats = QTimer()
@@ -247,7 +247,7 @@ class WindowBench:
             raise RuntimeError("the window refused to send")
         self._wait_for_finished(reply, beats)
         self._reply = None
-        _run_until(lambda: not self.worker.busy, 60)
+        run_until(lambda: not self.worker.busy, 60)
         reply.engine_cpu_s = _less(cpu_seconds_of(self.engine.pid), cpu)
         return reply
 
@@ -257,8 +257,6 @@ class WindowBench:
         cost, which only the stall replies carry."""
         from PySide6.QtCore import Qt, QTimer
 
-        from app.stall import _run_for
-
         beats: list[float] = []
         timer = QTimer()
         timer.setTimerType(Qt.TimerType.PreciseTimer)
@@ -267,7 +265,7 @@ class WindowBench:
         if heartbeat:
             timer.start()
         wall, cpu = time.perf_counter(), time.thread_time()
-        _run_for(seconds)
+        run_for(seconds)
         timer.stop()
         return (time.thread_time() - cpu) / (time.perf_counter() - wall)
 
@@ -280,7 +278,7 @@ class WindowBench:
         messages = self.messages(text)
         probes: ProbeSettings = self.window.probe_settings()
         cpu = cpu_seconds_of(self.engine.pid)
-        finished = headless(self.worker, self._headless, messages, settings, probes)
+        finished = headless(self.worker, messages, settings, probes)
         self.headless_cpu_s.append(_less(cpu_seconds_of(self.engine.pid), cpu))
         return finished
 
@@ -299,44 +297,48 @@ class TerminalEngine:
     that engine does not show. Only its Finished crosses; the window stays idle meanwhile."""
 
     def __init__(self, spec: EngineSpec, request: LoadRequest) -> None:
-        from app.engine_client import EngineProcessWorker
-
         own = replace(spec, beside_window=False, threads=None, prefill_threads=None)
-        self.worker = EngineProcessWorker(spec=own)
+        self.worker = EngineClient(EngineProcess(own))
         self.worker.load(request)
-        _run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
+        run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
         if self.worker.info is None:
             raise RuntimeError("the model did not load in the terminal's engine")
         settle_decode_step(self.worker)
-        self._finished: list[Finished | None] = []
-        self.worker.headless_finished.connect(self._finished.append)
 
     def reply(self, messages: list[Message], settings: GenerationSettings) -> Finished:
-        return headless(self.worker, self._finished, messages, settings, ProbeSettings.for_chat())
+        return headless(self.worker, messages, settings, ProbeSettings.for_chat())
 
     def close(self) -> None:
         self.worker.shutdown()
 
 
 def headless(
-    worker: Any,
-    ends: list[Finished | None],
+    worker: EngineClient,
     messages: list[Message],
     settings: GenerationSettings,
     probes: ProbeSettings,
 ) -> Finished:
-    """One reply whose events stay in `worker`'s engine; `ends` is where its
-    headless_finished signal appends. Woken by the Finished, not a poll: a GUI thread polling
-    beside a headless engine would take CPU from it (and flatter the window's ratio)."""
+    """One reply whose events stay in `worker`'s engine (stream=False): only its end crosses,
+    in the worker's events. Woken by the Finished, not a poll: a GUI thread polling beside a
+    headless engine would take CPU from it (and flatter the window's ratio)."""
+    ends: list[Event] = []
+
+    def on_events(batch: list[Event]) -> None:
+        ends.extend(event for event in batch if isinstance(event, Failed | Finished))
+
     worker.reset()
-    ends.clear()
-    if not worker.generate_headless(messages, settings, probes):
-        raise RuntimeError("the engine refused the headless reply")
-    _wait_for_signal(worker.headless_finished, lambda: bool(ends), 900)
-    _run_until(lambda: not worker.busy, 60)
-    finished = ends[0]
-    if finished is None:
+    worker.events.connect(on_events)
+    try:
+        if not worker.generate(messages, settings, probes, stream=False):
+            raise RuntimeError("the engine refused the headless reply")
+        wait_for_signal(worker.events, lambda: any(isinstance(e, Finished) for e in ends), 900)
+        run_until(lambda: not worker.busy, 60)
+    finally:
+        worker.events.disconnect(on_events)
+    if any(isinstance(e, Failed) and e.error_type == ENGINE_STOPPED for e in ends):
         raise RuntimeError("the engine died during the headless reply")
+    finished = ends[-1]
+    assert isinstance(finished, Finished)
     return finished
 
 
@@ -347,7 +349,7 @@ def settle_decode_step(worker: Any) -> float:
     if info is None or info.precision != "fast":
         return 0.0
     start = time.perf_counter()
-    _wait_for_signal(worker.decode_step, lambda: worker.decode_step_state, 900)
+    wait_for_signal(worker.decode_step, lambda: worker.decode_step_state, 900)
     return time.perf_counter() - start
 
 
@@ -357,7 +359,8 @@ def own_stalls(reply: WindowReply, interval_s: float) -> np.ndarray:
     stalls = stalls_of(reply.beats, interval_s)
     if not stalls.size:
         return stalls
-    return np.minimum(stalls, np.diff(np.asarray(reply.beat_cpu)))
+    own: np.ndarray = np.minimum(stalls, np.diff(np.asarray(reply.beat_cpu)))
+    return own
 
 
 def _spread(values_ms: np.ndarray) -> dict[str, float]:
@@ -418,9 +421,7 @@ def measure_window(
     is spawned running `spec` (another session in the engine: tests)."""
     from PySide6.QtCore import qInstallMessageHandler
 
-    from app.stall import _quiet_offscreen
-
-    previous = qInstallMessageHandler(_quiet_offscreen)
+    previous = qInstallMessageHandler(quiet_offscreen)
     try:
         with tempfile.TemporaryDirectory(prefix="glassbox-window-bench-") as folder:
             bench = WindowBench(request, Path(folder), engine or EngineProcess(spec))
@@ -559,31 +560,6 @@ def _run(
     }
 
 
-def _wait_for_signal(signal: Any, done: Any, timeout_s: float) -> None:
-    """Run the event loop until `done()`, checking it when `signal` fires (no polling)."""
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    loop = QEventLoop()
-
-    def check(*_args: Any) -> None:
-        if done():
-            loop.quit()
-
-    signal.connect(check)
-    QTimer.singleShot(round(timeout_s * 1000), loop.quit)
-    if not done():
-        loop.exec()
-    signal.disconnect(check)
-    if not done():
-        raise TimeoutError(f"the engine did not answer within {timeout_s:.0f} s")
-
-
-def _run_until(done, timeout_s: float) -> float:
-    from app.stall import _run_until as run_until
-
-    return run_until(done, timeout_s)
-
-
 def measure_transport(
     keys: int = 10_000, tokens: int = 300, paced_tokens: int = 75, rate: float = 25.0
 ) -> dict[str, Any]:
@@ -597,38 +573,48 @@ def measure_transport(
     """
     from PySide6.QtWidgets import QApplication
 
-    from app.engine_client import EngineProcessWorker
-
     _app = QApplication.instance() or QApplication(["glassbox-bench"])
-    spec = EngineSpec("app.stall:synthetic_loader", "app.stall:synthetic_session", preload=())
+    spec = EngineSpec(
+        "app.bench.stall:synthetic_loader", "app.bench.stall:synthetic_session", preload=()
+    )
     probes = ProbeSettings(attention_layers=(0, 9, 19, 29), top_k=10, prefill_rows=1)
     prompt = [Message("user", " ".join(["w"] * (keys - 5)))]  # the synthetic count: keys
     results: dict[str, Any] = {"keys": keys, "floats_per_token": 4 * 9 * keys}
     for mode, count, delay in (("flood", tokens, 0.0), ("paced", paced_tokens, 1 / rate)):
-        worker = EngineProcessWorker(spec=spec)
+        worker = EngineClient(EngineProcess(spec))
         try:
-            worker.load(LoadRequest("synthetic", extra={"delay": str(delay)}))
-            _run_until(lambda w=worker: w.info is not None and not w.busy, 60)
-            ends: list[Finished] = []
-            worker.event_delivered.connect(
-                lambda e, ends=ends: ends.append(e) if isinstance(e, Finished) else None
-            )
-            before = (worker.transport.bytes, len(worker.transport.latencies_s))
-            started = time.perf_counter()
-            worker.generate(prompt, GenerationSettings(greedy=True, max_new_tokens=count), probes)
-            _run_until(lambda ends=ends: bool(ends), 600)
-            seconds = time.perf_counter() - started
-            sent = worker.transport.bytes - before[0]
-            latency = np.asarray(worker.transport.latencies_s[before[1] :]) * 1000
-            results[mode] = {
-                "tokens": ends[0].generated_tokens,
-                "tokens_per_s": round(ends[0].generated_tokens / seconds, 1),
-                "mb_per_s": round(sent / 2**20 / seconds, 1),
-                "mb_per_token": round(sent / 2**20 / max(ends[0].generated_tokens, 1), 3),
-                "latency_ms_p50": round(float(np.percentile(latency, 50)), 2),
-                "latency_ms_p99": round(float(np.percentile(latency, 99)), 2),
-                "latency_ms_max": round(float(latency.max()), 2),
-            }
+            results[mode] = _channel_run(worker, prompt, probes, count, delay)
         finally:
             worker.shutdown()
     return results
+
+
+def _channel_run(
+    worker: EngineClient, prompt: list[Message], probes: ProbeSettings, tokens: int, delay: float
+) -> dict[str, Any]:
+    """One reply of `tokens` synthetic tokens, `delay` s apart, through `worker`'s channel."""
+    worker.load(LoadRequest("synthetic", extra={"delay": str(delay)}))
+    run_until(lambda: worker.info is not None and not worker.busy, 60)
+    ends: list[Finished] = []
+
+    def on_events(batch: list[Event]) -> None:
+        ends.extend(event for event in batch if isinstance(event, Finished))
+
+    worker.events.connect(on_events)
+    before = (worker.transport.bytes, len(worker.transport.latencies_s))
+    started = time.perf_counter()
+    worker.generate(prompt, GenerationSettings(greedy=True, max_new_tokens=tokens), probes)
+    run_until(lambda: bool(ends), 600)
+    seconds = time.perf_counter() - started
+    sent = worker.transport.bytes - before[0]
+    latency = np.asarray(worker.transport.latencies_s[before[1] :]) * 1000
+    generated = ends[0].generated_tokens
+    return {
+        "tokens": generated,
+        "tokens_per_s": round(generated / seconds, 1),
+        "mb_per_s": round(sent / 2**20 / seconds, 1),
+        "mb_per_token": round(sent / 2**20 / max(generated, 1), 3),
+        "latency_ms_p50": round(float(np.percentile(latency, 50)), 2),
+        "latency_ms_p99": round(float(np.percentile(latency, 99)), 2),
+        "latency_ms_max": round(float(latency.max()), 2),
+    }

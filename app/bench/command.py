@@ -1,7 +1,7 @@
 """`glassbox bench`: decode speed in exact and fast precision against model.generate (and
 llama.cpp when installed), with the live view on vs off, prefill and a long context; and
 with --gui (or --gui-only) how long the window's event loop stalls while a long reply streams;
-with --window only, what the real window costs the model it shows (app.window_bench)."""
+with --window only, what the real window costs the model it shows (app.bench.window)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from app.cli import load_request, print_json
+from app.options import load_request, print_json
 
 if TYPE_CHECKING:
     from engine.loader import LoadedModel
@@ -74,27 +74,27 @@ def _finish(args: argparse.Namespace, results: dict[str, Any]) -> int:
 def gui_stall(tokens: int) -> dict[str, Any]:
     # Drawn offscreen unless told otherwise: no window pops up, and no display is needed.
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from app.stall import measure_gui_stall
+    from app.bench.stall import measure_gui_stall
 
     return measure_gui_stall(tokens)
 
 
 def window_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """The real window on the engine process vs the same engine headless (app.window_bench)."""
+    """The real window on the engine process vs the same engine headless (app.bench.window)."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from app.engine_process import EngineProcess
 
     engine = EngineProcess()  # first, as `glassbox` does: the warm start is timed from launch
-    from app.window_bench import measure_window
+    from app.bench.window import measure_window
 
     request = load_request(args)
     return measure_window(request, new_tokens=args.new_tokens, repeats=args.repeats, engine=engine)
 
 
 def transport_cost() -> dict[str, Any]:
-    """Bytes/s and latency of the engine-to-window channel at 10,000 keys (app.window_bench)."""
+    """Bytes/s and latency of the engine-to-window channel at 10,000 keys (app.bench.window)."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from app.window_bench import measure_transport
+    from app.bench.window import measure_transport
 
     return measure_transport()
 
