@@ -90,20 +90,15 @@ class GemmaAttention(QKNormAttention):
         self.window = window
         self.scale = shape.query_scale or shape.head_dim**-0.5
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        start: int,
-        probe: AttentionProbe | None,
-        layer: int,
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         """Attention over the keys each query sees (within the window on a sliding layer)."""
-        if probe is not None:
-            seen, _, mask = visible(k, v, start, q.shape[2], self.window)
-            probe.weights[layer] = attention_weights(q, seen, mask, self.scale, probe.rows)
         return attend_window(q, k, v, start, self.window, self.scale)  # [1, h, n, d]
+
+    def probe_weights(
+        self, q: torch.Tensor, k: torch.Tensor, start: int, rows: int
+    ) -> torch.Tensor:
+        seen, _, mask = visible(k, k, start, q.shape[2], self.window)
+        return attention_weights(q, seen, mask, self.scale, rows)
 
 
 class GemmaFeedForward(FeedForward):

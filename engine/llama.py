@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -205,27 +205,24 @@ class Attention(nn.Module):
         v = qkv[:, qk_heads * d :].view(n, self.kv_heads, d).transpose(0, 1)[None]
         if cache is not None:
             k, v = cache.write(layer, start, k, v)  # [1, kv_h, T, d]
-        watched = probe if probe is not None and probe.wants(layer) else None
-        y = self.attend(q, k, v, start, watched, layer)
+        if probe is not None and probe.wants(layer):
+            probe.weights[layer] = self.probe_weights(q, k, start, probe.rows)
+        y = self.attend(q, k, v, start)
         return self.out.forward(y[0].transpose(0, 1).reshape(n, self.heads * d))
 
     def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
         """q and k [n, h + kv_h, d] before they are rotated: as they are (Gemma norms them)."""
         return qk
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        start: int,
-        probe: AttentionProbe | None,
-        layer: int,
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        """Causal attention over every key: [1, h, n, d]."""
+        return attend(q, k, v, start)
+
+    def probe_weights(
+        self, q: torch.Tensor, k: torch.Tensor, start: int, rows: int
     ) -> torch.Tensor:
-        """Causal attention over every key, its weights into `probe` (a watched layer's)."""
-        if probe is not None:
-            probe.weights[layer] = attention_weights(q, k, None, self.head_dim**-0.5, probe.rows)
-        return attend(q, k, v, start)  # [1, h, n, d]
+        """The attention weights of a watched layer's last `rows` queries, as attend weighs."""
+        return attention_weights(q, k, None, self.head_dim**-0.5, rows)
 
 
 class QKNormAttention(Attention):
@@ -421,12 +418,13 @@ class GGUFLlama(nn.Module):
         x, queries = step(x, rope.matrix, start, cache)
         if probe is None:
             return x
-        scale = self.shape.head_dim**-0.5
         for layer in sorted(probe.layers):
             if layer < len(queries):
                 keys = cache.keys[layer][:, :, : start + 1]
-                weights = attention_weights(queries[layer], keys, None, scale, probe.rows)
-                probe.weights[layer] = weights
+                attention = cast("Attention", self.blocks[layer].attention)
+                probe.weights[layer] = attention.probe_weights(
+                    queries[layer], keys, start, probe.rows
+                )
         return x
 
     def weight_bytes(self) -> int:
