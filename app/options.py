@@ -166,6 +166,11 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", action="store_true", help="only the real window vs headless, real model"
     )
+    parser.add_argument(
+        "--window-layout", choices=("floating", "docked", "closed"), default="floating",
+        help="--window's panels: each floating and drawing (default), the first start's docked"
+        " layout in a 1600x1000 window, or every dock closed (the chat alone)",
+    )  # fmt: skip
 
 
 def add_peaks_options(parser: argparse.ArgumentParser) -> None:

@@ -88,7 +88,13 @@ def window_cost(args: argparse.Namespace) -> dict[str, Any]:
     from app.bench.window import measure_window
 
     request = load_request(args)
-    return measure_window(request, new_tokens=args.new_tokens, repeats=args.repeats, engine=engine)
+    return measure_window(
+        request,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        engine=engine,
+        layout=args.window_layout,
+    )
 
 
 def transport_cost() -> dict[str, Any]:
@@ -129,7 +135,10 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"  peak RSS           {results['peak_rss_mb']:.0f} MB")
     window = results.get("window")
     if window:
-        print(f"{window['model']}: window vs headless, {window['prompt_tokens']}-token prompt")
+        print(
+            f"{window['model']}: window ({window['layout']} panels) vs headless,"
+            f" {window['prompt_tokens']}-token prompt"
+        )
         print(f"  decode tokens/s    {window['decode_tokens_per_s']}")
         print(f"  decode ratio       {window['decode_ratio_window_vs_headless']}")
         print(

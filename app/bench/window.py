@@ -142,8 +142,11 @@ def peak_rss_of(pid: int | None) -> int | None:
 class WindowBench:
     """The assembled window on the real engine process; see the module docstring."""
 
-    def __init__(self, request: LoadRequest, folder: Path, engine: EngineProcess) -> None:
-        """`engine`: spawned as `glassbox` spawns it, before Qt or numpy is imported."""
+    def __init__(
+        self, request: LoadRequest, folder: Path, engine: EngineProcess, layout: str = "floating"
+    ) -> None:
+        """`engine`: spawned as `glassbox` spawns it, before Qt or numpy is imported.
+        `layout`: a LAYOUTS name, the docks as the replies are measured."""
         self.engine = engine
         self.started = engine.started_at
         # how long this process ran before the spawn
@@ -152,11 +155,13 @@ class WindowBench:
 
         from app.gui import open_window
 
-        layout = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
-        self.parts = open_window(self.engine, database=folder / "chats.sqlite3", settings=layout)
+        remembered = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
+        self.parts = open_window(
+            self.engine, database=folder / "chats.sqlite3", settings=remembered
+        )
         self.worker = self.parts.worker
         self.window = self.parts.window
-        float_docks(self.parts.internals)
+        arrange_docks(self.parts, layout)
         self.window_shown_s = self._since_launch()
         self.window.load_model(request)
         run_until(lambda: self.worker.info is not None and not self.worker.busy, 600)
@@ -404,6 +409,23 @@ def _paired_interval(
     return [round(float(q), 3) for q in np.percentile(medians, [5, 95])]
 
 
+# floating: every internals panel in a window of its own, all drawing (the heaviest case);
+# docked: the layout a first start shows, in a 1600x1000 window; closed: the chat alone.
+LAYOUTS = ("floating", "docked", "closed")
+
+
+def arrange_docks(parts: Any, layout: str) -> None:
+    if layout == "floating":
+        float_docks(parts.internals)
+    elif layout == "docked":
+        parts.window.resize(1600, 1000)
+    elif layout == "closed":
+        for dock in parts.internals.docks.values():
+            dock.hide()
+    else:
+        raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
@@ -415,6 +437,7 @@ def measure_window(
     context: int = CONTEXT_TOKENS,
     engine: EngineProcess | None = None,
     spec: EngineSpec | None = None,
+    layout: str = "floating",
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON-ready results (see the module docstring).
     `engine`: already spawned (`glassbox bench` spawns it first, as the app does), else one
@@ -424,11 +447,11 @@ def measure_window(
     previous = qInstallMessageHandler(quiet_offscreen)
     try:
         with tempfile.TemporaryDirectory(prefix="glassbox-window-bench-") as folder:
-            bench = WindowBench(request, Path(folder), engine or EngineProcess(spec))
+            bench = WindowBench(request, Path(folder), engine or EngineProcess(spec), layout)
             terminal = None
             try:
                 terminal = TerminalEngine(bench.engine.spec, request)
-                return _run(bench, terminal, new_tokens, repeats, context)
+                return {"layout": layout, **_run(bench, terminal, new_tokens, repeats, context)}
             finally:
                 if terminal is not None:
                     terminal.close()

@@ -18,10 +18,12 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QCoreApplication, QSettings
+from PySide6.QtCore import QCoreApplication, QSettings, Qt
+from PySide6.QtWidgets import QDockWidget, QMainWindow
 
 from app import assembly, pipe
 from app.engine_client import RESTART_NOTE, EngineClient
@@ -436,6 +438,30 @@ def test_the_engine_is_started_before_numpy_or_the_engine_is_imported():
     assert "numpy" in imported_by("app.engine_server", watched)  # the check can fail
 
 
+def test_the_bench_windows_layouts(qapp):
+    """The docks as --window-layout asks: floating and shown, left docked in a 1600x1000
+    window, or closed; another name is refused."""
+    from app.bench.window import arrange_docks
+
+    parts = SimpleNamespace(window=QMainWindow(), internals=SimpleNamespace(docks={}))
+    docks = {name: QDockWidget(name, parts.window) for name in ("a", "b")}
+    for dock in docks.values():
+        parts.window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+    parts.internals.docks = docks
+    arrange_docks(parts, "docked")
+    assert (parts.window.width(), parts.window.height()) == (1600, 1000)
+    assert not any(dock.isFloating() for dock in docks.values())
+    arrange_docks(parts, "floating")
+    assert all(dock.isFloating() and dock.isVisible() for dock in docks.values())
+    arrange_docks(parts, "closed")
+    assert not any(dock.isVisible() for dock in docks.values())
+    with pytest.raises(ValueError, match="one of floating"):
+        arrange_docks(parts, "tiled")
+    for dock in docks.values():
+        dock.close()
+    parts.window.close()
+
+
 def test_bench_window_and_transport_report_their_numbers(qapp):
     """The --window benchmark's whole path, on the fake session instead of the real model."""
     from app.bench.window import _paired, measure_transport, measure_window
@@ -461,6 +487,11 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     assert 0 <= result["stall_ms"]["p50"] <= result["stall_ms"]["p99"] <= result["stall_ms"]["max"]
     assert result["start_s"]["window_shown"] <= result["start_s"]["model_ready"]
     assert result["peak_rss_mb"]["gui"] > 0 and result["peak_rss_mb"]["engine"] > 0
+
+    assert result["layout"] == "floating"
+    closed = measure_window(fake_request(tokens=20), new_tokens=20, repeats=1, spec=FAKE,
+                            layout="closed")  # fmt: skip
+    assert closed["layout"] == "closed" and closed["runs"]["window_decode"]
 
     transport = measure_transport(keys=2000, tokens=30, paced_tokens=5, rate=100)
     per_token = 4 * 9 * 2000 * 4 / 2**20  # 4 layers x 9 heads x 2,000 float32 keys, in MB
