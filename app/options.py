@@ -120,6 +120,11 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--no-cache", action="store_true", help="teaching mode: no KV cache")
+    parser.add_argument(
+        "--step", action="store_true",
+        help="teaching: hold each reply after its prompt; Enter lets one token through,"
+        " c continues, s stops",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON object per event per line")
     parser.add_argument(
         "--no-store", action="store_true", help="do not keep this chat with the conversations"

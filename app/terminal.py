@@ -11,7 +11,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from types import FrameType
@@ -125,28 +125,82 @@ def _turn(
     messages = [*history, Message("user", text)]
     chat_log.user(text)
     trace = TraceRecorder(session.info) if args.trace else None
-    finished: Finished | None = None
     if not args.json and args.prompt is None:
         print("model> " if args.complete else "assistant> ", end="", flush=True)
+    replies: list[Finished] = []
+
+    def consume(event: Event) -> None:
+        if trace:
+            trace.add(event)
+        _show(event, args.json)
+        chat_log.record(event)  # after showing: what is saved was seen
+        if isinstance(event, Finished):
+            replies.append(event)
+
     try:
-        with _ctrl_c_cancels(session):
-            for event in session.generate(messages, settings, probes):
-                if trace:
-                    trace.add(event)
-                _show(event, args.json)
-                chat_log.record(event)  # after showing: what is saved was seen
-                if isinstance(event, Finished):
-                    finished = event
+        if args.step:
+            stepped = replace(settings, pause_after_prefill=True)
+            _run_stepped(session, lambda: session.generate(messages, stepped, probes), consume)
+        else:
+            with _ctrl_c_cancels(session):
+                for event in session.generate(messages, settings, probes):
+                    consume(event)
     except KeyboardInterrupt:  # a second Ctrl+C: cut where it was, maybe inside a forward pass
         session.cancel()
         session.reset()  # so the KV cache may be half-written: the next turn rebuilds it
         chat_log.interrupted()
+    finished = replies[-1] if replies else None
     if trace:
         args.trace.write_text(json.dumps(trace.to_dict()))
     if finished is None or finished.reason in ("error", "context_full"):
         return 1
     history[:] = [*messages, Message("assistant", finished.text)]
     return 130 if finished.reason == "cancelled" else 0
+
+
+STEP_KEYS = "[Enter: next token · c: continue · s: stop] "
+
+
+def _run_stepped(
+    session: ChatSession, generate: Callable[[], Iterator[Event]], consume: Callable[[Event], None]
+) -> None:
+    """A reply held after its prompt, advanced from the keyboard: the reply runs in a thread
+    and this one reads a key each time it is held (EOF continues, Ctrl+C stops)."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            for event in generate():
+                consume(event)
+        finally:
+            done.set()
+
+    reply = threading.Thread(target=run, name="stepped-reply", daemon=True)
+    reply.start()
+    while _held_or_done(session, done):
+        print(STEP_KEYS, end="", file=sys.stderr, flush=True)
+        try:
+            key = input().strip().lower()
+        except EOFError:
+            key = "c"
+        except KeyboardInterrupt:
+            key = "s"
+        if key == "c":
+            session.pacer.resume()
+            break
+        if key in ("s", "q"):
+            session.cancel()
+            break
+        session.pacer.step()
+    reply.join()
+
+
+def _held_or_done(session: ChatSession, done: threading.Event) -> bool:
+    """Wait until the reply is held for a key (True) or over (False)."""
+    while not done.wait(0.01):
+        if session.pacer.pace.waiting:
+            return True
+    return False
 
 
 @contextmanager

@@ -53,6 +53,7 @@ class Pacer:
             if self._mode == "run":
                 self._mode = "paused"
             self._granted += 1
+            self._waiting = False  # until the held generation has taken the step
             self._changed.notify_all()
 
     def play(self, rate: float) -> None:
@@ -109,4 +110,5 @@ class Pacer:
             self._mode = mode
             if mode == "run":
                 self._granted = 0
+                self._waiting = False
             self._changed.notify_all()

@@ -175,6 +175,9 @@ class ChatSession:
             # Each step waits for the pacer first (at full speed it answers at once), outside
             # every clock: a paused or slowed reply has the timings of an unpaused one.
             tally.paused_s += self.pacer.wait(self._cancel)
+            if self._cancel.is_set():  # Stop while held: no further step
+                reason = "cancelled"
+                break
             if index > 0:  # the last token through the model (token 0 came from the prefill)
                 clock.start()
                 history = torch.cat([history, history.new_tensor([token_id])])  # [T + 1]

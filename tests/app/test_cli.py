@@ -331,3 +331,21 @@ def test_a_one_shot_chat_builds_no_compiled_step_and_a_conversation_does(monkeyp
     assert main(["chat", "--no-compile"]) == 1
     # a one-shot uses a kept step only; --no-compile none at all
     assert asked == [(True, False), (True, True), (False, True)]
+
+
+def test_step_lets_one_token_through_per_enter_and_stops_or_continues(tiny_folder):
+    """`--step`: the reply is held after its prompt; each Enter lets one token through, `s`
+    stops it there, `c` (or the end of input) lets it run on."""
+    common = ("chat", "--model", str(tiny_folder), "--prompt", "hi", "--greedy",
+              "--max-new-tokens", "5", "--json", "--no-store")  # fmt: skip
+    stopped = run_app(*common, "--step", stdin="\n\ns\n")
+    events = json_lines(stopped.stdout)
+    tokens = [e for e in events if e["event"] == "token"]
+    assert len(tokens) == 2 and events[-1]["finish_reason"] == "cancelled"
+    assert stopped.stderr.count("Enter: next token") == 3  # held after the prompt and each token
+    whole = run_app(*common)
+    for stdin in ("\nc\n", ""):
+        continued = run_app(*common, "--step", stdin=stdin)
+        assert continued.returncode == 0, continued.stderr
+        ids = [e["token_id"] for e in json_lines(continued.stdout) if e["event"] == "token"]
+        assert ids == [e["token_id"] for e in json_lines(whole.stdout) if e["event"] == "token"]
