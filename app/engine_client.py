@@ -38,6 +38,7 @@ from app.wire import (
     Load,
     Loaded,
     LoadFailed,
+    Pace,
     Progress,
     Ready,
     Reply,
@@ -248,6 +249,12 @@ class EngineClient(QObject):
         """Cancel the reply in progress; takes effect within one decode step."""
         if self._reply is not None and self._engine is not None:
             self._engine.send(Cancel(self._reply))
+
+    def pace(self, action: str, rate: float = 0.0) -> None:
+        """Pause, step (Next token), resume or play the replies at `rate` tokens a second;
+        acted on as it arrives, like Stop (app.wire.Pace)."""
+        if not self._shut_down and self._engine is not None:
+            self._engine.send(Pace(action, rate))
 
     def reset(self) -> None:
         """Forget the session's KV cache (new chat); runs after any job already queued."""

@@ -55,6 +55,7 @@ from app.wire import (
     Load,
     Loaded,
     LoadFailed,
+    Pace,
     Progress,
     Quit,
     Ready,
@@ -264,6 +265,8 @@ class EngineServer:
             match request:
                 case Cancel(job=job):
                     self.cancel(job)
+                case Pace():
+                    self.pace(request)
                 case Quit():
                     self.cancel(ALL_JOBS)
                     self.jobs.put(None)
@@ -279,6 +282,18 @@ class EngineServer:
         if session is not None:
             session.cancel()
         self.outbox.wake()  # a reply waiting for room in the outbox goes on
+
+    def pace(self, request: Pace) -> None:
+        """Pause, step, resume or slow the session's replies (ignored before a model loads)."""
+        with self._lock:
+            session = self.session
+        if session is None:
+            return
+        pacer = session.pacer
+        if request.action == "play":
+            pacer.play(request.rate)
+        else:
+            getattr(pacer, request.action)()
 
     def cancelled(self, job: int) -> bool:
         return job <= self._cancelled_upto

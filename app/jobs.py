@@ -23,6 +23,7 @@ from engine.events import (
     Tally,
     Token,
 )
+from engine.pacing import Pacer
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ class Session(Protocol):
     def generate(
         self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
     ) -> Iterator[Event]: ...
+
+    @property
+    def pacer(self) -> Pacer: ...
 
     def cancel(self) -> None: ...
 

@@ -10,15 +10,17 @@ only remembers what it asked for, by id, to match the replies.
   Generate(job, messages, settings,     Progress(job, stage, fraction) throttled
       probes, stream)                   Loaded(job, info) / LoadFailed(job, message)
   Cancel(job)    all jobs up to `job`   Events(job, events, queued_at) engine events, unchanged
+  Pace(action, rate)  pause / step /    (no reply: the reply in progress goes on as paced)
+      resume / play at `rate` tokens a second
   Reset(job)                            Counted(job, tokens)
   Count(job, messages)                  DecodeStep(job, state)       after Loaded: the compiled
   Quit()                                                             step attached, or why not
                                         Done(job)                    a job ended (any kind)
 
-`Cancel` and `Quit` are not queued: the server acts on them as they arrive, so Stop reaches a
-running reply within one step. A `Generate` with `stream=False` sends only the reply's end
-(Failed, Finished): its events stay in the engine (a reference reply for a benchmark, or a
-caller that wants the result only).
+`Cancel`, `Pace` and `Quit` are not queued: the server acts on them as they arrive, so Stop
+reaches a running reply within one step, and Next token a held one at once. A `Generate` with
+`stream=False` sends only the reply's end (Failed, Finished): its events stay in the engine (a
+reference reply for a benchmark, or a caller that wants the result only).
 
 The messages travel over a transport (`Transport`): a pipe to the engine's child process
 (app.engine_process), or in-memory queues to a server in a thread of this process
@@ -76,7 +78,25 @@ class Quit:
     """End the server once the running job stopped (not a job: nothing answers it)."""
 
 
-Request = Load | Generate | Cancel | Reset | Count | Quit
+PACE_ACTIONS = ("pause", "step", "resume", "play")
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The session's pacer (engine/pacing.py): a teacher's Pause, Next token, Resume or Play
+    slowly at `rate` tokens a second. About the session, not a job: it outlasts replies."""
+
+    action: str  # one of PACE_ACTIONS
+    rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.action not in PACE_ACTIONS:
+            raise ValueError(f"pace {self.action!r}: one of {', '.join(PACE_ACTIONS)}")
+        if self.action == "play" and not self.rate > 0:
+            raise ValueError(f"play at {self.rate} tokens a second: it must be above 0")
+
+
+Request = Load | Generate | Cancel | Pace | Reset | Count | Quit
 
 
 # -- replies -----------------------------------------------------------------------------------

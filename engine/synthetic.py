@@ -33,6 +33,7 @@ from engine.events import (
     frozen_array,
 )
 from engine.kv_cache import formula_bytes
+from engine.pacing import Pacer
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
 # The bundled SmolLM2-135M's shapes. Its context holds 8,192 tokens; the synthetic one may run
@@ -115,6 +116,7 @@ class SyntheticSession:
         self.token_texts: list[str] = []  # the last reply's Token.text, in order
         self.last_kv_bytes = 0
         self._cancel = threading.Event()
+        self.pacer = Pacer()  # as the real session's: held, stepped or slowed from any thread
         self._rng = np.random.default_rng(seed)
         vocabulary = sorted(set(self.pieces if self.pieces is not None else passage_pieces()))
         self._ids = {piece: 1000 + i for i, piece in enumerate(vocabulary)}
@@ -123,6 +125,7 @@ class SyntheticSession:
 
     def cancel(self) -> None:
         self._cancel.set()
+        self.pacer.wake()
 
     def reset(self) -> None:
         self.resets += 1
@@ -149,8 +152,11 @@ class SyntheticSession:
         prefill = self._prefill(prompt, layers, probes)
         tally.add(prefill)
         yield prefill
+        if settings.pause_after_prefill:
+            self.pacer.pause()
         reason: FinishReason = "eos"
         for index, piece in enumerate(self._reply_pieces(settings.max_new_tokens)):
+            tally.paused_s += self.pacer.wait(self._cancel)
             if self._wait():
                 reason = "cancelled"
                 break

@@ -261,3 +261,38 @@ def test_the_engine_clients_receiver_prepares_each_batch_off_the_gui_thread(qtbo
         assert len(recorder.finished) == 1 and recorder.finished[0].generated_tokens == 40
     finally:
         worker.shutdown()
+
+
+def test_pace_holds_steps_and_resumes_a_reply_through_the_server(qtbot, backend, worker):
+    """Pace requests act as they arrive, like Stop: a reply held after its prompt takes one
+    step per Next token, then runs on when resumed, with the unpaced reply's text."""
+    load(qtbot, worker)
+    rec = Recorder(worker)
+    stepped = GenerationSettings(greedy=True, pause_after_prefill=True)
+    assert worker.generate(HELLO, stepped)
+    pacer = backend.session.pacer
+    qtbot.waitUntil(lambda: pacer.pace.waiting, timeout=5000)
+    for shown in (1, 2):
+        worker.pace("step")
+        qtbot.waitUntil(
+            lambda shown=shown: sum(isinstance(e, Token) for e in rec.events) == shown
+            and pacer.pace.waiting,
+            timeout=5000,
+        )
+    assert worker.busy and not rec.finished  # held, not over
+    worker.pace("resume")
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+    assert rec.finished[0].reason == "eos" and rec.finished[0].text == "".join(backend.pieces)
+    with pytest.raises(ValueError, match="above 0"):
+        worker.pace("play", 0)
+
+
+def test_stop_ends_a_held_reply_through_the_server(qtbot, backend, worker):
+    load(qtbot, worker)
+    rec = Recorder(worker)
+    assert worker.generate(HELLO, GenerationSettings(greedy=True, pause_after_prefill=True))
+    qtbot.waitUntil(lambda: backend.session.pacer.pace.waiting, timeout=5000)
+    worker.stop()
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+    assert rec.finished[0].reason == "cancelled" and rec.finished[0].text == ""
+    worker.pace("resume")
