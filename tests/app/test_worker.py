@@ -275,8 +275,9 @@ def test_pace_holds_steps_and_resumes_a_reply_through_the_server(qtbot, backend,
     for shown in (1, 2):
         worker.pace("step")
         qtbot.waitUntil(
-            lambda shown=shown: sum(isinstance(e, Token) for e in rec.events) == shown
-            and pacer.pace.waiting,
+            lambda shown=shown: (
+                sum(isinstance(e, Token) for e in rec.events) == shown and pacer.pace.waiting
+            ),
             timeout=5000,
         )
     assert worker.busy and not rec.finished  # held, not over
