@@ -27,6 +27,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 SHARED_ROOT = Path("/dev/shm")
@@ -101,15 +103,5 @@ def remove_stale(root: Path = SHARED_ROOT) -> None:
     """Remove the folders of window processes that are gone (killed before they could)."""
     for folder in root.glob(f"{PREFIX}*-*"):
         owner = folder.name[len(PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True

@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import psutil
 from filelock import FileLock, Timeout
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def sweep(folder: Path) -> None:
     """Delete the partial output of builds whose process is gone (killed mid-build)."""
     for partial in folder.glob(f"*{PARTIAL}"):
         pid = partial.name.removesuffix(PARTIAL).rsplit(".", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
             log.info("removing %s, left by a build that did not finish", partial.name)
             shutil.rmtree(partial, ignore_errors=True)
 
@@ -107,18 +108,6 @@ def _wait_for_running(package: Path) -> None:
 
 def _partials(package: Path) -> list[Path]:
     return list(package.parent.glob(f"{package.name}.*{PARTIAL}"))
-
-
-def _alive(pid: int) -> bool:
-    # (app/shared_arrays.py has its twin: the window process imports nothing of `engine`
-    # before the engine process starts, so the two cannot share one module here)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _read(path: Path) -> str:
