@@ -294,7 +294,8 @@ def gguf_tokenizer(
 ) -> PreTrainedTokenizerBase:
     """The GGUF's tokenizer in its fast form, converted once and kept in the cache folder:
     transformers' tokenizer, or with `lean` the same tokenizer.json without transformers."""
-    # "-2": merges kept as strings (lean_tokenizer.compact_merges); older folders are redone.
+    # "-2": merges kept as strings (lean_tokenizer.compact_merges); an older folder is redone
+    # and removed.
     folder = cache_dir / "tokenizers" / f"{path.stem}-{_file_key(path)}-2"
     if not (folder / "tokenizer.json").is_file():
         report("Loading the tokenizer converter (first start only)", 0.03)
@@ -310,6 +311,7 @@ def gguf_tokenizer(
             compact_merges(staging / "tokenizer.json")
 
         _save_atomically(folder, save)
+        shutil.rmtree(folder.with_name(folder.name.removesuffix("-2")), ignore_errors=True)
     report("Loading the tokenizer", 0.2)
     if lean:  # it stands in for transformers' tokenizer: the few methods the engine calls
         lean_tokenizer = LeanTokenizer.from_folder(folder)

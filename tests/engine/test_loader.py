@@ -214,7 +214,13 @@ def test_load_folder_in_an_explicit_dtype(tiny_folder, tmp_path):
 def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
     """Both precisions read the GGUF itself; the tokenizer is converted once and kept, and so
     are the fast path's 4-bit weights as its kernels read them."""
+    from engine.loader import _file_key
+
     stages: list[tuple[str, float]] = []
+    path = bundled_gguf_path()
+    older = tmp_path / "tokenizers" / f"{path.stem}-{_file_key(path)}"  # before merges as strings
+    older.mkdir(parents=True)
+    (older / "tokenizer.json").write_text("{}")
     exact = load_model(
         LoadRequest(spec="bundled", device="cpu", precision="exact"),
         lambda s, f: stages.append((s, f)),
@@ -226,7 +232,7 @@ def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
     assert any("tensors)" in stage for stage, _ in stages)  # progress per tensor
     assert not (tmp_path / "models").exists()  # no dequantised copy on disk
     kept = list((tmp_path / "tokenizers").iterdir())
-    assert len(kept) == 1 and (kept[0] / "tokenizer.json").is_file()
+    assert len(kept) == 1 and (kept[0] / "tokenizer.json").is_file()  # the older one removed
     assert not kept[0].name.startswith(".")  # the staging folder was renamed into place
     assert sum(f.stat().st_size for f in kept[0].iterdir()) < 10 * 2**20
 
