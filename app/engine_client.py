@@ -25,27 +25,9 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from app import wire
 from app.delivery import Delivery
 from app.jobs import ReplyTally
-from app.wire import (
-    Cancel,
-    Count,
-    Counted,
-    DecodeStep,
-    Done,
-    Events,
-    Generate,
-    Load,
-    Loaded,
-    LoadFailed,
-    Pace,
-    Progress,
-    Ready,
-    Reply,
-    Request,
-    Reset,
-    Transport,
-)
 from engine.events import ENGINE_STOPPED, Event, Finished, ModelInfo
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
@@ -77,7 +59,7 @@ class _Receiver(QThread):
     reply = Signal(object, int)  # a reply for the GUI thread, and the events pushed by then
     died = Signal(object)  # this receiver: a later engine's receiver is another one
 
-    def __init__(self, engine: Transport, delivery: Delivery, stats: TransportStats) -> None:
+    def __init__(self, engine: wire.Transport, delivery: Delivery, stats: TransportStats) -> None:
         super().__init__()
         self.setObjectName("glassbox-engine-client")
         self.engine = engine
@@ -94,16 +76,16 @@ class _Receiver(QThread):
                 reply, size = self.engine.receive()
             except EOFError:
                 break
-            if isinstance(reply, Events):  # straight into the delivery, in this thread
+            if isinstance(reply, wire.Events):  # straight into the delivery, in this thread
                 self._on_events(reply, size)
                 continue
-            if isinstance(reply, Ready):  # as it came, not when the GUI thread gets to it
+            if isinstance(reply, wire.Ready):  # as it came, not when the GUI thread gets to it
                 self.ready_at = time.perf_counter()
             self.reply.emit(reply, self.delivery.pushed)
         if not self.expected_end:
             self.died.emit(self)
 
-    def _on_events(self, reply: Events, size: int) -> None:
+    def _on_events(self, reply: wire.Events, size: int) -> None:
         events = list(reply.events)
         self.stats.add(size, len(events), reply.queued_at)
         if reply.job != self.tally_job:
@@ -142,11 +124,12 @@ class EngineClient(QObject):
     decode_step = Signal(str)
     tokens_counted = Signal(int, object)
 
-    def __init__(self, engine: Transport, parent: QObject | None = None) -> None:
+    def __init__(self, engine: wire.Transport, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._delivery = Delivery(self._deliver, self._reached, self)
         self._ids = itertools.count(1)  # job ids, unique for this client's engines
-        self._jobs: dict[int, Load | Generate] = {}  # sent, their end not yet delivered
+        # sent, their end not yet delivered
+        self._jobs: dict[int, wire.Load | wire.Generate] = {}
         self._reloads: set[int] = set()  # loads of the same model into a new engine
         self._reply: int | None = None  # the reply whose Finished is not yet delivered
         self._info: ModelInfo | None = None
@@ -155,8 +138,8 @@ class EngineClient(QObject):
         self.restarts = 0
         self._shut_down = False
         self._transport = TransportStats()
-        self._engine: Transport | None = None
-        self._dead: Transport | None = None  # the engine that died, to start again
+        self._engine: wire.Transport | None = None
+        self._dead: wire.Transport | None = None  # the engine that died, to start again
         self._receiver: _Receiver | None = None
         self._attach(engine)
 
@@ -176,7 +159,7 @@ class EngineClient(QObject):
         return self._reply is not None
 
     @property
-    def engine(self) -> Transport | None:
+    def engine(self) -> wire.Transport | None:
         """The running engine, or None after it died (until the next request)."""
         return self._engine
 
@@ -226,7 +209,7 @@ class EngineClient(QObject):
         if self.generating:
             self.stop()
         self.decode_step_state = None
-        self._begin(Load(next(self._ids), request))
+        self._begin(wire.Load(next(self._ids), request))
 
     def generate(
         self,
@@ -240,7 +223,7 @@ class EngineClient(QObject):
         if self._shut_down or self.busy or self._info is None:
             return False
         probes = probes if probes is not None else ProbeSettings()
-        request = Generate(next(self._ids), tuple(messages), settings, probes, stream)
+        request = wire.Generate(next(self._ids), tuple(messages), settings, probes, stream)
         self._reply = request.job
         self._begin(request)
         return True
@@ -248,22 +231,22 @@ class EngineClient(QObject):
     def stop(self) -> None:
         """Cancel the reply in progress; takes effect within one decode step."""
         if self._reply is not None and self._engine is not None:
-            self._engine.send(Cancel(self._reply))
+            self._engine.send(wire.Cancel(self._reply))
 
     def pace(self, action: str, rate: float = 0.0) -> None:
         """Pause, step (Next token), resume or play the replies at `rate` tokens a second;
         acted on as it arrives, like Stop (app.wire.Pace)."""
         if not self._shut_down and self._engine is not None:
-            self._engine.send(Pace(action, rate))
+            self._engine.send(wire.Pace(action, rate))
 
     def reset(self) -> None:
         """Forget the session's KV cache (new chat); runs after any job already queued."""
         if not self._shut_down and self._engine is not None:  # a new engine starts empty
-            self._engine.send(Reset(next(self._ids)))
+            self._engine.send(wire.Reset(next(self._ids)))
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
         """Ask how many tokens `messages` take; answered in order as `tokens_counted`."""
-        request = Count(next(self._ids), tuple(messages))
+        request = wire.Count(next(self._ids), tuple(messages))
         self._send(request)
         return request.job
 
@@ -280,16 +263,17 @@ class EngineClient(QObject):
 
     # -- sending -------------------------------------------------------------------------------
 
-    def _begin(self, request: Load | Generate) -> None:
+    def _begin(self, request: wire.Load | wire.Generate) -> None:
         self._jobs[request.job] = request
         if len(self._jobs) == 1:
             self._delivery.start()
             self.busy_changed.emit(True)
         self._send(request)
 
-    def _send(self, request: Request) -> None:
+    def _send(self, request: wire.Request) -> None:
         if self._engine is None:
-            self._restart(reload=not isinstance(request, Load))  # a new model needs no old one
+            # a new model needs no old one
+            self._restart(reload=not isinstance(request, wire.Load))
         assert self._engine is not None  # attached above if it was not
         if not self._engine.send(request):
             log.warning("the engine's channel is closed; its end will be reported")
@@ -302,11 +286,11 @@ class EngineClient(QObject):
         self._attach(engine)
         if reload and self._info is not None and self._loaded_request is not None:
             self.load_progress.emit(f"Starting a new engine with {self._info.name}", 0.0)
-            request = Load(next(self._ids), self._loaded_request)
+            request = wire.Load(next(self._ids), self._loaded_request)
             self._reloads.add(request.job)
             self._begin(request)
 
-    def _attach(self, engine: Transport) -> None:
+    def _attach(self, engine: wire.Transport) -> None:
         self._engine, self._dead = engine, None
         self._receiver = _Receiver(engine, self._delivery, self._transport)
         self._receiver.reply.connect(self._on_reply)
@@ -316,24 +300,24 @@ class EngineClient(QObject):
     # -- replies (GUI thread) --------------------------------------------------------------------
 
     @Slot(object, int)
-    def _on_reply(self, reply: Reply, pushed: int) -> None:
+    def _on_reply(self, reply: wire.Reply, pushed: int) -> None:
         if self._shut_down:
             return
         match reply:
-            case Progress(stage=stage, fraction=fraction):
+            case wire.Progress(stage=stage, fraction=fraction):
                 self.load_progress.emit(stage, fraction)
-            case Loaded(job=job, info=info):
+            case wire.Loaded(job=job, info=info):
                 self._on_loaded(job, info)
-            case LoadFailed(message=message):
+            case wire.LoadFailed(message=message):
                 self.load_failed.emit(message)
-            case DecodeStep(state=state):
+            case wire.DecodeStep(state=state):
                 self.decode_step_state = state
                 self.decode_step.emit(state)
-            case Counted(job=job, tokens=tokens):
+            case wire.Counted(job=job, tokens=tokens):
                 self.tokens_counted.emit(job, tokens)
-            case Done(job=job) if job in self._jobs:
+            case wire.Done(job=job) if job in self._jobs:
                 self._delivery.end_at(pushed, job)
-            case Ready() | Done() | Events():  # Ready: timed by the receiver
+            case wire.Ready() | wire.Done() | wire.Events():  # Ready: timed by the receiver
                 pass
 
     def _on_loaded(self, job: int, info: ModelInfo) -> None:
@@ -341,7 +325,7 @@ class EngineClient(QObject):
         if job in self._reloads:  # the same model back in a new engine: nothing changed
             return
         request = self._jobs.get(job)
-        if isinstance(request, Load):
+        if isinstance(request, wire.Load):
             self._loaded_request = request.request
         self.loaded.emit(info)
 
@@ -376,8 +360,10 @@ class EngineClient(QObject):
         for request in cut:
             self._end_cut_job(request, reason, receiver.tally_of(request.job))
 
-    def _end_cut_job(self, request: Load | Generate, reason: str, tally: ReplyTally) -> None:
-        if isinstance(request, Load):
+    def _end_cut_job(
+        self, request: wire.Load | wire.Generate, reason: str, tally: ReplyTally
+    ) -> None:
+        if isinstance(request, wire.Load):
             self.load_failed.emit(f"{reason} while loading the model")
         else:
             line = f"{reason}; the reply was cut here and {RESTART_NOTE}."
@@ -391,7 +377,7 @@ class EngineClient(QObject):
         if engine is not None:
             # Importing or loading cannot be interrupted and loses nothing if cut: no waiting.
             importing = receiver is None or receiver.ready_at is None
-            loading = any(isinstance(request, Load) for request in self._jobs.values())
+            loading = any(isinstance(request, wire.Load) for request in self._jobs.values())
             engine.stop(max(timeout_s, 5.0), patient=not (importing or loading))
         if receiver is not None:
             receiver.wait()

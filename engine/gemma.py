@@ -16,18 +16,16 @@ ops it ran before.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
-from engine.attention_probe import AttentionProbe, attention_weights
-from engine.kv_buffer import KVBuffer, WindowedKVBuffer
+from engine import llama
+from engine.attention_probe import attention_weights
+from engine.kv_buffer import WindowedKVBuffer
 from engine.llama import (
-    Block,
-    Embedding,
-    FeedForward,
-    GGUFLlama,
-    Head,
-    LlamaShape,
+    Pass,
     QKNormAttention,
     Rope,
     decode_attention,
@@ -80,7 +78,7 @@ def attend_window(
 class GemmaAttention(QKNormAttention):
     def __init__(
         self,
-        shape: LlamaShape,
+        shape: llama.LlamaShape,
         qkv: Linear,
         out: Linear,
         qk_norm: torch.Tensor,
@@ -101,7 +99,7 @@ class GemmaAttention(QKNormAttention):
         return attention_weights(q, seen, mask, self.scale, rows)
 
 
-class GemmaFeedForward(FeedForward):
+class GemmaFeedForward(llama.FeedForward):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up.forward(x)
         gate = F.gelu(gate_up[:, : self.ffn], approximate="tanh")
@@ -119,7 +117,7 @@ def post_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return h * (weight * inverse_rms)
 
 
-class GemmaBlock(Block):
+class GemmaBlock(llama.Block):
     post_attention_norm: torch.Tensor  # buffers, declared for the type checker
     post_ffn_norm: torch.Tensor
 
@@ -135,23 +133,15 @@ class GemmaBlock(Block):
         self.register_buffer("post_attention_norm", norms[1], persistent=False)
         self.register_buffer("post_ffn_norm", norms[3], persistent=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: Rope,
-        layer: int,
-        cache: KVBuffer | None,
-        start: int,
-        probe: AttentionProbe | None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, where: Pass) -> torch.Tensor:
         h = rms_norm(x, self.attention_norm, self.eps)
-        h = self.attention.forward(h, rope, layer, cache, start, probe)
+        h = self.attention.forward(h, layer, where)
         x = x + post_norm(h, self.post_attention_norm, self.eps)
         h = self.feed_forward.forward(rms_norm(x, self.ffn_norm, self.eps))
         return x + post_norm(h, self.post_ffn_norm, self.eps)
 
 
-class GemmaEmbedding(Embedding):
+class GemmaEmbedding(llama.Embedding):
     scale: torch.Tensor  # a buffer, declared for the type checker
 
     def __init__(self, rows: RowReader, dim: int) -> None:
@@ -163,7 +153,7 @@ class GemmaEmbedding(Embedding):
         return self.lookup(ids.reshape(-1)).mul_(self.scale)  # [n, dim] float32
 
 
-class GGUFGemma(GGUFLlama):
+class GGUFGemma(llama.GGUFLlama):
     """GGUFLlama with Gemma blocks, and a second RoPE table for the sliding layers."""
 
     local_inv_freq: torch.Tensor  # a buffer, declared for the type checker
@@ -172,9 +162,9 @@ class GGUFGemma(GGUFLlama):
     # building one and rotating by it took ~60x the elementwise form's time.
     rope_matrix_rows = 0
 
-    def __init__(self, shape: LlamaShape, embedding: Embedding, blocks: list[Block],
-                 norm: torch.Tensor, output: Head, inv_freq: torch.Tensor,
-                 local_inv_freq: torch.Tensor) -> None:  # fmt: skip
+    def __init__(self, shape: llama.LlamaShape, embedding: llama.Embedding,
+                 blocks: list[llama.Block], norm: torch.Tensor, output: llama.Head,
+                 inv_freq: torch.Tensor, local_inv_freq: torch.Tensor) -> None:  # fmt: skip
         super().__init__(shape, embedding, blocks, norm, output, inv_freq)
         self.register_buffer("local_inv_freq", local_inv_freq, persistent=False)
         self.sliding = frozenset(shape.sliding_layers)
@@ -183,20 +173,13 @@ class GGUFGemma(GGUFLlama):
         """A cache whose sliding layers keep only their window."""
         s = self.shape
         return WindowedKVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device,
-                                s.sliding_layers, s.sliding_window)  # fmt: skip
+                                sliding=s.sliding_layers, window=s.sliding_window)  # fmt: skip
 
-    def _layers(
-        self,
-        x: torch.Tensor,
-        rope: Rope,
-        cache: KVBuffer | None,
-        start: int,
-        probe: AttentionProbe | None,
-    ) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, where: Pass) -> torch.Tensor:
         """Every block, eagerly (the compiled step is Llama's): global layers rotate with
-        `rope`, sliding ones with the local base."""
-        local = Rope(self.local_inv_freq, start, x.shape[0], self.rope_matrix_rows)
+        the pass's rope, sliding ones with the local base."""
+        local_rope = Rope(self.local_inv_freq, where.start, x.shape[0], self.rope_matrix_rows)
+        local = dataclasses.replace(where, rope=local_rope)
         for layer, block in enumerate(self.blocks):
-            layer_rope = local if layer in self.sliding else rope
-            x = block.forward(x, layer_rope, layer, cache, start, probe)
+            x = block.forward(x, layer, local if layer in self.sliding else where)
         return x

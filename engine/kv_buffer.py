@@ -8,6 +8,8 @@ the whole cache every step). When the room runs out, every layer grows by whole 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 CHUNK = 256  # tokens of room added at a time
@@ -96,20 +98,11 @@ class WindowedKVBuffer(KVBuffer):
     write() on a sliding layer returns only the positions the pass's queries may see.
     """
 
-    def __init__(
-        self,
-        layers: int,
-        kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        sliding: tuple[int, ...],
-        window: int,
-        chunk: int = CHUNK,
-    ) -> None:
-        super().__init__(layers, kv_heads, head_dim, dtype, device, chunk)
+    def __init__(self, *args: Any, sliding: tuple[int, ...], window: int, **kwargs: Any) -> None:
+        """KVBuffer's arguments, then the sliding layers and their window."""
+        super().__init__(*args, **kwargs)
         self.sliding, self.window = frozenset(sliding), window
-        self.full = [layer for layer in range(layers) if layer not in self.sliding]
+        self.full = [layer for layer in range(len(self.keys)) if layer not in self.sliding]
         self.offset = 0  # the position held in slot 0 of every sliding layer
 
     def reserve(self, tokens: int) -> None:

@@ -123,6 +123,17 @@ def _rotation_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return eye * cos[:, None, :] + rotate * sin[:, None, :]
 
 
+@dataclass(frozen=True)
+class Pass:
+    """What every layer of one forward pass shares: the positions' rotation, the cache its keys
+    and values go to (None in the no-cache teaching mode), its first position, the probe."""
+
+    rope: Rope
+    cache: KVBuffer | None
+    start: int
+    probe: AttentionProbe | None
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """Causal attention of queries at positions start.. over keys 0..T-1.
 
@@ -184,30 +195,23 @@ class Attention(nn.Module):
         self.register_buffer("bias", bias, persistent=False)  # Qwen2 has q/k/v biases
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: Rope,
-        layer: int,
-        cache: KVBuffer | None,
-        start: int,
-        probe: AttentionProbe | None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, where: Pass) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
         qkv = self.qkv.forward(x)  # [n, (h + 2·kv_h)·d]
         if self.bias is not None:
             qkv = qkv + self.bias
         qk_heads = self.heads + self.kv_heads
-        qk = rope(self.before_rope(qkv[:, : qk_heads * d].view(n, qk_heads, d)))
+        qk = where.rope(self.before_rope(qkv[:, : qk_heads * d].view(n, qk_heads, d)))
         # [1, heads, n, d]; one position is a plain view, which SDPA reads ~25% faster
         qk = qk.view(1, qk_heads, 1, d) if n == 1 else qk.transpose(0, 1)[None]
         q, k = qk[:, : self.heads], qk[:, self.heads :]  # [1, h, n, d], [1, kv_h, n, d]
         v = qkv[:, qk_heads * d :].view(n, self.kv_heads, d).transpose(0, 1)[None]
-        if cache is not None:
-            k, v = cache.write(layer, start, k, v)  # [1, kv_h, T, d]
+        if where.cache is not None:
+            k, v = where.cache.write(layer, where.start, k, v)  # [1, kv_h, T, d]
+        probe = where.probe
         if probe is not None and probe.wants(layer):
-            probe.weights[layer] = self.probe_weights(q, k, start, probe.rows)
-        y = self.attend(q, k, v, start)
+            probe.weights[layer] = self.probe_weights(q, k, where.start, probe.rows)
+        y = self.attend(q, k, v, where.start)
         return self.out.forward(y[0].transpose(0, 1).reshape(n, self.heads * d))
 
     def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
@@ -275,17 +279,9 @@ class Block(nn.Module):
         self.register_buffer("ffn_norm", norms[1], persistent=False)
         self.eps = eps
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: Rope,
-        layer: int,
-        cache: KVBuffer | None,
-        start: int,
-        probe: AttentionProbe | None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, where: Pass) -> torch.Tensor:
         h = rms_norm(x, self.attention_norm, self.eps)
-        x = x + self.attention.forward(h, rope, layer, cache, start, probe)
+        x = x + self.attention.forward(h, layer, where)
         return x + self.feed_forward.forward(rms_norm(x, self.ffn_norm, self.eps))
 
 
@@ -374,7 +370,7 @@ class GGUFLlama(nn.Module):
             cache.reserve(start + n)
         rope = Rope(self.inv_freq, start, n, self.rope_matrix_rows)
         x = self.embedding.forward(ids)  # [n, dim] float32
-        x = self._layers(x, rope, cache, start, probe)
+        x = self._layers(x, Pass(rope, cache, start, probe))
         if cache is not None:
             cache.length = start + n
         if not every_position:
@@ -382,37 +378,26 @@ class GGUFLlama(nn.Module):
         logits = self.output.forward(rms_norm(x, self.norm, self.shape.eps))
         return logits if every_position else logits[-1]
 
-    def _layers(
-        self,
-        x: torch.Tensor,
-        rope: Rope,
-        cache: KVBuffer | None,
-        start: int,
-        probe: AttentionProbe | None,
-    ) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, where: Pass) -> torch.Tensor:
         """Every block, through the compiled step when it can take this pass: one token after
         at least one cached position (what it was compiled for)."""
-        if self.decode_step is not None and x.shape[0] == 1 and cache is not None and start > 0:
+        cache = where.cache
+        if self.decode_step is not None and x.shape[0] == 1 and cache is not None and where.start:
             try:
-                return self._compiled_layers(self.decode_step, x, rope, cache, start, probe)
+                return self._compiled_layers(self.decode_step, x, where, cache)
             except RuntimeError as error:  # inputs it was not compiled for: eager from now on
                 log.warning("the compiled decode step failed, decoding eagerly: %s", error)
                 self.decode_step = None
         for layer, block in enumerate(self.blocks):
-            x = block.forward(x, rope, layer, cache, start, probe)
+            x = block.forward(x, layer, where)
         return x
 
     def _compiled_layers(
-        self,
-        step: DecodeStep,
-        x: torch.Tensor,
-        rope: Rope,
-        cache: KVBuffer,
-        start: int,
-        probe: AttentionProbe | None,
+        self, step: DecodeStep, x: torch.Tensor, where: Pass, cache: KVBuffer
     ) -> torch.Tensor:
         """One token through the compiled step; a watched layer's attention from the queries
         it returns and the keys it wrote."""
+        rope, start, probe = where.rope, where.start, where.probe
         assert rope.matrix is not None  # one position: always the matrix form
         cache.reserve(start + 2)  # it was compiled for a cache with room after this position
         x, queries = step(x, rope.matrix, start, cache)

@@ -11,8 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from engine.settings import GenerationSettings, ProbeSettings
+
+if TYPE_CHECKING:
+    from engine.events import Event
+    from engine.settings import Message
 
 Mode = Literal["run", "paused", "slow"]
 
@@ -112,3 +119,35 @@ class Pacer:
                 self._granted = 0
                 self._waiting = False
             self._changed.notify_all()
+
+
+class PacedGeneration:
+    """What a session shares with engine.synthetic's stand-in: a reply is stopped (`cancel`)
+    and paced (`pacer`) from any thread, and generate() fills in the default settings."""
+
+    def __init__(self) -> None:
+        self._cancel = threading.Event()
+        self.pacer = Pacer()  # a teacher's Pause / Next token / Play slowly
+
+    def cancel(self) -> None:
+        """Ask the running generation to stop after the current step (any thread), also
+        while its pacer holds it."""
+        self._cancel.set()
+        self.pacer.wake()
+
+    def generate(
+        self,
+        messages: Sequence[Message],
+        settings: GenerationSettings | None = None,
+        probes: ProbeSettings | None = None,
+    ) -> Iterator[Event]:
+        """Generate a reply to `messages`, yielding events; always ends with one Finished."""
+        self._cancel.clear()  # when the reply starts: a cancel before it is lost
+        yield from self._generate(
+            messages, settings or GenerationSettings(), probes or ProbeSettings()
+        )
+
+    def _generate(
+        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+    ) -> Iterator[Event]:
+        raise NotImplementedError

@@ -17,7 +17,6 @@ its own and placed on the roofline (engine/roofline.py) against the machine's pe
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -46,7 +45,7 @@ from engine.events import (
     frozen_array,
 )
 from engine.loader import LoadedModel
-from engine.pacing import Pacer
+from engine.pacing import PacedGeneration
 from engine.peaks import peaks_or_none
 from engine.prompt import encoder
 from engine.roofline import ForwardCost, Meter
@@ -56,10 +55,11 @@ from engine.settings import GenerationSettings, Message, ProbeSettings
 log = logging.getLogger(__name__)
 
 
-class ChatSession:
+class ChatSession(PacedGeneration):
     def __init__(self, loaded: LoadedModel, peaks: Peaks | None = None) -> None:
         """`peaks`: the machine's ceilings for the roofline; measured (or read from the cache)
         for the model's device and compute dtype when not given."""
+        super().__init__()
         self.model = loaded.model
         self.compiling = loaded.compiling  # the compiled decode step on its way, if any
         self.decoder = decoder_for(loaded.model)  # transformers or Glassbox's own GGUF model
@@ -68,20 +68,11 @@ class ChatSession:
         peaks = peaks or peaks_or_none(self.device, loaded.info.dtype)
         self.info = replace(loaded.info, peaks=peaks)
         self.meter = Meter(ForwardCost.of(loaded.model, loaded.info), peaks)
-        self._cancel = threading.Event()
-        # The pace of replies (a teacher's Pause / Next token / Play slowly), any thread
-        self.pacer = Pacer()
         self._cache: Cache | None = None
         self._cached_ids: list[int] = []
         self.eos_ids = self._eos_ids()
 
     # -- public API -------------------------------------------------------------------------
-
-    def cancel(self) -> None:
-        """Ask the running generation to stop after the current step (any thread), also
-        while its pacer holds it."""
-        self._cancel.set()
-        self.pacer.wake()
 
     def reset(self) -> None:
         """Forget the KV cache (a new chat, or after an error)."""
@@ -94,16 +85,9 @@ class ChatSession:
     def count_tokens(self, messages: Sequence[Message], completion: bool = False) -> int:
         return len(encoder(completion)(self.tokenizer, messages))
 
-    def generate(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings | None = None,
-        probes: ProbeSettings | None = None,
+    def _generate(
+        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
     ) -> Iterator[Event]:
-        """Generate a reply to `messages`, yielding events; always ends with one Finished."""
-        settings = settings or GenerationSettings()
-        probes = probes or ProbeSettings()
-        self._cancel.clear()
         tally = Tally(started=time.perf_counter())
         stream: TextStream | None = None
         try:

@@ -33,7 +33,7 @@ from engine.events import (
     frozen_array,
 )
 from engine.kv_cache import formula_bytes
-from engine.pacing import Pacer
+from engine.pacing import PacedGeneration
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
 # The bundled SmolLM2-135M's shapes. Its context holds 8,192 tokens; the synthetic one may run
@@ -85,7 +85,7 @@ def passage_pieces(passage: str = PASSAGE) -> tuple[str, ...]:
     return tuple(p for p in pieces if p)
 
 
-class SyntheticSession:
+class SyntheticSession(PacedGeneration):
     """Replies with `pieces` (then "eos"), or with the passage repeated until the token limit.
 
     Pacing: `delay` seconds before each token, or one token per `gate` release; neither means
@@ -104,6 +104,7 @@ class SyntheticSession:
         step_s: float = STEP_S,
         seed: int = 0,
     ) -> None:
+        super().__init__()
         self.info = info or BUNDLED_SHAPES
         self.pieces = tuple(pieces) if pieces is not None else None
         self.delay = delay
@@ -115,17 +116,11 @@ class SyntheticSession:
         self.started = threading.Event()
         self.token_texts: list[str] = []  # the last reply's Token.text, in order
         self.last_kv_bytes = 0
-        self._cancel = threading.Event()
-        self.pacer = Pacer()  # as the real session's: held, stepped or slowed from any thread
         self._rng = np.random.default_rng(seed)
         vocabulary = sorted(set(self.pieces if self.pieces is not None else passage_pieces()))
         self._ids = {piece: 1000 + i for i, piece in enumerate(vocabulary)}
         self._candidates = {p: self._top_k(p) for p in vocabulary}
         self._noise: dict[int, np.ndarray] = {}
-
-    def cancel(self) -> None:
-        self._cancel.set()
-        self.pacer.wake()
 
     def reset(self) -> None:
         self.resets += 1
@@ -134,15 +129,9 @@ class SyntheticSession:
         """Words plus 3 per message, as a chat template adds a few tokens around each."""
         return sum(len(m.content.split()) + 3 for m in messages)
 
-    def generate(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings | None = None,
-        probes: ProbeSettings | None = None,
+    def _generate(
+        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
     ) -> Iterator[Event]:
-        settings = settings or GenerationSettings()
-        probes = probes or ProbeSettings()
-        self._cancel.clear()  # as the real session does: a cancel before the start is lost
         self.calls.append(tuple(messages))
         self.started.set()
         tally = Tally(started=time.perf_counter())

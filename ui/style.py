@@ -20,28 +20,22 @@ class ChatColors:
     error: QColor
 
 
+# Per role: its colour on a light theme, then on a dark one.
+_COLORS = {
+    "user": ("#e3edfb", "#2b3a4f"),
+    "assistant": ("#f6f6f6", "#2a2a2a"),
+    "system": ("#fbf6e6", "#33302a"),
+    "code": ("#eceff1", "#1c1c1c"),
+    "border": ("#c8c8c8", "#555555"),
+    "muted": ("#707070", "#9a9a9a"),
+    "error": ("#b00020", "#ff8a80"),
+}
+
+
 def chat_colors(palette: QPalette) -> ChatColors:
     """Message backgrounds that stay readable on the current theme's text colour."""
     dark = palette.color(QPalette.ColorRole.Base).lightness() < 128
-    if dark:
-        return ChatColors(
-            user=QColor("#2b3a4f"),
-            assistant=QColor("#2a2a2a"),
-            system=QColor("#33302a"),
-            code=QColor("#1c1c1c"),
-            border=QColor("#555555"),
-            muted=QColor("#9a9a9a"),
-            error=QColor("#ff8a80"),
-        )
-    return ChatColors(
-        user=QColor("#e3edfb"),
-        assistant=QColor("#f6f6f6"),
-        system=QColor("#fbf6e6"),
-        code=QColor("#eceff1"),
-        border=QColor("#c8c8c8"),
-        muted=QColor("#707070"),
-        error=QColor("#b00020"),
-    )
+    return ChatColors(**{role: QColor(pair[dark]) for role, pair in _COLORS.items()})
 
 
 def document_css(colors: ChatColors) -> str:

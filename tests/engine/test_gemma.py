@@ -198,7 +198,7 @@ def test_sliding_layers_hold_only_their_window_as_the_context_grows():
     """Small chunks, so the window's move to the front happens: the sliding layer's buffer
     stays bounded, its views are the positions its queries see, and a truncation past what it
     dropped is refused (the session then starts a new cache)."""
-    cache = WindowedKVBuffer(2, 1, 4, torch.float32, torch.device("cpu"), (0,), window=5,
+    cache = WindowedKVBuffer(2, 1, 4, torch.float32, torch.device("cpu"), sliding=(0,), window=5,
                              chunk=4)  # fmt: skip
     for position in range(40):
         cache.reserve(position + 1)
