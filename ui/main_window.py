@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.events import Event, Finished, ModelInfo, PrefillDone, Token
+from engine.events import Event, Finished, ModelInfo, PrefillDone
 from engine.settings import (
     GenerationSettings,
     LoadRequest,
@@ -452,29 +452,17 @@ class MainWindow(QMainWindow):
     def _on_events(self, batch: list[Event]) -> None:
         """A batch as the backend delivered it. Its tokens reach the conversation (and so the
         chat view and the store) as one change per run of tokens, not one per token: per-token
-        work was a large part of the GUI thread's cost while a reply streamed."""
-        tokens: list[Event] = []
-        for event in batch:
-            if isinstance(event, Token):
-                tokens.append(event)
-                continue
-            self._apply(tokens)
-            tokens = []
-            self._apply([event])
-        self._apply(tokens)
+        work was a large part of the GUI thread's cost while a reply streamed. Events that
+        arrive once no reply is in progress (an abandoned reply's last) are for the panels only.
+        """
+        if self.replying:
+            self.conversation_model.apply_many(batch)
+            for event in batch:
+                if isinstance(event, PrefillDone):
+                    self._on_prefill(event)
+                elif isinstance(event, Finished):
+                    self._after_reply(event)
         self.events_received.emit(batch)
-
-    def _apply(self, events: list[Event]) -> None:
-        """Events of the reply in progress (ignored once it was abandoned: an abandoned
-        reply's last events are for the panels only)."""
-        if not events or not self.replying:
-            return
-        self.conversation_model.apply_many(events)  # the chat view and the store follow it
-        event = events[-1]
-        if isinstance(event, PrefillDone):
-            self._on_prefill(event)
-        elif isinstance(event, Finished):
-            self._after_reply(event)
 
     def _on_prefill(self, event: PrefillDone) -> None:
         self.show_status(prefill_line(event))
