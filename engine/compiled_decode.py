@@ -22,6 +22,7 @@ the q and k it attended with.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import logging
@@ -285,19 +286,11 @@ class _DecodeLayers(torch.nn.Module):
 
     def __init__(self, plan: Sequence[LayerPlan]) -> None:
         super().__init__()
-        self.plan = plan
+        self.step = functools.partial(decode_layers, plan=plan)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rotation: torch.Tensor,
-        filled: torch.Tensor,
-        eps: torch.Tensor,
-        weights: Sequence[LayerWeights],
-        keys: Sequence[torch.Tensor],
-        values: Sequence[torch.Tensor],
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return decode_layers(x, rotation, filled, eps, weights, keys, values, self.plan)
+    def forward(self, *inputs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """decode_layers' inputs but the plan, in its order."""
+        return self.step(*inputs)
 
 
 # -- where it is kept, how it is built and loaded -------------------------------------------
@@ -360,7 +353,8 @@ def compile_to(model: GGUFLlama, path: Path) -> None:
                [{2: capacity}] * len(cache.keys), [{2: capacity}] * len(cache.values))  # fmt: skip
     with torch.no_grad():
         module = _DecodeLayers(layer_plan(model))
-        exported = torch.export.export(module, inputs, dynamic_shapes=dynamic)
+        # forward(*inputs): export binds them as one argument, so the shapes are nested once
+        exported = torch.export.export(module, inputs, dynamic_shapes=(dynamic,))
     with _scratch_beside(path) as scratch:
         partial = scratch / "step.pt2"  # whole, then renamed: a load never sees half of one
         torch._inductor.aoti_compile_and_package(exported, package_path=str(partial))

@@ -73,8 +73,10 @@ class WindowReply:
     finished: Finished | None = None
     first_token: float | None = None
     first_cpu: float = 0.0
+    first_process_cpu: float = 0.0  # the window process's CPU, all its threads
     end: float | None = None
     end_cpu: float = 0.0
+    end_process_cpu: float = 0.0
     beats: list[float] = field(default_factory=list)
     beat_cpu: list[float] = field(default_factory=list)  # the GUI thread's CPU time at each
 
@@ -90,9 +92,11 @@ class WindowReply:
     def on_event(self, event: Event) -> None:
         if isinstance(event, Token) and self.first_token is None:
             self.first_token, self.first_cpu = time.perf_counter(), time.thread_time()
+            self.first_process_cpu = time.process_time()
             self.first_frames = self.frames() if self.frames else 0
         elif isinstance(event, Finished):
             self.end, self.end_cpu = time.perf_counter(), time.thread_time()
+            self.end_process_cpu = time.process_time()
             self.end_frames = self.frames() if self.frames else 0
             self.finished = event
 
@@ -107,6 +111,13 @@ class WindowReply:
         """GUI-thread CPU seconds per wall second between the first token and the Finished."""
         wall = (self.end or 0.0) - (self.first_token or 0.0)
         return (self.end_cpu - self.first_cpu) / wall if wall > 0 else 0.0
+
+    @property
+    def window_cpu_per_s(self) -> float:
+        """The whole window process's CPU seconds (the GUI thread, the thread that reads the
+        engine's pipe, Qt's own) per wall second, first token to Finished."""
+        wall = (self.end or 0.0) - (self.first_token or 0.0)
+        return (self.end_process_cpu - self.first_process_cpu) / wall if wall > 0 else 0.0
 
 
 def process_age_s() -> float | None:
@@ -504,6 +515,7 @@ def _run(
     window_decode, headless_decode = decode_runs["window"], decode_runs["headless"]
     shown_ttft = _median([(r.first_token or r.sent) - r.sent for r in windows])
     gui_cpu = [r.gui_cpu_per_s for r in windows]
+    window_cpu = [r.window_cpu_per_s for r in windows]
     # The engine's own CPU per reply, both ways: equal means the window adds no work to the
     # engine and any loss of speed is the engine waiting for a core.
     engine_cpu = {
@@ -549,6 +561,7 @@ def _run(
             "frames_per_s": [round(r.frames_per_s, 2) for r in windows],
         },
         "gui_cpu_per_s": round(_median(gui_cpu), 3),
+        "window_process_cpu_per_s": round(_median(window_cpu), 3),
         # How often the panels redrew while the model streamed: the frame-rate governor keeps
         # the GUI thread near its share of a core (ui.panels.docks), between 2 and 30 a second.
         "panel_frames_per_s": round(_median([r.frames_per_s for r in windows]), 2),
