@@ -134,6 +134,7 @@ def _connect_internals(window: MainWindow, internals: InternalsView) -> None:
     window.model_changed.connect(on_model)
     window.events_received.connect(internals.ingest_many)
     window.chat_reset.connect(internals.clear)
+    window.pace.mode_changed.connect(lambda mode: internals.set_explaining(mode != "run"))
     window.conversation_changed.connect(label_next_reply)
     window.settings_panel.changed.connect(label_next_reply)
     internals.watched_layers_requested.connect(watch)

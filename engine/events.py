@@ -86,6 +86,11 @@ class ModelInfo:
     chat_format: str = "own"
     # The measured ceilings the roofline of each pass is drawn against (None: not measured).
     peaks: Peaks | None = None
+    # What every forward pass reads of the weights as stored, and the embedding bytes looked up
+    # per new position (engine/roofline.py): a pass's Roofline.bytes less these is KV cache.
+    # 0 where the engine did not count them.
+    weight_bytes: int = 0
+    embedding_row_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +131,11 @@ class PrefillDone:
     dropped_messages: int = 0
     # The prefill's forward pass on the roofline (None where it was not counted).
     roofline: Roofline | None = None
+    # Every prompt token as a chip shows it: its text, or its bytes ("<0xE2>") where the text
+    # is not whole characters (engine/token_labels.py); () where the engine did not say.
+    prompt_labels: tuple[str, ...] = ()
+    # The tokenizer's special tokens among the prompt's (BOS, the chat template's markers).
+    special_ids: tuple[int, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -156,6 +166,8 @@ class Token:
     # The decode step's forward pass that produced this token's logits, on the roofline
     # (None for index 0, whose logits came from the prefill, and where it was not counted).
     roofline: Roofline | None = None
+    # The token's bytes ("<0xE2>") where `piece` is not whole characters; "" where it is.
+    label: str = ""
 
 
 @dataclass(frozen=True, slots=True)

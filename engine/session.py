@@ -25,7 +25,7 @@ from typing import cast
 
 import torch
 
-from engine import chat_format, context
+from engine import chat_format, context, token_labels
 from engine.attention_probe import AttentionProbe
 from engine.context import ContextFull
 from engine.decoder import Cache, decoder_for
@@ -66,8 +66,15 @@ class ChatSession(PacedGeneration):
         self.tokenizer = loaded.tokenizer
         self.device = self.decoder.device
         peaks = peaks or peaks_or_none(self.device, loaded.info.dtype)
-        self.info = replace(loaded.info, peaks=peaks)
-        self.meter = Meter(ForwardCost.of(loaded.model, loaded.info), peaks)
+        cost = ForwardCost.of(loaded.model, loaded.info)
+        self.info = replace(
+            loaded.info,
+            peaks=peaks,
+            weight_bytes=cost.weight_bytes,
+            embedding_row_bytes=cost.row_bytes,
+        )
+        self.meter = Meter(cost, peaks)
+        self._special_ids = token_labels.special_ids(self.tokenizer)
         self._cache: Cache | None = None
         self._cached_ids: list[int] = []
         self.eos_ids = self._eos_ids()
@@ -265,6 +272,7 @@ class ChatSession(PacedGeneration):
         dropped: int,
     ) -> PrefillDone:
         per_layer = self._cache.layer_bytes() if self._cache is not None else ()
+        pieces = [self._piece(i) for i in prompt]
         return PrefillDone(
             prompt_tokens=len(prompt),
             reused_tokens=forward.cached,
@@ -274,10 +282,15 @@ class ChatSession(PacedGeneration):
             kv_bytes=sum(per_layer),
             kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
             prompt_token_ids=tuple(prompt),
-            token_texts=tuple(self._piece(i) for i in prompt) if probes.attention_layers else (),
+            token_texts=tuple(pieces) if probes.attention_layers else (),
             attention=_attention(forward.probe, squeeze=False),
             dropped_messages=dropped,
             roofline=self._roofline(forward, tally.prefill_s),
+            prompt_labels=tuple(
+                token_labels.label(self.tokenizer, i, piece) or piece
+                for i, piece in zip(prompt, pieces, strict=True)
+            ),
+            special_ids=tuple(sorted(self._special_ids.intersection(prompt))),
         )
 
     def _token_event(
@@ -292,16 +305,18 @@ class ChatSession(PacedGeneration):
     ) -> Token:
         """The token as sampled; `seconds` and `roofline` are filled in once it is timed."""
         per_layer = self._cache.layer_bytes() if self._cache is not None else ()
+        piece = self._piece(token_id)
         return Token(
             index=index,
             token_id=token_id,
             text=stream.push(token_id, last=reason is not None),
-            piece=self._piece(token_id),
+            piece=piece,
             seconds=0.0,
             kv_bytes=sum(per_layer),
             kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
             attention=_attention(forward.probe, squeeze=True) if index > 0 else {},
             top_k=self._top_k(forward.logits, probs, probes.top_k),
+            label=token_labels.label(self.tokenizer, token_id, piece),
         )
 
     def _top_k(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> tuple[Candidate, ...]:

@@ -37,12 +37,13 @@ from ui.chat_view import ChatView
 from ui.conversation import Conversation, Entry, ReplyState
 from ui.input_box import EMPTY_MESSAGE, InputBox
 from ui.model_picker import ModelPicker
+from ui.pacing import PaceControls
 from ui.reply_stats import finished_stats, prefill_line, speed_line, stats_line
 from ui.settings_panel import SettingsPanel
 
 STATUS_MS = 6000
 WAITING = "Waiting for the model: your message is answered as soon as it has loaded."
-STATE_VERSION = 2  # bump when the set of docks changes: older layouts are then ignored
+STATE_VERSION = 3  # bump when the set of docks changes: older layouts are then ignored
 
 
 class Backend(Protocol):
@@ -68,6 +69,8 @@ class Backend(Protocol):
     ) -> bool: ...
 
     def stop(self) -> None: ...
+
+    def pace(self, action: str, rate: float = 0.0) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -177,6 +180,7 @@ class MainWindow(QMainWindow):
             "Load model…", QKeySequence.StandardKey.Open, self.open_model_picker, "Load a model"
         )
         self.quit_action = self._action("Quit", QKeySequence.StandardKey.Quit, self.close, "Quit")
+        self.pace = PaceControls(self, lambda action, rate: self.backend.pace(action, rate))
 
     def _build_central(self) -> None:
         send = QToolButton()
@@ -229,6 +233,11 @@ class MainWindow(QMainWindow):
             self.load_action,
         ):
             toolbar.addAction(action)
+        self.pace.add_to(toolbar)
+        step_menu = self.menuBar().addMenu("&Step")
+        for action in self.pace.actions:
+            step_menu.addAction(action)
+        step_menu.addAction(self.stop_action)
         self.view_menu.addAction(toolbar.toggleViewAction())
 
     def _build_status_bar(self) -> None:
@@ -440,6 +449,7 @@ class MainWindow(QMainWindow):
             self.show_status("The model is busy: try again in a moment.")
             return False
         self.conversation_model.start_reply(settings, self._model_name())
+        self.pace.reply_started(settings.pause_after_prefill)
         self._update_actions()
         return True
 
@@ -555,6 +565,7 @@ class MainWindow(QMainWindow):
         self.stop_action.setEnabled(self.replying or waiting)
         has_user = self.conversation_model.has_user_message()
         self.regenerate_action.setEnabled(reason is None and has_user)
+        self.pace.set_replying(self.replying)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Cancel any reply and stop the model thread before the window goes."""

@@ -78,6 +78,11 @@ class SettingsPanel(QWidget):
             "Teaching mode: re-run the whole sequence for every token to feel what the KV"
             " cache saves. Much slower."
         )
+        self._pause_after_prefill = QCheckBox("Pause after prefill (then step with Next token)")
+        self._pause_after_prefill.setToolTip(
+            "Teaching: hold each reply once its prompt is processed, then go one token at a"
+            " time (Next token), slowly (Play slowly) or on (Resume)."
+        )
         self._context_policy = QComboBox()
         self._context_policy.addItem("Drop the oldest turns", "drop_oldest")
         self._context_policy.addItem("Stop and tell me", "stop")
@@ -103,6 +108,7 @@ class SettingsPanel(QWidget):
         form.addRow("Seed", seed_row)
         form.addRow("Max new tokens", self._max_tokens)
         form.addRow(self._no_cache)
+        form.addRow(self._pause_after_prefill)
         form.addRow("When the context is full", self._context_policy)
         layout = QVBoxLayout(self)
         layout.addWidget(self._completion)
@@ -117,7 +123,7 @@ class SettingsPanel(QWidget):
         self._completion.toggled.connect(self._sync_enabled)
         self._completion.toggled.connect(self.changed)
         self._completion.clicked.connect(self.completion_toggled)  # the user's flips only
-        for box in (self._greedy, self._seed_fixed, self._no_cache):
+        for box in (self._greedy, self._seed_fixed, self._no_cache, self._pause_after_prefill):
             box.toggled.connect(self._sync_enabled)
             box.toggled.connect(self.changed)
         for spin in (
@@ -153,6 +159,7 @@ class SettingsPanel(QWidget):
             use_cache=not self._no_cache.isChecked(),
             context_policy=self._context_policy.currentData(),
             completion=self._completion.isChecked(),
+            pause_after_prefill=self._pause_after_prefill.isChecked(),
         )
 
     def set_settings(self, settings: GenerationSettings) -> None:
@@ -166,10 +173,14 @@ class SettingsPanel(QWidget):
             self._seed.setValue(settings.seed)
         self._max_tokens.setValue(settings.max_new_tokens)
         self._no_cache.setChecked(not settings.use_cache)
+        self._pause_after_prefill.setChecked(settings.pause_after_prefill)
         self._context_policy.setCurrentIndex(self._context_policy.findData(settings.context_policy))
         self._stop_strings = settings.stop_strings
         self._completion.setChecked(settings.completion)
         self._sync_enabled()
+
+    def set_pause_after_prefill(self, on: bool) -> None:
+        self._pause_after_prefill.setChecked(on)
 
     def completion(self) -> bool:
         return self._completion.isChecked()

@@ -32,6 +32,8 @@ from ui.panels.mosaic import (
 from ui.panels.pooled_rows import PooledRows
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import ATTENTION, AttentionRows, InternalsState
+from ui.panels.state.explain import attention_line
+from ui.panels.step_line import StepLine
 
 # Within DISPLAY_ROWS x DISPLAY_KEYS (pooled_rows.py), a tile has about one cell per screen
 # pixel: finer cells cost pooling, upload and painting, and the screen could not show them
@@ -154,6 +156,7 @@ class AttentionPanel(QWidget):
         self.overview_caption = self.head_overview.caption
         self.measure_choice = self.head_overview.measure_choice
         self.hover = QLabel("Hover a heatmap to read a weight.")
+        self.step_line = StepLine()
         grid_box = QWidget()
         grid_layout = QVBoxLayout(grid_box)
         grid_layout.setContentsMargins(0, 0, 0, 0)
@@ -169,6 +172,7 @@ class AttentionPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(self._controls)
+        layout.addWidget(self.step_line)
         layout.addWidget(self.pages, 1)
 
     # -- construction ------------------------------------------------------------------------
@@ -309,6 +313,9 @@ class AttentionPanel(QWidget):
             self.pages.show_content(bool(self._state.attention))
             self.all_heads.setVisible(self.selected_head is not None)
             self._draw_heads()
+            state = self._state
+            line = attention_line(state, self.selected_layer, self.selected_head)
+            self.step_line.say(line, state.showing_step)
         self.head_overview.redraw()
         self.tracker.drawn(revisions)
 

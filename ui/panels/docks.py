@@ -19,6 +19,7 @@ from ui.panels.next_token import NextTokenPanel
 from ui.panels.roofline import RooflinePanel
 from ui.panels.state import ATTENTION_CELLS, InternalsState
 from ui.panels.timing import TimingPanel
+from ui.panels.tokens import TokensPanel
 
 FRAME_MS = 33  # about 30 redraws a second at most
 # The window must not slow the model it shows. When the GUI thread as a whole (panels, chat,
@@ -61,6 +62,7 @@ DOCKS = (
     ("internals_attention", "Attention", "attention"),
     ("internals_next_token", "Next token", "next_token"),
     ("internals_roofline", "Roofline", "roofline"),
+    ("internals_tokens", "Tokens", "tokens"),
 )
 
 
@@ -106,6 +108,7 @@ class InternalsView(QObject):
         self.attention = AttentionPanel(self.state)
         self.next_token = NextTokenPanel(self.state)
         self.roofline = RooflinePanel(self.state)
+        self.tokens = TokensPanel(self.state)
         self.attention.watched_layers_requested.connect(self.watched_layers_requested)
         self.docks: dict[str, QDockWidget] = {}
         for name, title, attribute in DOCKS:
@@ -144,7 +147,14 @@ class InternalsView(QObject):
 
     @property
     def panels(self) -> tuple[Panel, ...]:
-        return (self.timing, self.kv_cache, self.attention, self.next_token, self.roofline)
+        return (
+            self.timing,
+            self.kv_cache,
+            self.attention,
+            self.next_token,
+            self.roofline,
+            self.tokens,
+        )
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -165,10 +175,20 @@ class InternalsView(QObject):
             self.attention.prepare()
         self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
         self._wake_for_data()
+        if self.state.explaining and not self._queued:
+            self._start_frame()  # a step a teacher waits for: drawn now, not at the next tick
 
     def set_next_reply_label(self, label: str) -> None:
         """Legend label of the coming reply's step-latency curve; see timing.cache_label."""
         self.state.set_next_reply_label(label)
+
+    def set_explaining(self, on: bool) -> None:
+        """A teacher steps through replies (paused, Next token, Play slowly): each panel says
+        what the selected step did, and every delivered step is drawn at once. Events come at
+        the fastest pace while stepping, so a Next token shows within a frame or two."""
+        self.state.set_explaining(on)
+        self.frame_interval_changed.emit(FRAME_MS if on else self.busy_interval)
+        self.wake()
 
     def set_watched_layers(self, layers: Sequence[int]) -> None:
         self.state.set_watched_layers(layers)
@@ -362,8 +382,8 @@ def build_docks(
     window: QMainWindow,
     area: Qt.DockWidgetArea = Qt.DockWidgetArea.RightDockWidgetArea,
 ) -> InternalsView:
-    """Add the docks to `window` in two tab groups: timing + KV cache + roofline, attention +
-    next token.
+    """Add the docks to `window` in two tab groups: timing + KV cache + roofline,
+    attention + next token + tokens.
 
     Call it before `window.restoreState(...)` so the saved layout finds the docks by name.
     """
@@ -374,6 +394,7 @@ def build_docks(
     window.tabifyDockWidget(docks["timing"], docks["kv_cache"])
     window.tabifyDockWidget(docks["kv_cache"], docks["roofline"])
     window.tabifyDockWidget(docks["attention"], docks["next_token"])
+    window.tabifyDockWidget(docks["next_token"], docks["tokens"])
     docks["timing"].raise_()
     docks["attention"].raise_()
     return view

@@ -24,6 +24,8 @@ from ui.panels.ranges import AxisLimit, decimate
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import KV, InternalsState
+from ui.panels.state.explain import kv_line
+from ui.panels.step_line import StepLine
 
 TOTAL = "all layers (total)"
 STACKED = "stacked by layer"
@@ -167,6 +169,8 @@ class KvCachePanel(QWidget):
         left.addWidget(self.plot_widget, 1)
         self.pages = EmptyState(EMPTY_MESSAGE, chart)
         right = QVBoxLayout()
+        self.step_line = StepLine()
+        right.addWidget(self.step_line)
         right.addWidget(ReadoutBox(self.formula))
         right.addWidget(self.context)
         right.addStretch(1)
@@ -195,7 +199,16 @@ class KvCachePanel(QWidget):
         self.pages.show_content(len(self._state.kv_tokens) > 0)
         self._draw_curves()
         self._draw_text()
+        self._draw_selected_step()
         self.tracker.drawn(revisions)
+
+    def _draw_selected_step(self) -> None:
+        state = self._state
+        self.step_line.say(kv_line(state), state.showing_step)
+        position = state.selected_position
+        # The cache held `position` tokens when the token at `position` was made.
+        marked = state.showing_step and position is not None
+        self.plot_widget.set_marker(float(position) if marked and position else None)
 
     # -- drawing ---------------------------------------------------------------------------
 

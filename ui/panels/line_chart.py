@@ -98,6 +98,9 @@ def tick_text(value: float, step: float) -> str:
     return f"{value:.{decimals}f}"
 
 
+MARKER = QColor(255, 200, 40)  # the selected step
+
+
 class LineChart(QWidget):
     """Series on shared axes from 0 to `x_limit` and 0 to `y_limit`, painted on a black plot;
     the first series added is drawn on top and named first in the legend.
@@ -123,8 +126,15 @@ class LineChart(QWidget):
         self._frame_pixmap: QPixmap | None = None  # see _frame
         self._frame_key: tuple[object, ...] = ()
         self.frames_drawn = 0  # how often the axes, title and legend were drawn (a test reads it)
+        self.marker: float | None = None  # the selected step's x, drawn as a vertical line
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+
+    def set_marker(self, x: float | None) -> None:
+        """Mark the selected step at `x` (None: no mark)."""
+        if x != self.marker:
+            self.marker = x
+            self.update()
 
     def add_series(self, series: Series) -> Series:
         series.chart = self
@@ -195,6 +205,10 @@ class LineChart(QWidget):
                     self._fill_under(painter, path, series, area)
                 painter.setPen(series.pen())
                 painter.drawPath(path)
+        if self.marker is not None and self.x_limit > 0:
+            x = area.left() + self.marker / self.x_limit * area.width()
+            painter.setPen(QPen(MARKER, 2))
+            painter.drawLine(QPointF(x, area.top()), QPointF(x, area.bottom()))
         painter.end()
 
     def _frame(self) -> QPixmap:

@@ -22,6 +22,7 @@ from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import NEXT_TOKEN, InternalsState
+from ui.panels.step_line import StepLine
 
 PROB_BRUSH = (66, 133, 244)
 SAMPLED_BRUSH = (251, 188, 5)
@@ -112,6 +113,8 @@ class NextTokenPanel(QWidget):
         layout = QVBoxLayout(content)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(browse)
+        self.step_line = StepLine()
+        layout.addWidget(self.step_line)
         layout.addWidget(ReadoutBox(self.summary))
         layout.addWidget(self.tokens)
         layout.addWidget(self.key)
@@ -146,10 +149,15 @@ class NextTokenPanel(QWidget):
             widget.setRange(0, max(steps - 1, 0))
             widget.blockSignals(False)
         self._append_tokens(steps)
+        selected = self._state.step_at(self._state.selected)
+        if selected is not None and selected != self.spin.value():  # chosen in another panel
+            self.follow.setChecked(False)
+            self._set_browse(selected)
         if self.follow.isChecked():
             self._set_browse(steps - 1)
         step = min(self.spin.value(), steps - 1)
         self._draw_step(step)
+        self.step_line.say(self.summary.text(), self._state.showing_step and step >= 0)
         self.tracker.drawn(revisions)
 
     # -- internals -------------------------------------------------------------------------
@@ -192,7 +200,10 @@ class NextTokenPanel(QWidget):
         return link
 
     def _on_token_clicked(self, url: QUrl) -> None:
-        self.show_step(int(url.toString().removeprefix("step:")))
+        """A token of the reply selects its step in every panel."""
+        step = int(url.toString().removeprefix("step:"))
+        self.show_step(step)
+        self._state.select(self._state.prompt_tokens + step)
 
     def _set_browse(self, index: int) -> None:
         for widget in (self.slider, self.spin):

@@ -23,6 +23,8 @@ from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker, Throttle
 from ui.panels.state import ROOFLINE, InternalsState
+from ui.panels.state.explain import roofline_line
+from ui.panels.step_line import StepLine
 
 # The decode cloud keeps the latest steps: one symbol each, so a frame's cost stays bounded.
 DECODE_POINTS = 512
@@ -33,6 +35,7 @@ CLOUD_INTERVAL_S = 1.0
 PREFILL_BRUSH = (66, 133, 244)
 DECODE_BRUSH = (52, 168, 83, 110)
 LATEST_DECODE_BRUSH = (52, 168, 83)
+SELECTED_BRUSH = (255, 200, 40)  # the selected step (ui.panels.line_chart.MARKER)
 BANDWIDTH_PEN = (251, 188, 5)
 COMPUTE_PEN = (217, 48, 37)
 MARGIN_DECADES = 0.4  # room around the points and the ridge, in powers of ten
@@ -152,8 +155,10 @@ class RooflinePanel(QWidget):
         self.prefill_points = LogPoints(symbol="d", size=13, pen="w", brush=PREFILL_BRUSH)
         for item in (self.bandwidth_line, self.compute_line, self.prefill_points):
             plot.addItem(item)
+        self.selected_point = LogPoints(symbol="s", size=15, pen="w", brush=SELECTED_BRUSH)
         plot.addItem(self.decode_points)
         plot.addItem(self.latest_decode)
+        plot.addItem(self.selected_point)
         # The key above the chart: a legend inside it covered the roof's upper left.
         self.key = key_label(
             [
@@ -176,6 +181,8 @@ class RooflinePanel(QWidget):
         self.pages = EmptyState(EMPTY_MESSAGE, chart)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
+        self.step_line = StepLine()
+        layout.addWidget(self.step_line)
         layout.addWidget(self.pages, 1)
         layout.addWidget(ReadoutBox(self.phases))
         layout.addWidget(ReadoutBox(self.peaks))
@@ -200,14 +207,29 @@ class RooflinePanel(QWidget):
         if not trace.empty:
             self._draw_points()
             self._draw_roof()
+        self._draw_selected_step()
         self.tracker.drawn(revisions)
+
+    def _draw_selected_step(self) -> None:
+        state = self._state
+        self.step_line.say(roofline_line(state), state.showing_step)
+        step = state.selected_step
+        roofline = state.step_rooflines[step] if step is not None else None
+        if state.showing_step and roofline is not None:
+            self.selected_point.set_points(
+                np.array([roofline.intensity]), np.array([roofline.flops_per_s])
+            )
+        else:
+            self.selected_point.set_points(np.zeros(0), np.zeros(0))
 
     # -- drawing ---------------------------------------------------------------------------
 
     def _shape(self) -> tuple[object, ...]:
         """What, changed, redraws at once: the trace (a cleared chat), each reply, the peaks."""
         trace = self._state.roofline
-        return (id(trace), len(trace.prefills), self._state.peaks, len(self._state.replies))
+        state = self._state
+        selected = (state.selected, state.explaining)  # a teacher's click shows at once
+        return (id(trace), len(trace.prefills), state.peaks, len(state.replies), selected)
 
     def _phases_html(self) -> str:
         trace, peaks = self._state.roofline, self._state.peaks

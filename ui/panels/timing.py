@@ -18,6 +18,8 @@ from ui.panels.ranges import AxisLimit, Bars, decimate
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker, Throttle
 from ui.panels.state import TIMING, InternalsState, ReplyTiming
+from ui.panels.state.explain import timing_line
+from ui.panels.step_line import StepLine
 
 WITH_CACHE = "with KV cache"
 WITHOUT_CACHE = "without KV cache"
@@ -117,6 +119,8 @@ class TimingPanel(QWidget):
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(0, 0, 0, 0)
+        self.step_line = StepLine()
+        layout.addWidget(self.step_line)
         layout.addWidget(ReadoutBox(self.numbers))
         timeline = self._build_timeline()
         layout.addWidget(self.phase_key)
@@ -219,6 +223,7 @@ class TimingPanel(QWidget):
             self.numbers.setText(summary_html(reply, self._state.last_error))
             self._draw_steps(reply)
             self._draw_turns()
+            self._draw_selected_step()
         self._timeline_throttle.pending = True
         if self._timeline_due():
             self._draw_timeline()
@@ -257,6 +262,13 @@ class TimingPanel(QWidget):
             self._timeline_turns = turns
             plot.getAxis("left").setTicks([list(enumerate(turns))])
             plot.setYRange(-0.5, max(len(turns), 1) - 0.5, padding=0.05)
+
+    def _draw_selected_step(self) -> None:
+        state = self._state
+        shown = state.showing_step
+        self.step_line.say(timing_line(state), shown)
+        step = state.selected_step
+        self.steps_plot.set_marker(float(step) if shown and step else None)
 
     def _draw_steps(self, reply: ReplyTiming | None) -> None:
         pixels = self.steps_plot.plot_rect().width()

@@ -112,6 +112,13 @@ class AttentionRows:
         """
         return self._append(row, row.shape[1] - 1)
 
+    def row_at(self, position: int) -> np.ndarray | None:
+        """The [heads, keys] weights of the query at context `position`, if kept."""
+        for index in range(len(self._positions) - 1, -1, -1):
+            if self._positions[index] == position:
+                return self._rows[index]
+        return None
+
     def value(self, row: int, key: int, head: int) -> float:
         if 0 <= row < self.rows and 0 <= key < self.keys and 0 <= head < self.heads:
             weights = self._rows[row]

@@ -20,6 +20,7 @@ from engine.events import (
     ModelInfo,
     Peaks,
     PrefillDone,
+    Roofline,
     Token,
 )
 from engine.kv_cache import formula_bytes
@@ -28,6 +29,7 @@ from ui.panels.state.attention import ATTENTION_CELLS, AttentionRows, HeadStats
 from ui.panels.state.prepared import PreparedStats
 from ui.panels.state.roofline import RooflineTrace
 from ui.panels.state.timing import ReplyTiming
+from ui.panels.state.tokens import TokenTrail
 
 # Revision keys: each panel follows one of them.
 TIMING = "timing"
@@ -36,7 +38,8 @@ ATTENTION = "attention"
 NEXT_TOKEN = "next_token"
 ROOFLINE = "roofline"
 MODEL = "model"
-KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL)
+TOKENS = "tokens"
+KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL, TOKENS)
 
 
 def _nothing() -> None:
@@ -54,6 +57,9 @@ class InternalsState:
         self.revisions: dict[str, int] = dict.fromkeys(KEYS, 0)
         self.info: ModelInfo | None = None
         self.watched_layers: tuple[int, ...] = ()
+        # A teacher is stepping (paused, Next token, Play slowly) or chose a token: the panels
+        # say what the selected step did, in one sentence each.
+        self.explaining = False
         self._next_curve_label: str | None = None
         # Row statistics the receiving thread worked out before ingest (app.engine_client).
         self.prepared = PreparedStats()
@@ -81,8 +87,19 @@ class InternalsState:
         self.chosen: list[int] = []
         self.last_error: str | None = None
         self.roofline = RooflineTrace()
+        self._clear_steps()
         for key in self.revisions:
             self._bump(key)
+
+    def _clear_steps(self) -> None:
+        # The latest reply, step by step: its tokens, each step's measured latency, the cache's
+        # bytes after it and its roofline (None for step 0, made by the prefill's pass).
+        self.trail = TokenTrail()
+        self.step_seconds: list[float] = []
+        self.step_kv_bytes: list[int] = []
+        self.step_rooflines: list[Roofline | None] = []
+        self.prefill_kv_bytes = 0
+        self.selected: int | None = None  # a chosen context position; None follows the latest
 
     def set_model(self, info: ModelInfo) -> None:
         self.info = info
@@ -139,6 +156,7 @@ class InternalsState:
         self.chosen = []
         self.last_error = None
         self.roofline.start_reply()
+        self._clear_steps()
         return reply
 
     def _on_prefill(self, event: PrefillDone) -> None:
@@ -147,6 +165,8 @@ class InternalsState:
         if event.roofline is not None:
             self.roofline.add_prefill(reply.turn, event.roofline)
         self.prompt_tokens = event.prompt_tokens
+        self.trail.start(event)
+        self.prefill_kv_bytes = event.kv_bytes
         self.token_texts = list(event.token_texts)
         self.text_offset = event.prompt_tokens - len(event.token_texts)
         # The cache held the reused tokens before prefill: the curve starts there, then jumps.
@@ -168,7 +188,7 @@ class InternalsState:
             fresh = block[:, skip:, :]
             keys = block.shape[2]
             stats.add(fresh, np.arange(keys - fresh.shape[1], keys))
-        for key in (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE):
+        for key in (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, TOKENS):
             self._bump(key)
 
     def _on_token(self, event: Token) -> None:
@@ -182,6 +202,13 @@ class InternalsState:
             self.prompt_tokens + event.index, event.kv_bytes, event.kv_bytes_per_layer
         )
         self.token_texts.append(event.piece)
+        self.trail.add(event)
+        self.step_seconds.append(event.seconds)
+        self.step_kv_bytes.append(event.kv_bytes)
+        self.step_rooflines.append(event.roofline)
+        self._bump(TOKENS)
+        if self.selected is None:  # the panels' sentences follow the latest step
+            self._bump(ROOFLINE)
         prepared = self.prepared.take(event) or {}
         for layer, row in event.attention.items():
             rows = self._attention_rows(layer, row.shape[0])
@@ -284,3 +311,50 @@ class InternalsState:
     @property
     def steps(self) -> int:
         return len(self.top_k)
+
+    # -- the selected step ---------------------------------------------------------------------
+
+    def select(self, position: int | None) -> None:
+        """Show the step of the token at context `position` in every panel (None: follow the
+        latest). A token of the prompt selects the prefill that processed it."""
+        if position is not None and not 0 <= position < len(self.trail.ids):
+            return
+        self.selected = position
+        for key in self.revisions:
+            self._bump(key)
+        self.panel_changed()
+
+    def set_explaining(self, on: bool) -> None:
+        if on != self.explaining:
+            self.explaining = on
+            for key in self.revisions:
+                self._bump(key)
+            self.panel_changed()
+
+    @property
+    def showing_step(self) -> bool:
+        """Whether the panels show the selected step's sentence and marker."""
+        return self.explaining or self.selected is not None
+
+    @property
+    def selected_position(self) -> int | None:
+        """The chosen position, else the latest token's (None before any prompt)."""
+        if self.selected is not None:
+            return self.selected
+        return len(self.trail.ids) - 1 if self.trail.ids else None
+
+    def step_at(self, position: int | None) -> int | None:
+        """The reply's step that made the token at `position` (None for a prompt token)."""
+        if position is None or position < self.prompt_tokens:
+            return None
+        step = position - self.prompt_tokens
+        return step if step < len(self.step_seconds) else None
+
+    @property
+    def selected_step(self) -> int | None:
+        return self.step_at(self.selected_position)
+
+    def step_added_bytes(self, step: int) -> int:
+        """What decode step `step` added to the KV cache, from the measured sizes."""
+        before = self.step_kv_bytes[step - 1] if step > 0 else self.prefill_kv_bytes
+        return self.step_kv_bytes[step] - before

@@ -1,0 +1,173 @@
+"""Tokens panel: the prompt after the chat template as token chips, then the reply's tokens.
+
+Each chip is a run of text with its own character format in one QTextBrowser (one widget per
+token would cost thousands of widgets for a long prompt). Chips are appended as tokens come,
+never rebuilt per frame; selecting a step re-formats two chips. A click on a chip selects its
+step in every panel (InternalsState.select).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
+
+from ui.panels.empty import EmptyState
+from ui.panels.redraw import RedrawTracker
+from ui.panels.state import InternalsState
+from ui.panels.state.internals import TOKENS
+from ui.panels.state.tokens import TokenTrail
+from ui.panels.step_line import StepLine
+
+EMPTY_MESSAGE = (
+    "<b>Tokens</b><br>The model never sees your words, only token ids: the prompt after the "
+    "chat template, special tokens and all, then the reply one token at a time. "
+    "<br><br><i>Send a message to see its tokens; click one to select its step in every "
+    "panel.</i>"
+)
+PROMPT = QColor(225, 232, 245)
+REUSED = QColor(232, 232, 232)
+SPECIAL = QColor(214, 196, 240)
+REPLY = QColor(206, 236, 211)
+SELECTED = QColor(255, 200, 40)
+BYTES_TEXT = QColor(190, 90, 0)
+VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "⇥"})
+
+
+def chip_text(label: str) -> str:
+    """A token as its chip shows it: spaces and line ends visible, never empty."""
+    return label.translate(VISIBLE) or "∅"
+
+
+def tooltip(trail: TokenTrail, position: int) -> str:
+    token_id = trail.ids[position]
+    kind = "reply" if position >= trail.prompt_tokens else "prompt"
+    special = ", special token of the template" if trail.is_special(position) else ""
+    return f"#{position} · id {token_id} · {kind}{special} · {trail.labels[position]!r}"
+
+
+class TokensPanel(QWidget):
+    def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._state = state
+        self.tracker = RedrawTracker(state, TOKENS)
+        self.counts = QLabel("")
+        self.step_line = StepLine()
+        self.chips = QTextBrowser()
+        self.chips.setOpenLinks(False)
+        self.chips.setMouseTracking(True)
+        self.chips.anchorClicked.connect(self._on_clicked)
+        self.chips.highlighted.connect(self._on_hover)
+        self.hover = QLabel("Hover a token to read its id.")
+        self._trail: TokenTrail | None = None  # the trail the chips show
+        self._starts: list[int] = []  # each chip's first character in the document
+        self._marked: int | None = None  # the chip drawn as selected
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.counts)
+        layout.addWidget(self.step_line)
+        layout.addWidget(self.chips, 1)
+        layout.addWidget(self.hover)
+        self.pages = EmptyState(EMPTY_MESSAGE, content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(4, 4, 4, 4)
+        outer.addWidget(self.pages)
+
+    @property
+    def shown(self) -> int:
+        """How many chips the panel shows."""
+        return len(self._starts)
+
+    def chip_format(self, position: int) -> QTextCharFormat:
+        """The format of the chip at `position` (a test reads its colours)."""
+        cursor = QTextCursor(self.chips.document())
+        cursor.setPosition(self._starts[position] + 1)
+        return cursor.charFormat()
+
+    def needs_redraw(self) -> bool:
+        return self.tracker.stale
+
+    def redraw(self) -> None:
+        revisions = self.tracker.snapshot()
+        state = self._state
+        trail = state.trail
+        self.pages.show_content(bool(trail.ids))
+        if trail is not self._trail:
+            self._restart(trail)
+        self._append(trail)
+        self.counts.setText(trail.counts_line() if trail.ids else "")
+        self._mark(state.selected_position if state.showing_step else None)
+        self.tracker.drawn(revisions)
+
+    # -- chips -----------------------------------------------------------------------------
+
+    def _restart(self, trail: TokenTrail) -> None:
+        self._trail, self._starts, self._marked = trail, [], None
+        self.chips.clear()
+
+    def _append(self, trail: TokenTrail) -> None:
+        if self.shown >= len(trail.ids):
+            return
+        bar = self.chips.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum() - 4
+        cursor = QTextCursor(self.chips.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        gap = QTextCharFormat()
+        for position in range(self.shown, len(trail.ids)):
+            self._starts.append(cursor.position())
+            cursor.insertText(chip_text(trail.labels[position]), self._format(trail, position))
+            cursor.insertText(" ", gap)
+        if at_end:
+            bar.setValue(bar.maximum())
+
+    def _format(self, trail: TokenTrail, position: int, selected: bool = False) -> QTextCharFormat:
+        chip = QTextCharFormat()
+        chip.setAnchor(True)
+        chip.setAnchorHref(f"token:{position}")
+        chip.setToolTip(tooltip(trail, position))
+        label = trail.labels[position]
+        if trail.is_special(position):
+            background = SPECIAL
+            chip.setFontWeight(QFont.Weight.Bold)
+        elif position >= trail.prompt_tokens:
+            background = REPLY
+        elif position < trail.reused_tokens:
+            background = REUSED
+        else:
+            background = PROMPT
+        if label.startswith("<0x"):
+            chip.setForeground(BYTES_TEXT)
+            chip.setFontItalic(True)
+        chip.setBackground(SELECTED if selected else background)
+        return chip
+
+    def _mark(self, position: int | None) -> None:
+        """Draw the chip at `position` as selected, and the one before as it was."""
+        trail = self._trail
+        if position == self._marked or trail is None:
+            return
+        for chip, selected in ((self._marked, False), (position, True)):
+            if chip is not None and chip < self.shown:
+                cursor = QTextCursor(self.chips.document())
+                cursor.setPosition(self._starts[chip])
+                end = len(chip_text(trail.labels[chip]))
+                cursor.setPosition(self._starts[chip] + end, QTextCursor.MoveMode.KeepAnchor)
+                cursor.setCharFormat(self._format(trail, chip, selected))
+        self._marked = position
+        if position is not None and position < self.shown:
+            cursor = QTextCursor(self.chips.document())
+            cursor.setPosition(self._starts[position])
+            self.chips.setTextCursor(cursor)
+            self.chips.ensureCursorVisible()
+
+    def _on_clicked(self, url: QUrl) -> None:
+        self._state.select(int(url.toString().removeprefix("token:")))
+
+    def _on_hover(self, url: QUrl) -> None:
+        trail = self._trail
+        if trail is None or not url.toString().startswith("token:"):
+            return
+        position = int(url.toString().removeprefix("token:"))
+        if position < len(trail.ids):
+            self.hover.setText(tooltip(trail, position))
