@@ -67,6 +67,13 @@ def attention_query(state: InternalsState) -> int | None:
     return position - 1 if state.step_at(position) is not None else position
 
 
+def position_of_query(state: InternalsState, query: int) -> int:
+    """The token whose step attention row `query` is (attention_query's inverse): the token the
+    pass fed `query` made, else, for a prompt row before the last, the prompt token itself."""
+    made = query + 1
+    return made if state.step_at(made) is not None else query
+
+
 def attention_line(state: InternalsState, layer: int | None, head: int | None) -> str:
     """Where `head` (else the most decided head) of `layer` looked for the selected step."""
     query = attention_query(state)
