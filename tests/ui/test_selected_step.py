@@ -1,5 +1,6 @@
-"""The Attention panel and the selected step: its query row marked on every head, and a lone
-head's rows, cells and axis tokens selecting their step in every panel."""
+"""Panels and the selected step: the Attention panel's query row marked on every head, a lone
+head's rows, cells and axis tokens selecting their step in every panel, and the Tokens panel
+saying what the selected token is."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from PySide6.QtCore import QPoint, QPointF, Qt
 from tests.ui.test_panels import HEADS, PROMPT, run_reply
 from tests.ui.test_teaching_panels import show
 from ui.panels.docks import InternalsView
-from ui.panels.state.explain import attention_query
+from ui.panels.state.explain import attention_query, tokens_line
 
 
 @pytest.fixture
@@ -79,3 +80,19 @@ def test_a_lone_heads_cells_and_axis_tokens_select_their_step(qtbot, view, rng):
     x = cell_centre(view, 0, 3).x()
     click(qtbot, view, QPointF(x, panel.key_axis.sceneBoundingRect().center().y()))
     assert state.selected == 3
+
+
+def test_the_tokens_panel_says_what_the_selected_token_is(view, rng):
+    show(view, "tokens")
+    _first, tokens = run_reply(view, rng, count=4)
+    state, panel = view.state, view.tokens
+    view.redraw(force=True)
+    assert not panel.step_line.isVisible()  # not stepping, nothing chosen
+    state.select(PROMPT + 3)
+    view.redraw(force=True)
+    expected = f"Step 3 produced token {tokens[3].token_id} 't3' after {PROMPT} prompt tokens"
+    assert panel.step_line.text() == tokens_line(state) == expected + ", 0 reused"
+    assert panel.step_line.isVisible()
+    state.select(2)
+    view.redraw(force=True)
+    assert panel.step_line.text().startswith("Prompt token #2 is token 2 'p2' processed by")
