@@ -35,6 +35,7 @@ from app.wire import (
     Done,
     Events,
     Generate,
+    Held,
     Load,
     Loaded,
     LoadFailed,
@@ -131,6 +132,8 @@ class EngineClient(QObject):
       decode_step(str)      after `loaded`, once a fast model's compiled decode step is in use
                             ("compiled") or will not be ("eager: why")
       tokens_counted(int, int | None)  the answer to `count_tokens`: its id, the count
+      held_changed(bool)    the reply is held by a pause (True) or goes on (False); every
+                            event it sent before is delivered first
     """
 
     events = Signal(object)
@@ -141,6 +144,7 @@ class EngineClient(QObject):
     engine_stopped = Signal(str)
     decode_step = Signal(str)
     tokens_counted = Signal(int, object)
+    held_changed = Signal(bool)
 
     def __init__(self, engine: Transport, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -331,9 +335,13 @@ class EngineClient(QObject):
                 self.decode_step.emit(state)
             case Counted(job=job, tokens=tokens):
                 self.tokens_counted.emit(job, tokens)
+            case Held(job=job, held=held) if job in self._jobs:
+                # A stepped token is shown now, not at the next tick of the drain timer.
+                self._delivery.drain()
+                self.held_changed.emit(held)
             case Done(job=job) if job in self._jobs:
                 self._delivery.end_at(pushed, job)
-            case Ready() | Done() | Events():  # Ready: timed by the receiver
+            case Ready() | Done() | Events() | Held():  # Ready: timed by the receiver
                 pass
 
     def _on_loaded(self, job: int, info: ModelInfo) -> None:
