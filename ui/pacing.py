@@ -150,10 +150,10 @@ class PaceControls(QObject):
 
     def _paused_text(self) -> str:
         if not self._replying:
-            return "⏸ paused"
+            return "‖ paused"
         if not self.held:  # asked to hold, but the engine still runs to the next hold
             if self._stepping:
-                return "⏵ Next token: one step running, then paused"
-            return "⏸ paused at the next step (the engine finishes this one)"
+                return "▶ Next token: one step running, then paused"
+            return "‖ paused at the next step (the engine finishes this one)"
         after = "the prefill" if self._held_after is None else f"step {self._held_after}"
-        return f"⏸ paused after {after}: Next token (F10) steps"
+        return f"‖ paused after {after}: Next token (F10) steps"

@@ -98,9 +98,9 @@ def test_the_toolbar_says_held_only_once_the_engine_holds(parts, qtbot):
     assert window.send("Tell me")
     qtbot.waitUntil(lambda: pace.held, timeout=5000)
     assert parts.backend.session.pacer.pace.waiting  # the engine's own word
-    assert label.text() == "⏸ paused after the prefill: Next token (F10) steps"
+    assert label.text() == "‖ paused after the prefill: Next token (F10) steps"
     pace.next_action.trigger()
-    qtbot.waitUntil(lambda: label.text().startswith("⏸ paused after step 0:"), timeout=5000)
+    qtbot.waitUntil(lambda: label.text().startswith("‖ paused after step 0:"), timeout=5000)
     assert pace.held and generated(parts) == 1  # the step's token arrived before the hold
     pace.resume_action.trigger()
     qtbot.waitUntil(lambda: not window.replying, timeout=10000)
