@@ -113,6 +113,8 @@ class EngineClient(QObject):
       decode_step(str)      after `loaded`, once a fast model's compiled decode step is in use
                             ("compiled") or will not be ("eager: why")
       tokens_counted(int, int | None)  the answer to `count_tokens`: its id, the count
+      held_changed(bool)    the reply is held by a pause (True) or goes on (False); every
+                            event it sent before is delivered first
     """
 
     events = Signal(object)
@@ -123,6 +125,7 @@ class EngineClient(QObject):
     engine_stopped = Signal(str)
     decode_step = Signal(str)
     tokens_counted = Signal(int, object)
+    held_changed = Signal(bool)
 
     def __init__(self, engine: wire.Transport, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -315,9 +318,15 @@ class EngineClient(QObject):
                 self.decode_step.emit(state)
             case wire.Counted(job=job, tokens=tokens):
                 self.tokens_counted.emit(job, tokens)
+            case wire.Held(job=job, held=held) if job in self._jobs:
+                # A stepped token is shown now, not at the next tick of the drain timer.
+                self._delivery.drain()
+                self.held_changed.emit(held)
             case wire.Done(job=job) if job in self._jobs:
                 self._delivery.end_at(pushed, job)
-            case wire.Ready() | wire.Done() | wire.Events():  # Ready: timed by the receiver
+            case (
+                wire.Ready() | wire.Done() | wire.Events() | wire.Held()
+            ):  # Ready: timed by the receiver
                 pass
 
     def _on_loaded(self, job: int, info: ModelInfo) -> None:

@@ -52,6 +52,7 @@ from app.wire import (
     Done,
     Events,
     Generate,
+    Held,
     Load,
     Loaded,
     LoadFailed,
@@ -351,6 +352,8 @@ class EngineServer:
         with self._lock:
             self._running_job = job
         push = self._sender(job, request.stream)
+        if self.session is not None:  # the window shows when the reply is really held
+            self.session.pacer.on_hold = lambda held: self.outbox.put(Held(job, held))
         self._set_threads("prefill")
         try:
             run_generation(

@@ -10,8 +10,9 @@ only remembers what it asked for, by id, to match the replies.
   Generate(job, messages, settings,     Progress(job, stage, fraction) throttled
       probes, stream)                   Loaded(job, info) / LoadFailed(job, message)
   Cancel(job)    all jobs up to `job`   Events(job, events, queued_at) engine events, unchanged
-  Pace(action, rate)  pause / step /    (no reply: the reply in progress goes on as paced)
-      resume / play at `rate` tokens a second
+  Pace(action, rate)  pause / step /    Held(job, held)  the reply is held by a pause (True)
+      resume / play at `rate` tokens a second              or goes on (False), after the
+                                                           events it sent before
   Reset(job)                            Counted(job, tokens)
   Count(job, messages)                  DecodeStep(job, state)       after Loaded: the compiled
   Quit()                                                             step attached, or why not
@@ -146,11 +147,21 @@ class DecodeStep:
 
 
 @dataclass(frozen=True)
+class Held:
+    """The reply `job` is held by a pause (True: the engine waits on its pacer, using no CPU)
+    or goes on (False). Sent in order with its events: every token made before the hold
+    arrives first."""
+
+    job: int
+    held: bool
+
+
+@dataclass(frozen=True)
 class Done:
     job: int
 
 
-Reply = Ready | Progress | Loaded | LoadFailed | Events | Counted | DecodeStep | Done
+Reply = Ready | Progress | Loaded | LoadFailed | Events | Counted | DecodeStep | Held | Done
 
 
 class Transport(Protocol):

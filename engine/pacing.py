@@ -4,14 +4,15 @@ a rate, changed from any thread while it runs (a teacher's Pause, Next token, Pl
 The generation asks `wait()` before each step; the answer comes at once at full speed, and
 otherwise when a step is granted, the slow rate's interval has passed or the reply is
 cancelled. Waiting blocks on a condition (no spinning: a paused engine holds no CPU), and the
-time spent waiting is returned so the generation can keep it out of every timing.
+time spent waiting is returned so the generation can keep it out of every timing. `on_hold`,
+if set, hears when a paused generation starts and stops being held (the window shows it).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -43,6 +44,9 @@ class Pacer:
         self._granted = 0  # Next token presses not yet used by a step
         self._last_release = 0.0  # when the slow mode last let a step through (perf_counter)
         self._waiting = False
+        # Told True when a paused generation is held, False when it goes on (the generation's
+        # thread, outside the lock): the engine server sends it to the window.
+        self.on_hold: Callable[[bool], None] | None = None
 
     # -- controls (any thread) ----------------------------------------------------------------
 
@@ -86,15 +90,26 @@ class Pacer:
     def wait(self, cancelled: threading.Event) -> float:
         """Block until the next step may run (or `cancelled` is set); the seconds waited."""
         started = time.perf_counter()
-        with self._changed:
-            while not cancelled.is_set():
-                delay = self._delay(time.perf_counter())
+        held = False  # as last told to on_hold
+        while True:
+            with self._changed:
+                delay = None if cancelled.is_set() else self._delay(time.perf_counter())
+                self._waiting = delay is not None
                 if delay is None:
                     break
-                self._waiting = True
-                self._changed.wait(timeout=delay)
-            self._waiting = False
+                holding = self._mode == "paused"
+                if holding == held:
+                    self._changed.wait(timeout=delay)
+                    continue
+            held = holding
+            self._tell(held)  # outside the lock: the listener may take locks of its own
+        if held:
+            self._tell(False)
         return time.perf_counter() - started
+
+    def _tell(self, held: bool) -> None:
+        if self.on_hold is not None:
+            self.on_hold(held)
 
     def _delay(self, now: float) -> float | None:
         """None when a step may run now (and take what lets it), else how long to wait at

@@ -36,6 +36,11 @@ def byte_label(data: bytes) -> str:
     return "".join(f"<0x{byte:02X}>" for byte in data)
 
 
+def byte_count(label: str) -> int:
+    """How many bytes a byte label ("<0xE2><0x80>") names; 0 for a token's text."""
+    return label.count("<0x") if _BYTE_TOKEN.match(label) else 0
+
+
 def token_string(tokenizer: Any, token_id: int) -> str | None:
     """The vocabulary's own string for a token (transformers' or the lean tokenizer's)."""
     convert = getattr(tokenizer, "convert_ids_to_tokens", None)

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.events import Event, Finished, ModelInfo, PrefillDone
+from engine.events import Event, Finished, ModelInfo, PrefillDone, Token
 from engine.settings import (
     GenerationSettings,
     LoadRequest,
@@ -55,6 +55,7 @@ class Backend(Protocol):
     load_failed: Any  # Signal(str)
     busy_changed: Any  # Signal(bool)
     decode_step: Any  # Signal(str): "compiled", or "eager: why"
+    held_changed: Any  # Signal(bool): the reply is held by a pause, or goes on
 
     @property
     def info(self) -> ModelInfo | None: ...
@@ -133,6 +134,7 @@ class MainWindow(QMainWindow):
         self._last_request = LoadRequest()
         self._picker: ModelPicker | None = None
         self._closed = False
+        self._last_step: int | None = None  # the latest token's step in the reply under way
 
         self.chat = ChatView(self.conversation_model)
         self.input = InputBox()
@@ -262,6 +264,7 @@ class MainWindow(QMainWindow):
         self.backend.load_failed.connect(self._on_load_failed)
         self.backend.busy_changed.connect(self._on_busy_changed)
         self.backend.decode_step.connect(self._on_decode_step)
+        self.backend.held_changed.connect(lambda held: self.pace.set_held(held, self._last_step))
         if self._info is not None:
             self._show_model(self._info)
 
@@ -449,6 +452,7 @@ class MainWindow(QMainWindow):
             self.show_status("The model is busy: try again in a moment.")
             return False
         self.conversation_model.start_reply(settings, self._model_name())
+        self._last_step = None
         self.pace.reply_started(settings.pause_after_prefill)
         self._update_actions()
         return True
@@ -465,6 +469,10 @@ class MainWindow(QMainWindow):
         work was a large part of the GUI thread's cost while a reply streamed. Events that
         arrive once no reply is in progress (an abandoned reply's last) are for the panels only.
         """
+        for event in reversed(batch):  # the step the toolbar's state names
+            if isinstance(event, Token):
+                self._last_step = event.index
+                break
         if self.replying:
             self.conversation_model.apply_many(batch)
             for event in batch:

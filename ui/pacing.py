@@ -1,8 +1,9 @@
 """A teacher's pace on the toolbar: Pause, Next token, Play slowly (at a rate), Resume.
 
 The controls send the engine's pacer what to do (MainWindow's backend `pace`); Stop stays the
-window's own action and works at any point. The mode shown is the one last asked for: the
-engine acts on each control as it arrives, like Stop, so it never disagrees for long.
+window's own action and works at any point. The line beside them says what the engine does:
+"held after step N" only once the engine reported that it waits (app.wire.Held, after that
+step's token), "pausing" or "stepping" while a paused reply still runs to its next hold.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class PaceControls(QObject):
         self._window, self._send = window, send
         self.mode: Mode = "run"
         self._replying = False
+        self.held = False  # the engine said it holds the reply (set_held)
+        self._held_after: int | None = None  # the step whose token came before the hold
+        self._stepping = False  # Next token pressed; the engine has not held again yet
         self.pause_action = self._action("Pause", "pause", self.pause, "Hold the reply")
         self.next_action = self._action(
             "Next token", "step", self.next_token, "Let one token through, then hold"
@@ -87,6 +91,7 @@ class PaceControls(QObject):
 
     def next_token(self) -> None:
         self._send("step", 0.0)
+        self._stepping = self._replying
         self._set("paused")
 
     def play(self) -> None:
@@ -101,11 +106,22 @@ class PaceControls(QObject):
 
     def reply_started(self, pause_after_prefill: bool) -> None:
         """A reply began; the engine holds it after its prefill when the setting says so."""
+        self.held, self._held_after, self._stepping = False, None, False
         if pause_after_prefill:
             self._set("paused")
 
     def set_replying(self, replying: bool) -> None:
         self._replying = replying
+        if not replying:
+            self.held = False
+        self._show()
+
+    def set_held(self, held: bool, after_step: int | None) -> None:
+        """The engine holds the reply (after decode step `after_step`; None: after its prefill)
+        or lets it go on."""
+        self.held, self._held_after = held, after_step
+        if held:
+            self._stepping = False
         self._show()
 
     def _on_rate(self, _rate: float) -> None:
@@ -126,8 +142,18 @@ class PaceControls(QObject):
         self.resume_action.setEnabled(self.mode != "run")
         texts = {
             "run": "full speed",
-            "paused": "⏸ paused: Next token (F10) steps" if self._replying else "⏸ paused",
+            "paused": self._paused_text(),
             "slow": f"▶ playing {self.rate.value():g} tokens a second",
         }
         self.state_label.setText(texts[self.mode])
         self.state_label.setStyleSheet(STATE_STYLE[self.mode])
+
+    def _paused_text(self) -> str:
+        if not self._replying:
+            return "‖ paused"
+        if not self.held:  # asked to hold, but the engine still runs to the next hold
+            if self._stepping:
+                return "▶ Next token: one step running, then paused"
+            return "‖ paused at the next step (the engine finishes this one)"
+        after = "the prefill" if self._held_after is None else f"step {self._held_after}"
+        return f"‖ paused after {after}: Next token (F10) steps"

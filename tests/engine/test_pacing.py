@@ -158,3 +158,30 @@ def test_the_pacers_controls():
     cancelled.set()
     pacer.wake()
     assert released.wait(PATIENCE)
+
+
+def test_the_pacer_tells_when_a_paused_generation_is_held_and_when_it_goes_on():
+    pacer = Pacer()
+    told: list[bool] = []
+    pacer.on_hold = told.append
+    cancelled = threading.Event()
+    assert pacer.wait(cancelled) >= 0 and told == []  # full speed: never held
+    pacer.play(1000.0)
+    pacer.wait(cancelled)
+    pacer.wait(cancelled)
+    assert told == []  # a slowed step waits its interval, but is not held
+    pacer.pause()
+    waiter = threading.Thread(target=pacer.wait, args=(cancelled,))
+    waiter.start()
+    until(lambda: told == [True])
+    assert pacer.pace.waiting
+    pacer.step()
+    waiter.join(PATIENCE)
+    assert told == [True, False] and not pacer.pace.waiting
+    waiter = threading.Thread(target=pacer.wait, args=(cancelled,))
+    waiter.start()
+    until(lambda: told == [True, False, True])
+    cancelled.set()
+    pacer.wake()  # Stop while held: goes on, and says so
+    waiter.join(PATIENCE)
+    assert told == [True, False, True, False]

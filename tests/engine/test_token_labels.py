@@ -8,7 +8,7 @@ import pytest
 from engine.events import PrefillDone
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
-from engine.token_labels import byte_label, label, special_ids
+from engine.token_labels import byte_count, byte_label, label, special_ids
 from tests.models import make_tiny
 
 
@@ -67,3 +67,10 @@ def test_the_model_says_what_a_pass_reads_of_its_weights(tokenizer):
     cost = session.meter.cost
     assert session.info.weight_bytes == cost.weight_bytes > 0
     assert session.info.embedding_row_bytes == cost.row_bytes > 0
+
+
+def test_a_byte_label_counts_its_bytes_and_text_counts_none():
+    assert byte_count("<0xE2>") == 1
+    assert byte_count("<0xE2><0x80>") == 2
+    assert byte_count(" the") == 0
+    assert byte_count("<0xE2> x") == 0  # not only bytes: text

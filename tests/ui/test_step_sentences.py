@@ -7,16 +7,18 @@ from dataclasses import replace
 import numpy as np
 
 from engine import synthetic
-from engine.events import Peaks, Roofline
+from engine.events import Peaks, PrefillDone, Roofline, Token
 from engine.kv_cache import formula_bytes
 from engine.settings import Message, ProbeSettings
 from engine.synthetic import SyntheticSession
 from ui.panels.state import InternalsState
-from ui.panels.state.explain import attention_line, kv_line, timing_line
+from ui.panels.state.explain import attention_line, kv_line, timing_line, tokens_line
 from ui.panels.state.sentences import (
     attention_sentence,
     kv_formula,
     kv_sentence,
+    prompt_token_sentence,
+    reply_token_sentence,
     roofline_sentence,
     size_text,
     timing_sentence,
@@ -128,3 +130,37 @@ def test_the_latest_step_is_followed_until_a_token_is_chosen():
     assert state.selected_step == 3
     state.select(10_000)  # past the context: ignored
     assert state.selected is None
+
+
+def test_the_token_sentences_name_the_id_its_text_or_bytes_and_the_prompt():
+    assert reply_token_sentence(12, 1234, " the", 1101, 0) == (
+        "Step 12 produced token 1,234 ' the' after 1,101 prompt tokens, 0 reused"
+    )
+    assert reply_token_sentence(3, 226, "<0xE2>", 20, 8) == (
+        "Step 3 produced token 226 <0xE2> (1 byte of a character split across tokens)"
+        " after 20 prompt tokens, 8 reused"
+    )
+    assert "(2 bytes of a character" in reply_token_sentence(3, 9, "<0xE2><0x80>", 20, 8)
+    assert prompt_token_sentence(0, 1, "<|im_start|>", True, 24, 20) == (
+        "Prompt token #0 is token 1 '<|im_start|>', a special token of the chat template,"
+        " reused from the cache (24 prompt tokens, 20 reused)"
+    )
+    assert "processed by the prefill" in prompt_token_sentence(22, 5, "x", False, 24, 20)
+
+
+def test_the_tokens_line_is_the_selected_tokens_event():
+    info = synthetic.model_info(layers=2, heads=4, kv_heads=2, head_dim=16)
+    session = SyntheticSession(info, (" a", " b", " c"), step_s=0.0)
+    state = InternalsState()
+    state.set_model(info)
+    events = list(session.generate([Message("user", "one two")], None, ProbeSettings()))
+    for event in events:
+        state.ingest(event)
+    second = next(e for e in events if isinstance(e, Token) and e.index == 1)
+    prefill = events[0]
+    assert isinstance(prefill, PrefillDone)
+    state.select(state.prompt_tokens + 1)
+    assert tokens_line(state) == (
+        f"Step 1 produced token {second.token_id:,} {second.piece!r} after"
+        f" {prefill.prompt_tokens:,} prompt tokens, {prefill.reused_tokens:,} reused"
+    )

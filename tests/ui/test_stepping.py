@@ -89,3 +89,19 @@ def test_a_token_clicked_anywhere_selects_its_step_in_every_panel(parts, qtbot):
     assert internals.tokens.chip_format(prompt + 7).background().color() == SELECTED
     assert internals.tokens.chip_format(prompt + 5).background().color() != SELECTED
     assert internals.timing.steps_plot.marker == 7.0
+
+
+def test_the_toolbar_says_held_only_once_the_engine_holds(parts, qtbot):
+    window = parts.window
+    pace, label = window.pace, window.pace.state_label
+    assert not pace.held
+    assert window.send("Tell me")
+    qtbot.waitUntil(lambda: pace.held, timeout=5000)
+    assert parts.backend.session.pacer.pace.waiting  # the engine's own word
+    assert label.text() == "‖ paused after the prefill: Next token (F10) steps"
+    pace.next_action.trigger()
+    qtbot.waitUntil(lambda: label.text().startswith("‖ paused after step 0:"), timeout=5000)
+    assert pace.held and generated(parts) == 1  # the step's token arrived before the hold
+    pace.resume_action.trigger()
+    qtbot.waitUntil(lambda: not window.replying, timeout=10000)
+    assert not pace.held and label.text() == "full speed"

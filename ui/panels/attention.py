@@ -8,11 +8,12 @@ import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QGraphicsItem,
+    QGraphicsPathItem,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -32,7 +33,7 @@ from ui.panels.mosaic import (
 from ui.panels.pooled_rows import PooledRows
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import ATTENTION, AttentionRows, InternalsState
-from ui.panels.state.explain import attention_line
+from ui.panels.state.explain import attention_line, attention_query, position_of_query
 from ui.panels.step_line import StepLine
 
 # Within DISPLAY_ROWS x DISPLAY_KEYS (pooled_rows.py), a tile has about one cell per screen
@@ -48,12 +49,16 @@ FLATTEST_TILE = 0.25
 # Token text on the axes of a head shown alone, once each token gets this many pixels.
 TOKEN_LABEL_PIXELS = 12
 TOKEN_LABEL_CHARACTERS = 8
+# The selected step's query row, outlined on every tile (a cosmetic pen: pixels, not rows).
+ROW_MARKER = QColor(255, 120, 0)
+ROW_MARKER_PIXELS = 2
 EMPTY_MESSAGE = (
     "<b>Attention</b><br>For each new token, every head of a layer weighs the tokens before "
     "it. Each head will be a triangle: a row per query token, a column per token it can see, "
     "brighter where it looks. The prompt fills the triangle at once (prefill); each generated "
     "token adds a row (decode).<br><br><i>Send a message. Then pick a layer above, hover a "
-    "cell to read a weight, and click a head to see it alone with its tokens.</i>"
+    "cell to read a weight, and click a head to see it alone with its tokens; there, click a "
+    "row, a cell or a token on its axes to select that step in every panel.</i>"
 )
 
 
@@ -190,7 +195,7 @@ class AttentionPanel(QWidget):
         )
         self.per_head_scale.setChecked(True)
         self.all_heads = QPushButton("← all heads")
-        self.all_heads.setToolTip("Back to every head of the layer (or click the head again)")
+        self.all_heads.setToolTip("Back to every head of the layer")
         self.all_heads.clicked.connect(lambda: self.show_head(None))
         self.all_heads.setVisible(False)
         self.per_head_scale.toggled.connect(lambda _on: self.tracker.mark())
@@ -222,6 +227,15 @@ class AttentionPanel(QWidget):
         self.mosaic.setLookupTable(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
         self.heads_view.addItem(self.mosaic)
         self.head_labels: list[TileLabel] = []
+        self.row_marker = QGraphicsPathItem()
+        pen = QPen(ROW_MARKER, ROW_MARKER_PIXELS)
+        pen.setCosmetic(True)
+        self.row_marker.setPen(pen)
+        self.row_marker.setZValue(2)
+        self.row_marker.setVisible(False)
+        self.heads_view.addItem(self.row_marker, ignoreBounds=True)
+        self._marker_key: tuple[object, ...] = ()  # what the marker's path was drawn for
+        self.marked_row: int | None = None  # the buffer row outlined on every tile
         self.heads_view.sigResized.connect(self._on_mosaic_resized)
         self.grid.scene().sigMouseMoved.connect(self._on_hover)
         self.grid.scene().sigMouseClicked.connect(self._on_mosaic_click)
@@ -313,6 +327,7 @@ class AttentionPanel(QWidget):
             self.pages.show_content(bool(self._state.attention))
             self.all_heads.setVisible(self.selected_head is not None)
             self._draw_heads()
+            self._draw_row_marker()
             state = self._state
             line = attention_line(state, self.selected_layer, self.selected_head)
             self.step_line.say(line, state.showing_step)
@@ -480,14 +495,68 @@ class AttentionPanel(QWidget):
             axis.setVisible(shown)
 
     def _on_mosaic_click(self, event: MouseClickEvent) -> None:
-        """A click on a head's tile shows it alone; a click on a lone head shows them all."""
+        """A click on a head's tile shows it alone; on a lone head, a click on a cell or a
+        query row's token selects that row's step everywhere, one on a key's token that key."""
         position = event.scenePos()
+        if self._select_from_axes(position):
+            return
         if not self.heads_view.sceneBoundingRect().contains(position):
             return
         cell = self.cell_at(self.heads_view.mapSceneToView(position))
         if cell is None:
             return
-        self.show_head(None if self.selected_head is not None else cell[0])
+        if self.selected_head is None:
+            self.show_head(cell[0])
+        else:
+            self.select_row(cell[1])
+
+    def _select_from_axes(self, position: QPointF) -> bool:
+        """Select the token under `position` on a lone head's axes; False when off them."""
+        point = self.heads_view.mapSceneToView(position)
+        if self.query_axis.isVisible() and self.query_axis.sceneBoundingRect().contains(position):
+            self.select_row(math.floor(point.y()))
+            return True
+        if self.key_axis.isVisible() and self.key_axis.sceneBoundingRect().contains(position):
+            key = math.floor(point.x())
+            if 0 <= key < len(self._state.trail.ids):
+                self._state.select(key)
+            return True
+        return False
+
+    def select_row(self, row: int) -> None:
+        """Select, in every panel, the step whose attention is row `row` of the shown layer."""
+        layer = self.selected_layer
+        rows = self._state.attention.get(layer) if layer is not None else None
+        if rows is not None and 0 <= row < rows.rows:
+            self._state.select(position_of_query(self._state, int(rows.positions[row])))
+
+    def _draw_row_marker(self) -> None:
+        """Outline the selected step's query row on every tile while a step is shown."""
+        state = self._state
+        layer = self.selected_layer
+        rows = state.attention.get(layer) if layer is not None else None
+        query = attention_query(state) if state.showing_step else None
+        row = rows.index_of(query) if rows is not None and query is not None else None
+        if row is None or self.layout is None:
+            self.row_marker.setVisible(False)
+            self.marked_row = None
+            return
+        key = (self.layout, self._pixel, self.slots, row)
+        if key != self._marker_key:
+            self._marker_key = key
+            self.row_marker.setPath(self._row_path(row))
+        self.row_marker.setVisible(True)
+        self.marked_row = row
+
+    def _row_path(self, row: int) -> QPainterPath:
+        assert self.layout is not None  # drawn only over a mosaic
+        key_size, row_size = self._pixel
+        tile_width = self.layout.tile_shape[1]
+        path = QPainterPath()
+        for slot in range(len(self.slots)):
+            y, x = self.layout.origin(slot)
+            path.addRect(QRectF(x * key_size, y * row_size + row, tile_width * key_size, 1.0))
+        return path
 
     def _clear_mosaic(self) -> None:
         if self._token_ticks:
@@ -497,6 +566,8 @@ class AttentionPanel(QWidget):
             self.mosaic.clear()
         for label in self.head_labels:
             label.setVisible(False)
+        self.row_marker.setVisible(False)
+        self.marked_row = None
         self.layout, self.slots, self._mosaic_extent = None, (), None
 
     def _on_hover(self, position: QPointF) -> None:

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
 from ui.panels.empty import EmptyState
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import InternalsState
+from ui.panels.state.explain import tokens_line
 from ui.panels.state.internals import TOKENS
 from ui.panels.state.tokens import TokenTrail
 from ui.panels.step_line import StepLine
@@ -98,6 +99,7 @@ class TokensPanel(QWidget):
         self._append(trail)
         self.counts.setText(trail.counts_line() if trail.ids else "")
         self._mark(state.selected_position if state.showing_step else None)
+        self.step_line.say(tokens_line(state), state.showing_step)
         self.tracker.drawn(revisions)
 
     # -- chips -----------------------------------------------------------------------------

@@ -114,9 +114,14 @@ class AttentionRows:
 
     def row_at(self, position: int) -> np.ndarray | None:
         """The [heads, keys] weights of the query at context `position`, if kept."""
+        index = self.index_of(position)
+        return None if index is None else self._rows[index]
+
+    def index_of(self, position: int) -> int | None:
+        """The row holding the query at context `position`, if kept."""
         for index in range(len(self._positions) - 1, -1, -1):
             if self._positions[index] == position:
-                return self._rows[index]
+                return index
         return None
 
     def value(self, row: int, key: int, head: int) -> float:

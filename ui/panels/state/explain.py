@@ -11,6 +11,8 @@ from ui.panels.state.sentences import (
     attention_sentence,
     kv_prefill_sentence,
     kv_sentence,
+    prompt_token_sentence,
+    reply_token_sentence,
     roofline_sentence,
     strongest_head,
     timing_sentence,
@@ -67,6 +69,13 @@ def attention_query(state: InternalsState) -> int | None:
     return position - 1 if state.step_at(position) is not None else position
 
 
+def position_of_query(state: InternalsState, query: int) -> int:
+    """The token whose step attention row `query` is (attention_query's inverse): the token the
+    pass fed `query` made, else, for a prompt row before the last, the prompt token itself."""
+    made = query + 1
+    return made if state.step_at(made) is not None else query
+
+
 def attention_line(state: InternalsState, layer: int | None, head: int | None) -> str:
     """Where `head` (else the most decided head) of `layer` looked for the selected step."""
     query = attention_query(state)
@@ -83,3 +92,18 @@ def attention_line(state: InternalsState, layer: int | None, head: int | None) -
     step = state.selected_step
     where = f"Step {step} (query #{query})" if step is not None else f"Prompt token #{query}"
     return f"{where}: " + attention_sentence(layer, chosen, weights, query, label)
+
+
+def tokens_line(state: InternalsState) -> str:
+    """What the selected token is: the step that produced it, or its place in the prompt."""
+    position, trail = state.selected_position, state.trail
+    if position is None:
+        return ""
+    token_id, label = trail.ids[position], trail.labels[position]
+    step = state.step_at(position)
+    if step is None:
+        special = trail.is_special(position)
+        return prompt_token_sentence(
+            position, token_id, label, special, trail.prompt_tokens, trail.reused_tokens
+        )
+    return reply_token_sentence(step, token_id, label, trail.prompt_tokens, trail.reused_tokens)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.events import ModelInfo, Roofline
+from engine.token_labels import byte_count
 
 
 def size_text(count: float) -> str:
@@ -102,3 +103,34 @@ def attention_sentence(layer: int, head: int, weights: np.ndarray, query: int, l
 def strongest_head(row: np.ndarray) -> int:
     """The head of a [heads, keys] row that is most decided (the highest single weight)."""
     return int(np.argmax(row.max(axis=1)))
+
+
+def token_text(token_id: int, label: str) -> str:
+    """A token as a sentence names it: "token 1,234 ' the'", or its bytes where it has them."""
+    count = byte_count(label)
+    if count:
+        plural = "byte" if count == 1 else "bytes"
+        return f"token {token_id:,} {label} ({count} {plural} of a character split across tokens)"
+    return f"token {token_id:,} {label!r}"
+
+
+def reply_token_sentence(
+    step: int, token_id: int, label: str, prompt_tokens: int, reused: int
+) -> str:
+    """What decode step `step` produced, after how much of a prompt."""
+    return (
+        f"Step {step} produced {token_text(token_id, label)} after {prompt_tokens:,} prompt"
+        f" tokens, {reused:,} reused"
+    )
+
+
+def prompt_token_sentence(
+    position: int, token_id: int, label: str, special: bool, prompt_tokens: int, reused: int
+) -> str:
+    """A prompt token: its id, whether the chat template put it there, how the prefill took it."""
+    kind = ", a special token of the chat template," if special else ""
+    how = "reused from the cache" if position < reused else "processed by the prefill"
+    return (
+        f"Prompt token #{position} is {token_text(token_id, label)}{kind} {how}"
+        f" ({prompt_tokens:,} prompt tokens, {reused:,} reused)"
+    )
