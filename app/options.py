@@ -169,6 +169,11 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "--gui-tokens", type=int, default=10_000, help="length of that reply (default 10000)"
     )
     parser.add_argument(
+        "--gui-rate", type=float, default=0.0,
+        help="pace that reply at this many tokens/s (e.g. 1000, a GPU's rate; default: as fast"
+        " as the window takes them)",
+    )  # fmt: skip
+    parser.add_argument(
         "--window", action="store_true", help="only the real window vs headless, real model"
     )
     parser.add_argument(

@@ -43,8 +43,11 @@ LONG_CONTEXT = 5000  # tokens of context for the long-context step
 STEPS = 16  # decode steps timed at each context length
 
 
-def generate_decode_rate(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
-    """model.generate's decode tokens/s: (N - 1) tokens over time(N tokens) - time(1 token)."""
+def generate_decode_rate(
+    loaded: LoadedModel, ids: torch.Tensor, new_tokens: int, **options: Any
+) -> float:
+    """model.generate's decode tokens/s: (N - 1) tokens over time(N tokens) - time(1 token);
+    `options` go to generate (cache_implementation="static": transformers' compiled step)."""
 
     # The exact model: a transformers causal LM. Read as Any: transformers versions type
     # generate's `self` differently (a Protocol its own models do not satisfy, in some).
@@ -55,7 +58,7 @@ def generate_decode_rate(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int
         start = time.perf_counter()
         model.generate(
             ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-            pad_token_id=loaded.tokenizer.pad_token_id,
+            pad_token_id=loaded.tokenizer.pad_token_id, **options,
         )  # fmt: skip
         synchronize(ids.device)
         return time.perf_counter() - start

@@ -51,6 +51,17 @@ class LlamaShape:
     query_scale: float = 0.0  # q·k scale; 0: head_dim ** -0.5
 
 
+class StaticStep(Protocol):
+    """A one-token pass with every shape fixed, for a GPU to capture (engine/static_decode.py):
+    run() returns the logits [vocab], or None where it cannot take the pass."""
+
+    def new_cache(self) -> KVBuffer: ...
+
+    def run(
+        self, ids: torch.Tensor, cache: KVBuffer, probe: AttentionProbe | None
+    ) -> torch.Tensor | None: ...
+
+
 class DecodeStep(Protocol):
     """Every layer of a one-token pass in one call (engine/compiled_decode.py builds one):
     x [1, dim], the rotation matrix [1, d, d], the position and the cache -> x after the last
@@ -344,12 +355,16 @@ class GGUFLlama(nn.Module):
         self.cache_dtype = torch.bfloat16
         # one-token passes through a cache run here once compiled (engine/compiled_decode.py)
         self.decode_step: DecodeStep | None = None
+        # one-token passes on a GPU go through a static step instead (engine/static_decode.py)
+        self.static_step: StaticStep | None = None
 
     @property
     def device(self) -> torch.device:
         return self.inv_freq.device
 
     def new_cache(self) -> KVBuffer:
+        if self.static_step is not None:
+            return self.static_step.new_cache()
         s = self.shape
         return KVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device)
 
@@ -366,6 +381,10 @@ class GGUFLlama(nn.Module):
         Returns the last position's logits [vocab] (float32), or [n, vocab] for every position.
         """
         start, n = (cache.length if cache is not None else 0), ids.shape[1]
+        if self.static_step is not None and cache is not None and n == 1 and start:
+            logits = self.static_step.run(ids, cache, probe)
+            if logits is not None:
+                return logits[None] if every_position else logits
         if cache is not None:
             cache.reserve(start + n)
         rope = Rope(self.inv_freq, start, n, self.rope_matrix_rows)

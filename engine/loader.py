@@ -2,9 +2,10 @@
 
 Which path a model takes:
 - a GGUF of an architecture Glassbox's own model reads (llama, qwen2, gemma3) at `fast`
-  precision (what `auto` picks on the CPU): that model on the file's 4/8-bit weights
-  (engine/llama.py, engine/gemma.py), built straight from the memory-mapped file, without
-  importing transformers' modeling code;
+  precision (what `auto` picks on the CPU and on CUDA): that model on the file's 4/8-bit
+  weights (engine/llama.py, engine/gemma.py), built straight from the memory-mapped file,
+  without importing transformers' modeling code; on CUDA in its GPU form
+  (engine/device_weights.py) with the static decode step (engine/static_decode.py);
 - the same GGUF at `exact` precision: the transformers model with the weights dequantised to
   float32 from the file (nothing is written to disk);
 - a GGUF of another architecture: transformers' own GGUF loader, dequantised in memory to
@@ -32,10 +33,11 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 
-from engine import attention_probe, chat_format, compiled_decode, peaks
+from engine import attention_probe, chat_format, compiled_decode, peaks, static_decode
 from engine.cache_folder import default_cache_dir
 from engine.compiled_decode import Attacher
 from engine.device import pick_device, pick_dtype
+from engine.device_weights import to_device
 from engine.events import ModelInfo
 from engine.gguf_file import GGUFError, GGUFFile
 from engine.gguf_model import (
@@ -49,6 +51,7 @@ from engine.gguf_model import (
 from engine.lean_tokenizer import LeanTokenizer, compact_merges
 from engine.pack_cache import PackCache, pack_path
 from engine.settings import LoadRequest
+from engine.static_decode import StepState
 
 if TYPE_CHECKING:  # transformers is imported only on the paths that need it
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -83,7 +86,8 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     info: ModelInfo
-    compiling: Attacher | None = None  # a fast model's compiled decode step, on its way
+    # a fast model's compiled decode step on its way (CPU), or its static step's state (CUDA)
+    compiling: Attacher | StepState | None = None
 
 
 def bundled_gguf_path() -> Path:
@@ -206,8 +210,8 @@ def _load_gguf(
         raise ModelLoadError(f"{path} is not a readable GGUF model: {_short(error)}") from None
     unsupported = _unsupported(file)  # None when Glassbox's own model reads this file
     refusal = unsupported
-    if refusal is None and device.type != "cpu":
-        refusal = f"its int4/int8 kernels run on the CPU, not on {device.type}"
+    if refusal is None and device.type not in ("cpu", "cuda"):
+        refusal = f"its weights run on the CPU or CUDA, not on {device.type}"
     precision = request.precision
     if precision == "auto":
         precision = "fast" if refusal is None else "exact"
@@ -224,7 +228,11 @@ def _load_gguf(
             packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
             progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
             fast = build_fast(file, progress, packs)
-            compiling = _compile_in_background(fast, path, cache, request)
+            compiling: Attacher | StepState | None
+            if device.type == "cpu":
+                compiling = _compile_in_background(fast, path, cache, request)
+            else:  # the GPU form of the weights, and its static step (engine/static_decode.py)
+                compiling = static_decode.attach(to_device(fast, device))
             info = describe_fast(fast, name, source)
             return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
         model = build_exact(file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9))

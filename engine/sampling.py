@@ -21,6 +21,9 @@ class Sampler:
         self.settings = settings
         self.seed = settings.seed if settings.seed is not None else random.randrange(2**31)
         self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        # On a GPU the filters run over the whole vocabulary: nothing there waits for the host
+        # (the CPU's shortcuts below pick indices with nonzero, a sync on a GPU).
+        self.on_device = device.type == "cuda"
         self._kept: tuple[torch.Tensor, torch.Tensor] | None = None  # (probs, its support)
 
     def distribution(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
@@ -30,6 +33,8 @@ class Sampler:
         if s.greedy:  # all the probability on the likeliest token
             return torch.zeros_like(scores).index_fill_(0, argmax(scores), 1.0)
         scores = scores / s.temperature
+        if self.on_device:
+            return torch.softmax(keep_top_p(keep_top_k(scores, s.top_k), s.top_p), dim=-1)
         if 0 < s.top_k < scores.numel():
             kept = top_k_support(scores, s.top_k)
             probs = _within(scores, kept, s.top_p)
@@ -46,6 +51,8 @@ class Sampler:
         The same distribution, drawn from with the same seeded generator."""
         if self.settings.greedy:
             return argmax(probs)
+        if self.on_device:  # no support to find: the draw stays on the device
+            return torch.multinomial(probs, 1, generator=self.generator)[0]
         if self._kept is not None and self._kept[0] is probs:
             support = self._kept[1]  # what `distribution` kept: no pass over the vocabulary
         else:
@@ -63,6 +70,13 @@ def penalize_repetition(
     seen = logits.gather(0, history)
     seen = torch.where(seen < 0, seen * penalty, seen / penalty)
     return logits.scatter(0, history, seen)
+
+
+def keep_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Scores below the k-th largest set to -inf (ties with it kept), as transformers does."""
+    if not 0 < k < scores.numel():
+        return scores
+    return scores.masked_fill(scores < scores.topk(k).values[-1], float("-inf"))
 
 
 def _within(scores: torch.Tensor, kept: torch.Tensor, p: float) -> torch.Tensor:

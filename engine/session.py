@@ -30,7 +30,7 @@ from engine.attention_probe import AttentionProbe
 from engine.context import ContextFull
 from engine.decoder import Cache, decoder_for
 from engine.detokenize import TextStream
-from engine.device import Stopwatch
+from engine.device import stopwatch
 from engine.events import (
     Attention,
     Candidate,
@@ -149,7 +149,7 @@ class ChatSession(PacedGeneration):
         """Prefill, then sample and decode one token at a time until a stop reason."""
         budget = settings.max_new_tokens if room is None else min(settings.max_new_tokens, room)
         sampler = Sampler(settings, self.device)
-        clock = Stopwatch(self.device)
+        clock = stopwatch(self.device)
         history = torch.tensor(prompt, device=self.device)  # [T]: prompt + tokens so far
 
         clock.start()
@@ -160,8 +160,7 @@ class ChatSession(PacedGeneration):
             self.pacer.pause()
 
         reason: FinishReason | None = None
-        step_s = tally.prefill_s  # token 0's latency starts with the prefill
-        token_id = -1
+        token_id, chosen = -1, history[-1]
         for index in range(budget):
             # Each step waits for the pacer first (at full speed it answers at once), outside
             # every clock: a paused or slowed reply has the timings of an unpaused one.
@@ -169,17 +168,17 @@ class ChatSession(PacedGeneration):
             if self._cancel.is_set():  # Stop while held: no further step
                 reason = "cancelled"
                 break
-            if index > 0:  # the last token through the model (token 0 came from the prefill)
-                clock.start()
-                history = torch.cat([history, history.new_tensor([token_id])])  # [T + 1]
-                forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
-                step_s = clock.stop()
             clock.start()
+            if index > 0:  # the last token through the model (token 0 came from the prefill)
+                history = torch.cat([history, chosen.view(1)])  # [T + 1], still on the device
+                forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
             probs = sampler.distribution(forward.logits, history)  # [vocab]
-            token_id = int(sampler.choose(probs))
+            chosen = sampler.choose(probs)
+            token_id = int(chosen)  # the one host sync a step waits on (on a GPU)
             reason = self._stop_reason(token_id, index, budget, settings)
             token = self._token_event(index, token_id, forward, probs, probes, stream, reason)
-            step_s += clock.stop()
+            # token 0's latency starts with the prefill
+            step_s = clock.stop() + (tally.prefill_s if index == 0 else 0.0)
             _count(tally, index, step_s)
             roofline = self._roofline(forward, step_s) if index > 0 else None
             yield replace(token, seconds=step_s, roofline=roofline)

@@ -23,6 +23,8 @@ def run_bench(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     if args.window:
         return _finish(args, {"window": window_cost(args), "transport": transport_cost()})
+    if args.device.startswith("cuda") and not args.gui_only:
+        return cuda_bench(args)
     if not args.gui_only:
         from engine import benchmark
         from engine.loader import ModelLoadError, resolve
@@ -37,7 +39,32 @@ def run_bench(args: argparse.Namespace) -> int:
             exact, new_tokens=args.new_tokens, repeats=args.repeats, fast=fast, gguf_path=gguf
         )
     if args.gui or args.gui_only:
-        results["gui"] = gui_stall(args.gui_tokens)
+        results["gui"] = gui_stall(args.gui_tokens, args.gui_rate)
+    return _finish(args, results)
+
+
+def cuda_bench(args: argparse.Namespace) -> int:
+    """The fast engine's static step against generate's dynamic and static caches on CUDA
+    (engine.gpu_benchmark); one line and exit status 2 where there is no CUDA device."""
+    from engine import gpu_benchmark
+    from engine.loader import ModelLoadError
+
+    missing = gpu_benchmark.cuda_missing()
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    try:
+        exact, fast = load_both(replace(load_request(args), precision="auto"))
+    except ModelLoadError as error:
+        print(f"glassbox bench: {error}", file=sys.stderr)
+        return 1
+    if exact is None or fast is None:
+        print("glassbox bench --device cuda: needs a GGUF the fast engine runs", file=sys.stderr)
+        return 1
+    results = gpu_benchmark.run(fast, exact, new_tokens=args.new_tokens, repeats=args.repeats)
+    if args.gui:
+        results["gui"] = gui_stall(args.gui_tokens, args.gui_rate)
+    args.json = True  # its own shape: printed as JSON
     return _finish(args, results)
 
 
@@ -71,12 +98,12 @@ def _finish(args: argparse.Namespace, results: dict[str, Any]) -> int:
     return 0
 
 
-def gui_stall(tokens: int) -> dict[str, Any]:
+def gui_stall(tokens: int, rate: float = 0.0) -> dict[str, Any]:
     # Drawn offscreen unless told otherwise: no window pops up, and no display is needed.
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from app.bench.stall import measure_gui_stall
 
-    return measure_gui_stall(tokens)
+    return measure_gui_stall(tokens, tokens_per_s=rate)
 
 
 def window_cost(args: argparse.Namespace) -> dict[str, Any]:

@@ -73,13 +73,14 @@ class StallRun:
     panel has drawn its last state; the numbers are in the returned dict. Close it after.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, delay: float = 0.0) -> None:
+        """`delay`: seconds the session waits before each token (0: as fast as taken)."""
         from PySide6.QtCore import QSettings
 
         from app.assembly import assemble
         from app.engine_client import EngineClient
 
-        self.session = SyntheticSession()
+        self.session = SyntheticSession(delay=delay)
         self.worker = EngineClient(
             EngineThread(
                 loader=lambda _request, progress: _Loaded(self.session.info),
@@ -184,9 +185,13 @@ def synthetic_session(loaded: _Loaded) -> SyntheticSession:
 
 
 def measure_gui_stall(
-    tokens: int = 10_000, heartbeat_ms: int = HEARTBEAT_MS, timeout_s: float = 600.0
+    tokens: int = 10_000,
+    heartbeat_ms: int = HEARTBEAT_MS,
+    timeout_s: float = 600.0,
+    tokens_per_s: float = 0.0,
 ) -> dict[str, Any]:
     """Stream a `tokens`-token synthetic reply into the whole window; how long the GUI froze.
+    `tokens_per_s` paces the session (1,000: a GPU engine's rate); 0, as fast as taken.
 
     Returns {"source", "tokens", "longest_stall_ms", "p99_stall_ms", "redraws", "seconds", ...}.
     Needs a QApplication's platform: offscreen works (QT_QPA_PLATFORM=offscreen).
@@ -198,9 +203,9 @@ def measure_gui_stall(
     previous = qInstallMessageHandler(quiet_offscreen)
     try:
         with tempfile.TemporaryDirectory(prefix="glassbox-stall-") as folder:
-            run = StallRun(Path(folder))
+            run = StallRun(Path(folder), delay=1 / tokens_per_s if tokens_per_s else 0.0)
             try:
-                return run.stream(tokens, heartbeat_ms, timeout_s)
+                return {**run.stream(tokens, heartbeat_ms, timeout_s), "paced_at": tokens_per_s}
             finally:
                 run.close()
     finally:

@@ -349,3 +349,19 @@ def test_step_lets_one_token_through_per_enter_and_stops_or_continues(tiny_folde
         assert continued.returncode == 0, continued.stderr
         ids = [e["token_id"] for e in json_lines(continued.stdout) if e["event"] == "token"]
         assert ids == [e["token_id"] for e in json_lines(whole.stdout) if e["event"] == "token"]
+
+
+def torch_sees_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(torch_sees_cuda(), reason="this machine has CUDA: the bench would run")
+def test_bench_on_cuda_without_a_cuda_device_says_so_in_one_line():
+    result = run_app("bench", "--device", "cuda", "--json")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "glassbox bench --device cuda: no CUDA device here (torch sees none); nothing to measure"
+    ]
+    assert result.stdout == ""

@@ -263,3 +263,22 @@ def test_draws_follow_the_distribution_among_the_kept_tokens():
     counts = torch.bincount(draws, minlength=49152).float() / draws.numel()
     assert set(draws.unique().tolist()) == {10, 2000, 30_000, 49_151}
     torch.testing.assert_close(counts, probs, rtol=0, atol=0.015)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [GenerationSettings(), GenerationSettings(temperature=0.3, top_k=7, top_p=0.5, seed=3)],
+)
+def test_the_on_device_path_draws_from_the_same_distribution(settings):
+    """A GPU's sampler filters over the whole vocabulary and draws there (no host sync): the
+    same probabilities as the CPU's shortcuts, and its draws among the kept tokens only."""
+    generator = torch.Generator().manual_seed(7)
+    history = torch.arange(0, 40_000, 97)
+    on_device = Sampler(settings, CPU)
+    on_device.on_device = True  # what a CUDA device sets
+    for _trial in range(10):
+        logits = torch.randn(49152, generator=generator) * 3
+        want = Sampler(settings, CPU).distribution(logits, history)
+        probs = on_device.distribution(logits, history)
+        torch.testing.assert_close(probs, want, rtol=1e-5, atol=1e-7)
+        assert float(probs[on_device.choose(probs)]) > 0
