@@ -112,7 +112,7 @@ class Rope:
         # rotate_half(x)·sin = roll(x, half)·(sin with its first half negated)
         self.cos, self.half = cos, half
         self.sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        self.matrix = _rotation_matrices(cos[:, 0], sin[:, 0]) if n <= matrix_rows else None
+        self.matrix = rotation_matrices(cos[:, 0], sin[:, 0]) if n <= matrix_rows else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
@@ -122,7 +122,7 @@ class Rope:
         return (x * self.cos + x.roll(self.half, -1) * self.sin).to(torch.bfloat16)
 
 
-def _rotation_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotation_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """[n, d] cos and sin -> [n, d, d] matrices M with x·M = x·cos + rotate_half(x)·sin."""
     d = cos.shape[-1]
     half = d // 2

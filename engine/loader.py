@@ -2,9 +2,9 @@
 
 Which path a model takes:
 - a GGUF of an architecture Glassbox's own model reads (llama, qwen2, gemma3) at `fast`
-  precision (what `auto` picks on the CPU and on CUDA): that model on the file's 4/8-bit
-  weights (engine/llama.py, engine/gemma.py), built straight from the memory-mapped file,
-  without importing transformers' modeling code; on CUDA in its GPU form
+  precision (what `auto` picks on the CPU; on CUDA only when asked for): that model on the
+  file's 4/8-bit weights (engine/llama.py, engine/gemma.py), built straight from the
+  memory-mapped file, without importing transformers' modeling code; on CUDA in its GPU form
   (engine/device_weights.py) with the static decode step (engine/static_decode.py);
 - the same GGUF at `exact` precision: the transformers model with the weights dequantised to
   float32 from the file (nothing is written to disk);
@@ -214,7 +214,11 @@ def _load_gguf(
         refusal = f"its weights run on the CPU or CUDA, not on {device.type}"
     precision = request.precision
     if precision == "auto":
-        precision = "fast" if refusal is None else "exact"
+        precision = "fast" if refusal is None and device.type == "cpu" else "exact"
+        if refusal is None and device.type == "cuda":
+            # The static step's capture has not run on a GPU yet (engine/static_decode.py):
+            # until it is measured there, a GPU user gets the tested transformers path.
+            log.info("on CUDA, auto picks exact; --precision fast runs the static decode step")
     elif precision == "fast" and refusal is not None:
         raise ModelLoadError(f"Fast precision cannot run {name}: {refusal}. Choose exact.")
     if unsupported is not None:  # transformers' own GGUF reader, in memory

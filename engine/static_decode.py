@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from engine.attention_probe import AttentionProbe
 from engine.kv_buffer import KVBuffer
-from engine.llama import Attention, Block, GGUFLlama, QKNormAttention, _rotation_matrices
+from engine.llama import Attention, Block, GGUFLlama, QKNormAttention, rotation_matrices
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def rotation_at(position: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     [1, d, d] float32, the same arithmetic as Rope(inv_freq, start, 1)."""
     angles = torch.outer(position.float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)  # [1, d]
-    return _rotation_matrices(angles.cos(), angles.sin())
+    return rotation_matrices(angles.cos(), angles.sin())
 
 
 def one_row_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ what it will show and what to do to see it.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QStackedWidget, QWidget
+from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 MESSAGE_STYLE = "color: palette(text); font-size: 11pt; padding: 12px;"
 
@@ -39,3 +39,13 @@ class EmptyState(QStackedWidget):
     def set_message(self, text: str) -> None:
         if text != self.message.text():
             self.message.setText(text)
+
+
+def fill_with_pages(panel: QWidget, message: str, content: QWidget) -> EmptyState:
+    """The panel's pages (`message` until there is something to show, then `content`) as all
+    of the panel, inside a small margin."""
+    pages = EmptyState(message, content)
+    layout = QVBoxLayout(panel)
+    layout.setContentsMargins(4, 4, 4, 4)
+    layout.addWidget(pages)
+    return pages

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 
 from engine.events import Candidate
 from ui.panels.candidates import CandidateChart, CandidateRow
-from ui.panels.empty import EmptyState
+from ui.panels.empty import fill_with_pages
 from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import RedrawTracker
@@ -119,10 +119,7 @@ class NextTokenPanel(QWidget):
         layout.addWidget(self.tokens)
         layout.addWidget(self.key)
         layout.addWidget(self.chart, 1)
-        self.pages = EmptyState(EMPTY_MESSAGE, content)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(4, 4, 4, 4)
-        outer.addWidget(self.pages)
+        self.pages = fill_with_pages(self, EMPTY_MESSAGE, content)
 
     # -- public ----------------------------------------------------------------------------
 

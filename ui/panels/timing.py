@@ -11,7 +11,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
-from ui.panels.empty import EmptyState
+from ui.panels.empty import fill_with_pages
 from ui.panels.key import key_label
 from ui.panels.line_chart import LineChart, Series
 from ui.panels.ranges import AxisLimit, Bars, decimate
@@ -128,10 +128,7 @@ class TimingPanel(QWidget):
         layout.addWidget(self.compare)
         layout.addWidget(self._build_steps(), 3)
         layout.addWidget(self._build_turns(), 3)
-        self.pages = EmptyState(EMPTY_MESSAGE, content)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(4, 4, 4, 4)
-        outer.addWidget(self.pages)
+        self.pages = fill_with_pages(self, EMPTY_MESSAGE, content)
 
     # -- construction ------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
 
-from ui.panels.empty import EmptyState
+from ui.panels.empty import fill_with_pages
 from ui.panels.redraw import RedrawTracker
 from ui.panels.state import InternalsState
 from ui.panels.state.explain import tokens_line
@@ -70,10 +70,7 @@ class TokensPanel(QWidget):
         layout.addWidget(self.step_line)
         layout.addWidget(self.chips, 1)
         layout.addWidget(self.hover)
-        self.pages = EmptyState(EMPTY_MESSAGE, content)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(4, 4, 4, 4)
-        outer.addWidget(self.pages)
+        self.pages = fill_with_pages(self, EMPTY_MESSAGE, content)
 
     @property
     def shown(self) -> int:
