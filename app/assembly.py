@@ -138,6 +138,8 @@ def _connect_internals(window: MainWindow, internals: InternalsView) -> None:
     window.conversation_changed.connect(label_next_reply)
     window.settings_panel.changed.connect(label_next_reply)
     internals.watched_layers_requested.connect(watch)
+    # A token of the reply clicked in the chat selects its step, as a chip of the Tokens panel
+    window.chat.token_clicked.connect(lambda step: state.select(state.prompt_tokens + step))
     internals.compare_with_previous(True)
     label_next_reply()
     if window.info is not None:

@@ -12,15 +12,17 @@ The view keeps no messages of its own: it draws a ui.conversation.Conversation's
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Sequence
 
 import markdown
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
+    QMouseEvent,
     QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
@@ -86,6 +88,9 @@ class ChatView(QTextBrowser):
     conversation, e.g. why a reply failed; they are not messages.
     """
 
+    # A click on the reply in progress: the step (token index) whose text was clicked
+    token_clicked = Signal(int)
+
     def __init__(
         self, conversation: Conversation | None = None, parent: QWidget | None = None
     ) -> None:
@@ -123,6 +128,28 @@ class ChatView(QTextBrowser):
         """The text of the reply streaming in so far, drawn or waiting for its frame."""
         reply = self.conversation.reply
         return reply.text if reply is not None and self.replying else ""
+
+    def step_at(self, position: int) -> int | None:
+        """The step of the reply in progress whose text holds document `position`, or None
+        outside it. A finished reply is redrawn as Markdown, whose text no longer lines up
+        with its tokens: only the reply streaming (or held, when a teacher steps) has steps."""
+        reply = self.conversation.reply
+        if self._reply_cursor is None or reply is None or position < self._reply_start:
+            return None
+        self.flush()  # the drawn text is then every token's text, in order
+        offset = position - self._reply_start
+        for step, end in enumerate(itertools.accumulate(len(part) for part in reply.parts)):
+            if offset < end:
+                return step
+        return None
+
+    def mouseReleaseEvent(self, event: QMouseEvent) -> None:
+        super().mouseReleaseEvent(event)
+        if event.button() != Qt.MouseButton.LeftButton or self.textCursor().hasSelection():
+            return
+        step = self.step_at(self.cursorForPosition(event.position().toPoint()).position())
+        if step is not None:
+            self.token_clicked.emit(step)
 
     def toPlainText(self) -> str:
         """The transcript as text, with the streamed text that waits for its frame."""

@@ -105,3 +105,28 @@ def test_the_toolbar_says_held_only_once_the_engine_holds(parts, qtbot):
     pace.resume_action.trigger()
     qtbot.waitUntil(lambda: not window.replying, timeout=10000)
     assert not pace.held and label.text() == "full speed"
+
+
+def test_a_token_clicked_in_the_held_reply_selects_its_step(parts, qtbot):
+    window, internals = parts.window, parts.internals
+    state, chat = internals.state, window.chat
+    assert window.send("Tell me")
+    qtbot.waitUntil(lambda: window.pace.held, timeout=5000)
+    for steps in range(1, 5):
+        window.pace.next_action.trigger()
+        qtbot.waitUntil(lambda steps=steps: generated(parts) == steps and window.pace.held)
+    chat.flush()
+    text = chat.toPlainText()
+    start = text.rindex(LONG[0])  # the reply's text: " w0 w1 w2 w3"
+    assert text[start:].startswith("".join(LONG[:4]))
+    cursor = chat.textCursor()
+    # A character inside " w2" (step 2), found in the document as a user would click it.
+    cursor.setPosition(chat.document().find(LONG[2]).selectionStart() + 2)
+    point = chat.cursorRect(cursor).center()
+    qtbot.mouseClick(chat.viewport(), Qt.MouseButton.LeftButton, pos=point)
+    assert state.selected == state.prompt_tokens + 2 and state.selected_step == 2
+    internals.redraw(force=True)
+    assert internals.timing.steps_plot.marker == 2.0
+    assert chat.step_at(0) is None  # before the reply: no step
+    window.stop_action.trigger()
+    qtbot.waitUntil(lambda: not window.replying, timeout=5000)
