@@ -177,6 +177,11 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "--window", action="store_true", help="only the real window vs headless, real model"
     )
     parser.add_argument(
+        "--stepping", action="store_true",
+        help="only a teacher's Next token in the real window: press to every panel drawn, and"
+        " the CPU a held reply takes",
+    )  # fmt: skip
+    parser.add_argument(
         "--window-layout", choices=("floating", "docked", "closed"), default="floating",
         help="--window's panels: each floating and drawing (default), the first start's docked"
         " layout in a 1600x1000 window, or every dock closed (the chat alone)",

@@ -23,6 +23,8 @@ def run_bench(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     if args.window:
         return _finish(args, {"window": window_cost(args), "transport": transport_cost()})
+    if args.stepping:
+        return _finish(args, {"stepping": stepping_cost(args)})
     if args.device.startswith("cuda") and not args.gui_only:
         return cuda_bench(args)
     if not args.gui_only:
@@ -124,6 +126,17 @@ def window_cost(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def stepping_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """Next token's latency in the real window and a held reply's CPU (app.bench.stepping)."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.engine_process import EngineProcess
+
+    engine = EngineProcess()  # before Qt, as `glassbox` starts it
+    from app.bench.stepping import measure_stepping
+
+    return measure_stepping(load_request(args), engine, presses=args.repeats * 2)
+
+
 def transport_cost() -> dict[str, Any]:
     """Bytes/s and latency of the engine-to-window channel at 10,000 keys (app.bench.window)."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -179,6 +192,12 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"  idle window        {window['gui_cpu_idle_per_s']}")
         print(f"  stall ms           {window['stall_ms']}")
         print(f"  start s            {window['start_s']}")
+    stepping = results.get("stepping")
+    if stepping:
+        print(f"{stepping['model']}: Next token, {stepping['presses']} presses (ms)")
+        for key in ("next_token_ms", "engine_step_ms", "window_share_ms"):
+            print(f"  {key:18} {stepping[key]}")
+        print(f"  held               {stepping['held']}")
     gui = results.get("gui")
     if gui:
         print(f"window, {gui['tokens']:,}-token reply ({gui['source']})")

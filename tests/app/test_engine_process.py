@@ -528,3 +528,18 @@ def test_quitting_while_the_engine_still_imports_does_not_wait_for_it(qtbot):
     started = time.perf_counter()
     worker.shutdown()
     assert time.perf_counter() - started < 2 and not worker.is_running()
+
+
+def test_bench_stepping_times_next_token_and_a_held_replys_cpu(qapp):
+    """--stepping's whole path on the fake session: each press's token drawn, the engine's own
+    step beside it, and the CPU of both processes while the reply is held."""
+    from app.bench.stepping import measure_stepping
+
+    result = measure_stepping(fake_request(tokens=40), EngineProcess(FAKE), presses=3, paused_s=1)
+    assert result["model"] == "fake" and result["presses"] == 3
+    pressed, step = result["next_token_ms"], result["engine_step_ms"]
+    assert 0 < pressed["min"] <= pressed["median"] <= pressed["max"]
+    assert 0 <= step["min"] <= step["max"]
+    held = result["held"]
+    assert held["still_held"] and held["seconds"] >= 1
+    assert 0 <= held["engine_cpu_per_s"] < 0.5 and 0 <= held["window_cpu_per_s"] < 1

@@ -240,6 +240,11 @@ class InternalsView(QObject):
         self._start_frame()
         self._sleep_if_idle()
 
+    @property
+    def frame_in_progress(self) -> bool:
+        """Whether a frame's panels are still being drawn, a slice at a time."""
+        return bool(self._queued)
+
     def _start_frame(self) -> None:
         if not self._queued:  # else the last frame is still being drawn
             self._queued = list(self.panels)

@@ -1,0 +1,129 @@
+"""`glassbox bench --stepping`: how fast a teacher's Next token shows, and what a held reply
+costs the machine.
+
+The window is built as `glassbox` builds it (engine process first, then the window, the
+model loaded) in its first start's docked layout on a 1600x1000 screen, offscreen. A reply is
+sent with Pause after prefill; once the engine says it is held, Next token is pressed
+`presses` times, each press timed until the step's token is delivered and every panel on
+screen has drawn it (no panel left with something to draw, no frame half drawn). The window's
+own part of a press is that time less the engine's step, as the step's Token measured it.
+Then, held, the CPU both processes use over `paused_s` is read from /proc: a held engine waits
+on a condition and the window's panel timer sleeps, so both should be near zero.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.bench.loop import run_for, run_until
+from app.bench.window import cpu_seconds_of
+from app.engine_process import EngineProcess
+
+if TYPE_CHECKING:
+    from app.assembly import Parts
+    from engine.settings import LoadRequest
+
+QUESTION = "Why is the sky blue? Answer in two sentences."
+SCREEN = (1600, 1000)
+
+
+def measure_stepping(
+    request: LoadRequest, engine: EngineProcess, presses: int = 12, paused_s: float = 30.0
+) -> dict[str, Any]:
+    parts = _open(engine)
+    window, worker = parts.window, parts.worker
+    window.load_model(request)
+    run_until(lambda: worker.info is not None and not worker.busy, 600)
+    window.settings_panel.set_pause_after_prefill(True)
+    if not window.send(QUESTION):
+        raise RuntimeError("the window did not send the question")
+    run_until(lambda: window.pace.held, 120)
+    run_for(0.5)
+    pressed, steps = zip(*(_press(parts) for _ in range(presses)), strict=True)
+    held = _held_cpu(parts, engine, paused_s)
+    window.stop_action.trigger()
+    run_until(lambda: not window.replying, 60)
+    visible = [type(panel).__name__ for panel in _shown(parts)]
+    parts.shutdown()  # the engine process too: nothing is left running
+    own = [total - step for total, step in zip(pressed, steps, strict=True)]
+    return {
+        "model": worker.info.name if worker.info else "?",
+        "presses": presses,
+        "next_token_ms": _spread(list(pressed)),
+        "engine_step_ms": _spread(list(steps)),
+        "window_share_ms": _spread(own),
+        "visible_panels": visible,
+        "held": held,
+    }
+
+
+def _open(engine: EngineProcess) -> Parts:
+    from PySide6.QtCore import QRect, QSettings
+
+    from app.gui import open_window
+
+    folder = Path(tempfile.mkdtemp(prefix="glassbox-stepping-"))
+    remembered = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
+    return open_window(
+        engine,
+        database=folder / "chats.sqlite3",
+        settings=remembered,
+        screen=QRect(0, 0, *SCREEN),
+    )
+
+
+def _shown(parts: Parts) -> list[Any]:
+    from ui.panels.docks import shown
+
+    return [panel for panel in parts.internals.panels if shown(panel)]
+
+
+def _press(parts: Parts) -> tuple[float, float]:
+    """One Next token: milliseconds until its token is drawn in every panel on screen (to the
+    wait's 10 ms poll), and the engine's own step as its Token measured it."""
+    internals, pace = parts.internals, parts.window.pace
+    state = internals.state
+    target = state.trail.generated + 1
+
+    def drawn() -> bool:
+        if state.trail.generated < target or internals.frame_in_progress:
+            return False
+        return not any(panel.needs_redraw() for panel in _shown(parts))
+
+    started = time.perf_counter()
+    pace.next_action.trigger()
+    done = run_until(drawn, 60)
+    run_until(lambda: pace.held, 60)
+    run_for(0.3)
+    return (done - started) * 1000, state.step_seconds[target - 1] * 1000  # token target - 1
+
+
+def _held_cpu(parts: Parts, engine: EngineProcess, seconds: float) -> dict[str, Any]:
+    """CPU of the window's process and the engine's while the reply is held."""
+    run_for(1.0)
+    window_cpu, engine_cpu = cpu_seconds_of(os.getpid()) or 0.0, cpu_seconds_of(engine.pid) or 0.0
+    started = time.perf_counter()
+    run_for(seconds)
+    wall = time.perf_counter() - started
+    window_used = (cpu_seconds_of(os.getpid()) or 0.0) - window_cpu
+    engine_used = (cpu_seconds_of(engine.pid) or 0.0) - engine_cpu
+    return {
+        "seconds": round(wall, 1),
+        "window_cpu_per_s": round(window_used / wall, 4),
+        "engine_cpu_per_s": round(engine_used / wall, 4),
+        "panel_timer_asleep": parts.internals.asleep,
+        "still_held": parts.window.pace.held,
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 1),
+        "max": round(max(values), 1),
+        "min": round(min(values), 1),
+    }
