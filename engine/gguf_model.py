@@ -522,12 +522,26 @@ def _gemma_config(file: GGUFFile, shape: LlamaShape) -> Gemma3TextConfig:
     )  # fmt: skip
 
 
+def exact_skeleton(file: GGUFFile, dtype: torch.dtype) -> PreTrainedModel:
+    """The transformers model of the GGUF on the meta device: its shapes, no weights (what a
+    placement is planned on before anything is dequantised)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(hf_config(file), dtype=dtype)  # type: ignore[no-untyped-call]
+    return model
+
+
+def exact_bytes(file: GGUFFile, dtype: torch.dtype) -> int:
+    """What the dequantised weights take in `dtype` (an estimate: tensors the file holds)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(math.prod(info.shape) * size for info in file.tensors.values())
+
+
 def build_exact(
     file: GGUFFile, dtype: torch.dtype, progress: TensorProgress | None = None
 ) -> PreTrainedModel:
     """The transformers model with every weight dequantised to `dtype` (no copy on disk)."""
-    from transformers import AutoModelForCausalLM
-
     config = hf_config(file)
     shape = read_shape(file)
     state = {}
@@ -544,8 +558,7 @@ def build_exact(
             state[target] = weight.to(dtype, copy=True)
         if progress is not None:
             progress(done, len(names))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    model = exact_skeleton(file, dtype)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)
@@ -558,5 +571,5 @@ def build_exact(
     if gemma:  # so is the embedding's √dim, made in the model's dtype as transformers does
         scale = torch.tensor(config.hidden_size**0.5, dtype=dtype)
         model.model.embed_tokens.embed_scale = scale
-    exact: PreTrainedModel = model.eval()
+    exact: PreTrainedModel = model.eval()  # type: ignore[no-untyped-call]
     return exact

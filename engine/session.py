@@ -43,6 +43,7 @@ from engine.events import (
     Roofline,
     Tally,
     Token,
+    Transfer,
     frozen_array,
 )
 from engine.loader import LoadedModel
@@ -62,6 +63,8 @@ class ChatSession:
         for the model's device and compute dtype when not given."""
         self.model = loaded.model
         self.compiling = loaded.compiling  # the compiled decode step on its way, if any
+        # What a placed model's hooks move per pass (None: all in place, nothing to measure)
+        self.transfers = loaded.transfers
         self.decoder = decoder_for(loaded.model)  # transformers or Glassbox's own GGUF model
         self.tokenizer = loaded.tokenizer
         self.device = self.decoder.device
@@ -178,11 +181,14 @@ class ChatSession:
             if self._cancel.is_set():  # Stop while held: no further step
                 reason = "cancelled"
                 break
+            transfer = None
             if index > 0:  # the last token through the model (token 0 came from the prefill)
+                self._begin_transfer()
                 clock.start()
                 history = torch.cat([history, history.new_tensor([token_id])])  # [T + 1]
                 forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
                 step_s = clock.stop()
+                transfer = self._transfer()
             clock.start()
             probs = sampler.distribution(forward.logits, history)  # [vocab]
             token_id = int(sampler.choose(probs))
@@ -191,7 +197,7 @@ class ChatSession:
             step_s += clock.stop()
             _count(tally, index, step_s)
             roofline = self._roofline(forward, step_s) if index > 0 else None
-            yield replace(token, seconds=step_s, roofline=roofline)
+            yield replace(token, seconds=step_s, roofline=roofline, transfer=transfer)
             reason = self._after_token(reason, stream)
             if reason is not None:
                 break
@@ -244,6 +250,17 @@ class ChatSession:
         if self._cancel.is_set():
             return "cancelled"
         return reason
+
+    def _begin_transfer(self) -> None:
+        if self.transfers is not None:
+            self.transfers.begin()
+
+    def _transfer(self) -> Transfer | None:
+        """The weights the last pass moved in, against the placement's prediction."""
+        if self.transfers is None or self.info.placement is None:
+            return None
+        moved, seconds = self.transfers.take()
+        return Transfer(moved, seconds, self.info.placement.predicted_transfer_s)
 
     def _roofline(self, forward: Forward, seconds: float) -> Roofline:
         return self.meter.measure(forward.new, forward.cached, seconds, forward.with_cache)
