@@ -310,9 +310,17 @@ def _finish_placed(
 ) -> LoadedModel:
     """Place a model already in memory (transformers' GGUF reader) as the request says."""
     report("Placing the layers", 0.95)
-    mapping = _plan(model, request, device)
-    placed = place_in_memory(model, mapping, device, cache, _placement_note(request))
-    return _with_placement(prepare(model, tokenizer, name=name, source=source), placed)
+    return place(prepare(model, tokenizer, name=name, source=source), request, device, cache)
+
+
+def place(
+    loaded: LoadedModel, request: LoadRequest, device: torch.device, cache: Path
+) -> LoadedModel:
+    """Place a loaded transformers model whose weights are in memory as `request` says
+    (its device_map and max_memory); disk-placed weights go under `cache`."""
+    mapping = _plan(loaded.model, request, device)
+    placed = place_in_memory(loaded.model, mapping, device, cache, _placement_note(request))
+    return _with_placement(loaded, placed)
 
 
 def _out_of_memory(name: str, needed: int, device: torch.device) -> str:

@@ -122,11 +122,15 @@ def device_map(
     """The module-to-place map for `choice` on a model whose weights need not be loaded (a
     meta-device skeleton will do): places are "cuda:N", "cpu" or "disk"."""
     found = units(model)
+    if choice.strategy == "gpu-layers":
+        _check_gpu_layers(found, choice.gpu_layers, main)
     limits = budgets(main, parse_max_memory(max_memory))
     if choice.strategy == "gpu-layers":
         return _gpu_layers(found, choice.gpu_layers, main, limits)
     check_caps(found, limits)
-    return _accelerate_map(model, choice.strategy or "auto", limits, main)
+    planned = _accelerate_map(model, choice.strategy or "auto", limits, main)
+    # per unit: accelerate may name a whole subtree ("": "disk"), which its dispatch misreads
+    return {unit.name: place_of(unit.name, planned) for unit in found}
 
 
 def _accelerate_map(
@@ -148,11 +152,6 @@ def _gpu_layers(
 ) -> DeviceMapDict:
     """The first `count` decoder layers and the modules around them on the GPU; the other
     layers in RAM up to its budget, then on disk."""
-    layers = sum(unit.layer is not None for unit in found)
-    if main.type != "cuda" and count > 0:
-        raise PlacementError(f"gpu-layers={count} needs a CUDA device; this load runs on {main}")
-    if count > layers:
-        raise PlacementError(f"gpu-layers={count}: this model has {layers} layers")
     gpu = f"cuda:{main.index or 0}" if main.type == "cuda" else "cpu"
     ram_left = limits.get("cpu", 0)
     result: DeviceMapDict = {}
@@ -172,6 +171,14 @@ def _gpu_layers(
                 f" {format_bytes(limits[gpu])} to give; try --device-map auto"
             )
     return result
+
+
+def _check_gpu_layers(found: list[Unit], count: int, main: torch.device) -> None:
+    layers = sum(unit.layer is not None for unit in found)
+    if main.type != "cuda" and count > 0:
+        raise PlacementError(f"gpu-layers={count} needs a CUDA device; this load runs on {main}")
+    if count > layers:
+        raise PlacementError(f"gpu-layers={count}: this model has {layers} layers")
 
 
 def _accelerate_key(place: str) -> int | str:
