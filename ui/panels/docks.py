@@ -16,6 +16,7 @@ from engine.events import Event, ModelInfo
 from ui.panels.attention import AttentionPanel
 from ui.panels.kv_cache import KvCachePanel
 from ui.panels.next_token import NextTokenPanel
+from ui.panels.placement import PlacementPanel
 from ui.panels.roofline import RooflinePanel
 from ui.panels.state import ATTENTION_CELLS, InternalsState
 from ui.panels.timing import TimingPanel
@@ -61,6 +62,7 @@ DOCKS = (
     ("internals_attention", "Attention", "attention"),
     ("internals_next_token", "Next token", "next_token"),
     ("internals_roofline", "Roofline", "roofline"),
+    ("internals_placement", "Placement", "placement"),
 )
 
 
@@ -106,6 +108,7 @@ class InternalsView(QObject):
         self.attention = AttentionPanel(self.state)
         self.next_token = NextTokenPanel(self.state)
         self.roofline = RooflinePanel(self.state)
+        self.placement = PlacementPanel(self.state)
         self.attention.watched_layers_requested.connect(self.watched_layers_requested)
         self.docks: dict[str, QDockWidget] = {}
         for name, title, attribute in DOCKS:
@@ -144,7 +147,10 @@ class InternalsView(QObject):
 
     @property
     def panels(self) -> tuple[Panel, ...]:
-        return (self.timing, self.kv_cache, self.attention, self.next_token, self.roofline)
+        return (
+            self.timing, self.kv_cache, self.attention, self.next_token, self.roofline,
+            self.placement,
+        )  # fmt: skip
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -362,8 +368,8 @@ def build_docks(
     window: QMainWindow,
     area: Qt.DockWidgetArea = Qt.DockWidgetArea.RightDockWidgetArea,
 ) -> InternalsView:
-    """Add the docks to `window` in two tab groups: timing + KV cache + roofline, attention +
-    next token.
+    """Add the docks to `window` in two tab groups: timing + KV cache + roofline + placement,
+    attention + next token.
 
     Call it before `window.restoreState(...)` so the saved layout finds the docks by name.
     """
@@ -373,6 +379,7 @@ def build_docks(
         window.addDockWidget(area, dock)
     window.tabifyDockWidget(docks["timing"], docks["kv_cache"])
     window.tabifyDockWidget(docks["kv_cache"], docks["roofline"])
+    window.tabifyDockWidget(docks["roofline"], docks["placement"])
     window.tabifyDockWidget(docks["attention"], docks["next_token"])
     docks["timing"].raise_()
     docks["attention"].raise_()

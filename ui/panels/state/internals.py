@@ -25,6 +25,7 @@ from engine.events import (
 from engine.kv_cache import formula_bytes
 from ui.panels.state.arrays import GrowableArray
 from ui.panels.state.attention import ATTENTION_CELLS, AttentionRows, HeadStats
+from ui.panels.state.placement import PlacementTrace
 from ui.panels.state.prepared import PreparedStats
 from ui.panels.state.roofline import RooflineTrace
 from ui.panels.state.timing import ReplyTiming
@@ -36,7 +37,8 @@ ATTENTION = "attention"
 NEXT_TOKEN = "next_token"
 ROOFLINE = "roofline"
 MODEL = "model"
-KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL)
+PLACEMENT = "placement"
+KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL, PLACEMENT)
 
 
 def _nothing() -> None:
@@ -57,6 +59,7 @@ class InternalsState:
         self._next_curve_label: str | None = None
         # Row statistics the receiving thread worked out before ingest (app.engine_client).
         self.prepared = PreparedStats()
+        self.placement = PlacementTrace()
         # Called when a panel's own choice changed (RedrawTracker.mark): whoever redraws the
         # panels (ui.panels.docks.InternalsView) wakes its timer.
         self.panel_changed: Callable[[], None] = _nothing
@@ -86,6 +89,7 @@ class InternalsState:
 
     def set_model(self, info: ModelInfo) -> None:
         self.info = info
+        self.placement.set_model(info)
         self.clear()
 
     def set_watched_layers(self, layers: Sequence[int]) -> None:
@@ -139,6 +143,8 @@ class InternalsState:
         self.chosen = []
         self.last_error = None
         self.roofline.start_reply()
+        self.placement.start_reply()
+        self._bump(PLACEMENT)
         return reply
 
     def _on_prefill(self, event: PrefillDone) -> None:
@@ -192,6 +198,8 @@ class InternalsState:
                 stats.add_stats(prepared[layer])
             else:
                 stats.add(row[:, None, :], np.array([row.shape[1] - 1]))
+        if self.placement.add(event):
+            self._bump(PLACEMENT)
         self.top_k.append(event.top_k)
         self.chosen.append(event.token_id)
         self._bump(TIMING)
