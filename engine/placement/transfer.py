@@ -64,7 +64,7 @@ class TransferMeter:
             self._events = []
         return self.bytes, self.seconds
 
-    def read_bytes_per_s(self, repeats: int = 2) -> float:
+    def read_bytes_per_s(self, repeats: int = 3) -> float:
         """How fast the offloaded weights are read in, as the hooks read them: the best of
         `repeats` reads of all of them (the first may still wait on the files' writing)."""
         best = 0.0
