@@ -51,7 +51,14 @@ from engine.gguf_model import (
 from engine.lean_tokenizer import LeanTokenizer, compact_merges
 from engine.pack_cache import PackCache, pack_path
 from engine.placement import plan as placement_plan
-from engine.placement.dispatch import Placed, finish, forget_with, offload_folder, place_in_memory
+from engine.placement.dispatch import (
+    DiskWriter,
+    Placed,
+    finish,
+    forget_with,
+    offload_folder,
+    place_in_memory,
+)
 from engine.placement.plan import DeviceMapDict, fit_proposal
 from engine.placement.spec import PlacementError, parse_device_map
 from engine.placement.transfer import TransferMeter
@@ -233,9 +240,12 @@ def _load_gguf(
         return _finish(model, tokenizer, name, source, device, report)
     tokenizer = gguf_tokenizer(path, cache, report, lean=precision == "fast")
     mapping: DeviceMapDict | None = None
+    writer: DiskWriter | None = None
     try:
         if precision == "exact":  # refused before anything is dequantised
             mapping = _fit_or_plan(file, name, request, device, dtype)
+        if mapping is not None:  # disk-placed weights go to disk as they are dequantised
+            writer = DiskWriter(mapping, offload_folder(cache))
         if precision == "fast":
             packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
             progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
@@ -243,15 +253,33 @@ def _load_gguf(
             compiling = _compile_in_background(fast, path, cache, request)
             info = describe_fast(fast, name, source)
             return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
-        model = build_exact(file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9))
+        model = _dequantise(file, dtype, report, writer)
     except (torch.OutOfMemoryError, MemoryError):
         raise ModelLoadError(_out_of_memory(name, exact_bytes(file, dtype), device)) from None
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
         raise ModelLoadError(f"{path} could not be loaded: {_short(error)}") from None
     if mapping is not None:
-        placed = place_in_memory(model, mapping, device, cache, _placement_note(request))
+        note = _placement_note(request)
+        placed = place_in_memory(model, mapping, device, cache, note, writer)
         return _with_placement(prepare(model, tokenizer, name=name, source=source), placed)
     return _finish(model, tokenizer, name, source, device, report)
+
+
+def _dequantise(
+    file: GGUFFile, dtype: torch.dtype, report: Progress, writer: DiskWriter | None
+) -> PreTrainedModel:
+    """The exact model, its disk-placed weights written by `writer` (removed if it fails)."""
+    try:
+        model = build_exact(
+            file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9), writer
+        )
+        if writer is not None:
+            writer.close()
+    except BaseException:
+        if writer is not None:
+            shutil.rmtree(writer.folder, ignore_errors=True)
+        raise
+    return model
 
 
 # Why Glassbox's own model takes no placement (README: "Models bigger than memory").

@@ -114,12 +114,40 @@ def summary(placement: Placement) -> str:
     )
 
 
+class DiskWriter:
+    """Writes the weights `mapping` puts on disk into `folder` as they are made (a
+    gguf_model.WeightSink), in accelerate's offload format; `close()` writes the index."""
+
+    def __init__(self, mapping: DeviceMapDict, folder: Path) -> None:
+        self.mapping, self.folder = mapping, folder
+        self.index: dict[str, dict[str, object]] = {}
+
+    def __call__(self, name: str, weight: torch.Tensor) -> bool:
+        if place_of(name, self.mapping) != "disk":
+            return False
+        from accelerate.utils import offload_weight
+
+        offload_weight(weight, name, str(self.folder), index=self.index)
+        return True
+
+    def close(self) -> None:
+        from accelerate.utils import save_offload_index
+
+        save_offload_index(self.index, str(self.folder))
+
+
 def place_in_memory(
-    model: torch.nn.Module, mapping: DeviceMapDict, main: torch.device, cache: Path, note: str
+    model: torch.nn.Module,
+    mapping: DeviceMapDict,
+    main: torch.device,
+    cache: Path,
+    note: str,
+    written: DiskWriter | None = None,
 ) -> Placed:
-    """Place a model built in memory (a dequantised GGUF) by `mapping`."""
+    """Place a model built in memory (a dequantised GGUF) by `mapping`; `written`: its
+    disk-placed weights are already in that writer's folder (they were never in RAM)."""
     found = units(model)
-    folder = offload_folder(cache)
+    folder = offload_folder(cache) if written is None else written.folder
     forget_with(model, folder)
     dispatch(model, mapping, main, folder)
     return finish(model, found, mapping, main, note)

@@ -265,3 +265,31 @@ def run_bundled(loaded):
     probes = ProbeSettings(attention_layers=(0, 15, 29), top_k=5)
     events = list(ChatSession(loaded).generate(QUESTION, SETTINGS, probes))
     return events[0], [e for e in events if isinstance(e, Token)]
+
+
+def test_a_gguf_streams_its_disk_placed_weights_without_holding_them(tmp_path):
+    """The exact path writes each disk-placed weight as it is dequantised: those weights never
+    sit in the model in RAM, and the placed model computes what the one in memory does."""
+    from engine import gguf_model
+    from engine.gguf_file import GGUFFile
+    from engine.placement.dispatch import DiskWriter, offload_folder, place_in_memory
+    from tests.engine.test_fast import hf_model
+    from tests.gguf_files import F32, write_gguf
+
+    file = GGUFFile(write_gguf(tmp_path / "f32.gguf", hf_model("llama"), F32, F32))
+    in_memory = gguf_model.build_exact(file, torch.float32)
+    mapping = {unit.name: "cpu" for unit in plan.units(in_memory)}
+    mapping["model.layers.1"] = mapping["model.layers.2"] = "disk"
+    writer = DiskWriter(mapping, offload_folder(tmp_path))
+    streamed = gguf_model.build_exact(file, torch.float32, sink=writer)
+    writer.close()
+    on_meta = {name for name, p in streamed.named_parameters() if p.is_meta}
+    assert on_meta == {n for n, _ in in_memory.named_parameters() if n.startswith(DISKED)}
+    placed = place_in_memory(streamed, mapping, CPU, tmp_path, "test", writer)
+    assert placed.placement.layer_places == ("cpu", "disk", "disk")
+    ids = torch.randint(0, 49152, (1, 12))
+    with torch.inference_mode():
+        torch.testing.assert_close(streamed(ids).logits, in_memory(ids).logits, rtol=0, atol=1e-5)
+
+
+DISKED = ("model.layers.1.", "model.layers.2.")
