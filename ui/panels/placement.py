@@ -78,15 +78,20 @@ class PlacementChart(QWidget):
         for index, place in enumerate(placement.layer_places):
             cell = QRectF(8 + index * width, top, max(width - 1, 1), height)
             painter.fillRect(cell, PLACE_COLOURS[place_kind(place)])
-        legend = "   ".join(
-            f"{PLACE_NAMES[place_kind(p)]} {format_bytes(b)}" for p, b in placement.place_bytes
-        )
+        x, y = 8.0, top + height + 4
+        metrics = painter.fontMetrics()
+        for place, size in placement.place_bytes:  # a swatch of the strip's colour, then words
+            kind = place_kind(place)
+            painter.fillRect(QRectF(x, y + 3, line - 6, line - 6), PLACE_COLOURS[kind])
+            text = f"{PLACE_NAMES[kind]} {format_bytes(size)}"
+            advance = metrics.horizontalAdvance(text)
+            painter.drawText(QRectF(x + line - 2, y, advance + 4, line), text)
+            x += line + advance + 16
         moved = format_bytes(placement.moved_bytes) if placement.moved_bytes else "nothing"
         painter.drawText(
-            QRectF(8, top + height + 2, self.width() - 16, line + 2),
-            f"{legend}   (weights; each step reads in {moved})",
+            QRectF(x, y, max(self.width() - x - 8, 1), line), f"each step reads in {moved}"
         )
-        return top + height + line + 6
+        return y + line + 4
 
     def _draw_steps(self, painter: QPainter, area: QRectF, line: int) -> None:
         area.setBottom(self.height() - line - 8)
