@@ -293,3 +293,17 @@ def test_a_gguf_streams_its_disk_placed_weights_without_holding_them(tmp_path):
 
 
 DISKED = ("model.layers.1.", "model.layers.2.")
+
+
+def test_placement_and_transfer_cross_the_wire_and_into_json(tokenizer, tmp_path):
+    import pickle
+
+    from engine.serialize import event_to_dict, plain
+
+    placed = offloaded_tiny(tokenizer, tmp_path, one_layer(tokenizer), "gpu-layers=0")
+    _, tokens = run(placed)
+    info = pickle.loads(pickle.dumps(placed.info))  # the engine process pickles what it sends
+    assert info.placement == placed.info.placement
+    assert pickle.loads(pickle.dumps(tokens[1])).transfer == tokens[1].transfer
+    assert plain(info)["placement"]["layer_places"] == ["cpu", "disk", "disk"]
+    assert event_to_dict(tokens[1])["transfer"]["bytes"] == tokens[1].transfer.bytes
