@@ -97,3 +97,10 @@ def test_picker_carries_a_placement(qtbot):
     picker._ram_cap.setText("lots")
     problem = picker.problem()
     assert problem is not None and "not a size: 'lots'" in problem
+
+
+def test_the_status_line_says_where_a_placed_model_is():
+    from ui.main_window import model_line
+
+    assert "placed" not in model_line(model_info())
+    assert model_line(model_info(placement=PLACED)).endswith("placed: 240 MB cpu, 297 MB disk")
