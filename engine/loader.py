@@ -652,8 +652,8 @@ def _load_pretrained(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = source != "hub"
-    skeleton = _pretrained_skeleton(location, dtype, local)
-    mapping = _plan(skeleton, request, device) if request.placed else None
+    skeleton = _pretrained_skeleton(location, dtype, local) if request.placed else None
+    mapping = _plan(skeleton, request, device) if skeleton is not None else None
     placing: dict[str, object] = {}
     if mapping is not None:
         folder = offload_folder(cache)
@@ -666,11 +666,12 @@ def _load_pretrained(
             location, dtype=dtype, local_files_only=local, **placing
         )
     except (torch.OutOfMemoryError, MemoryError):
+        skeleton = skeleton or _pretrained_skeleton(location, dtype, local)
         needed = sum(unit.bytes for unit in placement_plan.units(skeleton))
         raise ModelLoadError(_out_of_memory(location, needed, device)) from None
     except Exception as error:
         raise ModelLoadError(f"Could not load {location}: {_short(error)}") from None
-    if mapping is None:
+    if mapping is None or skeleton is None:
         return _finish(model, tokenizer, location, source, device, report)
     forget_with(model, folder)
     placed = finish(
