@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from app.model_fetch import add_models_options
+from engine.placement.spec import PlacementError, parse_device_map, parse_max_memory
 from engine.settings import CHAT_TEMPLATES, PRECISIONS, GenerationSettings, LoadRequest
 
 
@@ -82,6 +84,23 @@ def model_options(defaults: bool = True) -> argparse.ArgumentParser:
         " name",
     )
     options.add_argument(
+        "--device-map",
+        default="" if defaults else argparse.SUPPRESS,
+        metavar="MAP",
+        type=_checked(parse_device_map),
+        help="where the layers go: auto (what is free, with headroom; disk for the rest),"
+        " gpu-layers=N, balanced or sequential; by default the whole model on --device."
+        " Runs on the exact path",
+    )
+    options.add_argument(
+        "--max-memory",
+        default="" if defaults else argparse.SUPPRESS,
+        metavar="CAPS",
+        type=_checked(parse_max_memory),
+        help="caps per device, e.g. cpu=250MiB or cuda:0=6GiB,cpu=8GiB: weights beyond them"
+        " are read from disk on every token (implies --device-map auto)",
+    )
+    options.add_argument(
         "--no-compile",
         action="store_true",
         default=False if defaults else argparse.SUPPRESS,
@@ -89,6 +108,20 @@ def model_options(defaults: bool = True) -> argparse.ArgumentParser:
         " once in the background and used when ready)",
     )
     return options
+
+
+def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An option type that keeps the text as written once `parse` accepts it, so argparse
+    says what is wrong with it in one line before anything loads."""
+
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except PlacementError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+
+    return check
 
 
 def load_request(args: argparse.Namespace) -> LoadRequest:
@@ -99,6 +132,8 @@ def load_request(args: argparse.Namespace) -> LoadRequest:
         precision=args.precision,
         compiled=not args.no_compile,
         chat_template=args.chat_template,
+        device_map=args.device_map,
+        max_memory=args.max_memory,
     )
 
 

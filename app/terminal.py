@@ -21,6 +21,7 @@ from app.options import generation_settings, load_request, print_json
 from engine import chat_format
 from engine.events import Event, Failed, Finished, PrefillDone, Token
 from engine.loader import ModelLoadError, load_model
+from engine.placement.dispatch import summary
 from engine.serialize import event_to_dict, plain
 from engine.session import ChatSession
 from engine.settings import (
@@ -61,6 +62,8 @@ def run_chat(args: argparse.Namespace) -> int:
     if not (args.json or args.complete):  # which turns the model sees, before its first reply
         forced = request.chat_template != "auto"
         print(f"[{chat_format.label(session.info.chat_format, forced)}]", file=sys.stderr)
+    if session.info.placement is not None and not args.json:  # where the layers went
+        print(f"[placement: {summary(session.info.placement)}]", file=sys.stderr)
     if args.json:  # which model, precision and peaks the following events come from
         print_json({"event": "model", **plain(session.info)})
     try:

@@ -56,7 +56,7 @@ class TransformersDecoder:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
-        self.device = next(model.parameters()).device
+        self.device = execution_device(model)
         self.cache_kwarg = cache_kwarg(model)
 
     def new_cache(self) -> TransformersCache:
@@ -85,6 +85,16 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     which the deprecation wrapper passes through, so each model class answers for itself."""
     parameters = inspect.signature(model.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+def execution_device(model: torch.nn.Module) -> torch.device:
+    """Where the model computes: its first weight's device, or for a model placed by
+    accelerate (whose first weight may wait on disk, "meta") its hooks' execution device."""
+    hook = getattr(model, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device)
+    return next(model.parameters()).device
 
 
 def decoder_for(model: torch.nn.Module) -> Decoder:

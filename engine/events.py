@@ -59,6 +59,41 @@ class Roofline:
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the model's weights live, decided at load (engine/placement/).
+
+    Places are "cuda:N", "cpu" (RAM) or "disk" (files accelerate's hooks read before each use).
+    `moved_bytes` are the weights brought to the executing device on every forward pass;
+    `read_bytes_per_s` is how fast reading them in went once, measured at load (0: nothing
+    moves), so `moved_bytes / read_bytes_per_s` predicts a pass's transfer time.
+    """
+
+    layer_places: tuple[str, ...]  # per decoder layer
+    layer_bytes: tuple[int, ...]
+    place_bytes: tuple[tuple[str, int], ...]  # every weight, summed per place
+    moved_bytes: int
+    read_bytes_per_s: float
+    execution_device: str
+    note: str = ""  # how the map was chosen, in words
+
+    @property
+    def predicted_transfer_s(self) -> float:
+        if self.moved_bytes == 0 or self.read_bytes_per_s <= 0:
+            return 0.0
+        return self.moved_bytes / self.read_bytes_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """The weights one forward pass brought in: counted as the hooks read them, timed around
+    the hooks' weight loading (CUDA events on a GPU); `predicted_s` is the load's estimate."""
+
+    bytes: int
+    seconds: float
+    predicted_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class ModelInfo:
     """What the loaded model is, with the numbers the KV-cache formula needs."""
 
@@ -91,6 +126,8 @@ class ModelInfo:
     # 0 where the engine did not count them.
     weight_bytes: int = 0
     embedding_row_bytes: int = 0
+    # Where the layers live, when the load asked for a placement (None: all on `device`).
+    placement: Placement | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +205,8 @@ class Token:
     roofline: Roofline | None = None
     # The token's bytes ("<0xE2>") where `piece` is not whole characters; "" where it is.
     label: str = ""
+    # The weights that step's pass moved in from RAM or disk (None: a model wholly in place).
+    transfer: Transfer | None = None
 
 
 @dataclass(frozen=True, slots=True)

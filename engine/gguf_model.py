@@ -522,35 +522,63 @@ def _gemma_config(file: GGUFFile, shape: LlamaShape) -> Gemma3TextConfig:
     )  # fmt: skip
 
 
-def build_exact(
-    file: GGUFFile, dtype: torch.dtype, progress: TensorProgress | None = None
-) -> PreTrainedModel:
-    """The transformers model with every weight dequantised to `dtype` (no copy on disk)."""
+def exact_skeleton(file: GGUFFile, dtype: torch.dtype) -> PreTrainedModel:
+    """The transformers model of the GGUF on the meta device: its shapes, no weights (what a
+    placement is planned on before anything is dequantised)."""
     from transformers import AutoModelForCausalLM
 
+    with torch.device("meta"):
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(hf_config(file), dtype=dtype)  # type: ignore[no-untyped-call]
+    return model
+
+
+def exact_bytes(file: GGUFFile, dtype: torch.dtype) -> int:
+    """What the dequantised weights take in `dtype` (an estimate: tensors the file holds)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(math.prod(info.shape) * size for info in file.tensors.values())
+
+
+# Takes a dequantised weight (its transformers name) out of RAM, e.g. to disk; False: keep it.
+WeightSink = Callable[[str, torch.Tensor], bool]
+
+
+def build_exact(
+    file: GGUFFile,
+    dtype: torch.dtype,
+    progress: TensorProgress | None = None,
+    sink: WeightSink | None = None,
+) -> PreTrainedModel:
+    """The transformers model with every weight dequantised to `dtype` (no copy on disk).
+
+    `sink` may take each weight as it is made (a placement writing it to disk): a weight it
+    takes stays on the meta device, so a model larger than RAM never sits in it whole."""
     config = hf_config(file)
     shape = read_shape(file)
     state = {}
+    taken: set[str] = set()
     names = list(file.tensors)
     gemma = shape.architecture == "gemma3"
     for done, name in enumerate(names, 1):
         target = hf_name(name, shape.architecture)
+        if target == "lm_head.weight" and config.tie_word_embeddings:
+            target = None  # the head is the embedding
         if target is not None:
             info = file.tensors[name]
             rows = raw_rows(file, shape, name)
             weight = quant.dense(rows, info.type, info.shape[-1]).reshape(info.shape)
             if gemma and name.endswith("norm.weight"):  # the file's 1 + w, Gemma3RMSNorm's w
                 weight = weight - 1
-            state[target] = weight.to(dtype, copy=True)
+            weight = weight.to(dtype, copy=True)
+            if sink is not None and sink(target, weight):
+                taken.add(target)
+            else:
+                state[target] = weight
         if progress is not None:
             progress(done, len(names))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
+    model = exact_skeleton(file, dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    missing = [n for n, p in model.named_parameters() if p.is_meta and n not in taken]
     if missing:
         raise Unsupported(f"the GGUF lacks {', '.join(missing[:3])}")
     # The rotary tables are buffers computed at construction, which happened on the meta device.
@@ -558,5 +586,5 @@ def build_exact(
     if gemma:  # so is the embedding's √dim, made in the model's dtype as transformers does
         scale = torch.tensor(config.hidden_size**0.5, dtype=dtype)
         model.model.embed_tokens.embed_scale = scale
-    exact: PreTrainedModel = model.eval()
+    exact: PreTrainedModel = model.eval()  # type: ignore[no-untyped-call]
     return exact

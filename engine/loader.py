@@ -45,11 +45,25 @@ from engine.gguf_model import (
     Unsupported,
     build_exact,
     build_fast,
+    exact_bytes,
+    exact_skeleton,
     read_shape,
     release_freed_memory,
 )
 from engine.lean_tokenizer import LeanTokenizer, compact_merges
 from engine.pack_cache import PackCache, pack_path
+from engine.placement import plan as placement_plan
+from engine.placement.dispatch import (
+    DiskWriter,
+    Placed,
+    finish,
+    forget_with,
+    offload_folder,
+    place_in_memory,
+)
+from engine.placement.plan import DeviceMapDict, fit_proposal
+from engine.placement.spec import PlacementError, parse_device_map
+from engine.placement.transfer import TransferMeter
 from engine.settings import LoadRequest
 from engine.static_decode import StepState
 
@@ -88,6 +102,7 @@ class LoadedModel:
     info: ModelInfo
     # a fast model's compiled decode step on its way (CPU), or its static step's state (CUDA)
     compiling: Attacher | StepState | None = None
+    transfers: TransferMeter | None = None  # what a placed model's hooks move, per pass
 
 
 def bundled_gguf_path() -> Path:
@@ -130,8 +145,7 @@ def load_model(
                 " Choose exact or auto."
             )
         _check_causal(location, local=source == "folder")
-        model, tokenizer = _load_pretrained(location, dtype, report, source)
-        loaded = _finish(model, tokenizer, location, source, device, report)
+        loaded = _load_pretrained(location, dtype, report, source, request, device, cache)
     guess = source in ("bundled", "gguf") and instruction_tuned(Path(location))
     loaded = with_chat_format(loaded, guess, request.chat_template)
     _measure_peaks(device, loaded.info.dtype, report)
@@ -212,10 +226,14 @@ def _load_gguf(
     refusal = unsupported
     if refusal is None and device.type not in ("cpu", "cuda"):
         refusal = f"its weights run on the CPU or CUDA, not on {device.type}"
+    if refusal is None and request.placed:
+        refusal = FAST_UNPLACED
     precision = request.precision
     if precision == "auto":
         precision = "fast" if refusal is None and device.type == "cpu" else "exact"
-        if refusal is None and device.type == "cuda":
+        if refusal == FAST_UNPLACED:
+            log.info("a placed load takes the exact path: %s", FAST_UNPLACED)
+        elif refusal is None and device.type == "cuda":
             # The static step's capture has not run on a GPU yet (engine/static_decode.py):
             # until it is measured there, a GPU user gets the tested transformers path.
             log.info("on CUDA, auto picks exact; --precision fast runs the static decode step")
@@ -225,9 +243,17 @@ def _load_gguf(
         tokenizer = gguf_tokenizer(path, cache, report)
         wanted = torch.bfloat16 if request.dtype == "auto" else dtype
         model = _transformers_gguf(path, unsupported, wanted, report)
+        if request.placed:
+            return _finish_placed(model, tokenizer, name, source, request, device, cache, report)
         return _finish(model, tokenizer, name, source, device, report)
     tokenizer = gguf_tokenizer(path, cache, report, lean=precision == "fast")
+    mapping: DeviceMapDict | None = None
+    writer: DiskWriter | None = None
     try:
+        if precision == "exact":  # refused before anything is dequantised
+            mapping = _fit_or_plan(file, name, request, device, dtype)
+        if mapping is not None:  # disk-placed weights go to disk as they are dequantised
+            writer = DiskWriter(mapping, offload_folder(cache))
         if precision == "fast":
             packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
             progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
@@ -239,10 +265,107 @@ def _load_gguf(
                 compiling = static_decode.attach(to_device(fast, device))
             info = describe_fast(fast, name, source)
             return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
-        model = build_exact(file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9))
+        model = _dequantise(file, dtype, report, writer)
+    except (torch.OutOfMemoryError, MemoryError):
+        raise ModelLoadError(_out_of_memory(name, exact_bytes(file, dtype), device)) from None
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
         raise ModelLoadError(f"{path} could not be loaded: {_short(error)}") from None
+    if mapping is not None:
+        note = _placement_note(request)
+        placed = place_in_memory(model, mapping, device, cache, note, writer)
+        return _with_placement(prepare(model, tokenizer, name=name, source=source), placed)
     return _finish(model, tokenizer, name, source, device, report)
+
+
+def _dequantise(
+    file: GGUFFile, dtype: torch.dtype, report: Progress, writer: DiskWriter | None
+) -> PreTrainedModel:
+    """The exact model, its disk-placed weights written by `writer` (removed if it fails)."""
+    try:
+        model = build_exact(
+            file, dtype, _per_tensor(report, "Dequantising the weights", 0.3, 0.9), writer
+        )
+        if writer is not None:
+            writer.close()
+    except BaseException:
+        if writer is not None:
+            shutil.rmtree(writer.folder, ignore_errors=True)
+        raise
+    return model
+
+
+# Why Glassbox's own model takes no placement (README: "Models bigger than memory").
+FAST_UNPLACED = (
+    "the fast model's weights are the memory-mapped GGUF itself, paged in and out by the OS;"
+    " it has no layers to place and no RAM cap to hold"
+)
+
+
+def _fit_or_plan(
+    file: GGUFFile, name: str, request: LoadRequest, device: torch.device, dtype: torch.dtype
+) -> DeviceMapDict | None:
+    """A placed load's device map, planned on the model's skeleton; for an unplaced one, a
+    check that the dequantised weights fit on the device (else the placement that would)."""
+    if request.placed:
+        return _plan(exact_skeleton(file, dtype), request, device)
+    layers = read_shape(file).layers
+    proposal = fit_proposal(name, exact_bytes(file, dtype), device, layers)
+    if proposal is not None:
+        raise ModelLoadError(proposal)
+    return None
+
+
+def _plan(skeleton: torch.nn.Module, request: LoadRequest, device: torch.device) -> DeviceMapDict:
+    try:
+        choice = parse_device_map(request.device_map)
+        return placement_plan.device_map(skeleton, choice, request.max_memory, device)
+    except PlacementError as error:
+        raise ModelLoadError(f"Placement refused: {error}.") from None
+
+
+def _placement_note(request: LoadRequest) -> str:
+    parts = [f"--device-map {request.device_map or 'auto'}"]
+    if request.max_memory:
+        parts.append(f"--max-memory {request.max_memory}")
+    return " ".join(parts)
+
+
+def _with_placement(loaded: LoadedModel, placed: Placed) -> LoadedModel:
+    """The loaded model's description with its placement, and the meter of what it moves."""
+    where = placed.placement.execution_device  # a disk-placed first weight is on "meta"
+    loaded.info = replace(loaded.info, device=where, placement=placed.placement)
+    loaded.transfers = placed.meter
+    return loaded
+
+
+def _finish_placed(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    name: str,
+    source: str,
+    request: LoadRequest,
+    device: torch.device,
+    cache: Path,
+    report: Progress,
+) -> LoadedModel:
+    """Place a model already in memory (transformers' GGUF reader) as the request says."""
+    report("Placing the layers", 0.95)
+    return place(prepare(model, tokenizer, name=name, source=source), request, device, cache)
+
+
+def place(
+    loaded: LoadedModel, request: LoadRequest, device: torch.device, cache: Path
+) -> LoadedModel:
+    """Place a loaded transformers model whose weights are in memory as `request` says
+    (its device_map and max_memory); disk-placed weights go under `cache`."""
+    mapping = _plan(loaded.model, request, device)
+    placed = place_in_memory(loaded.model, mapping, device, cache, _placement_note(request))
+    return _with_placement(loaded, placed)
+
+
+def _out_of_memory(name: str, needed: int, device: torch.device) -> str:
+    proposal = fit_proposal(name, needed, device)
+    return proposal or f"{name} ran out of memory while loading on {device}."
 
 
 def _compile_in_background(
@@ -528,21 +651,63 @@ def _check_causal(location: str, local: bool) -> None:
 
 
 def _load_pretrained(
-    location: str, dtype: torch.dtype, report: Progress, source: str
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    location: str,
+    dtype: torch.dtype,
+    report: Progress,
+    source: str,
+    request: LoadRequest,
+    device: torch.device,
+    cache: Path,
+) -> LoadedModel:
+    """transformers' model and tokenizer; a placed load is planned on the model's skeleton
+    first and streamed to its places by from_pretrained (nothing beyond the plan in RAM)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = source != "hub"
+    skeleton = _pretrained_skeleton(location, dtype, local) if request.placed else None
+    mapping = _plan(skeleton, request, device) if skeleton is not None else None
+    placing: dict[str, object] = {}
+    if mapping is not None:
+        folder = offload_folder(cache)
+        placing = {"device_map": _transformers_places(mapping), "offload_folder": str(folder)}
     try:
         report("Loading the tokenizer", 0.3)
         tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=local)
         report("Loading the weights", 0.5)
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, local_files_only=local)
-    except torch.OutOfMemoryError:
-        raise ModelLoadError(f"{location} does not fit in memory on this device.") from None
+        model = AutoModelForCausalLM.from_pretrained(
+            location, dtype=dtype, local_files_only=local, **placing
+        )
+    except (torch.OutOfMemoryError, MemoryError):
+        skeleton = skeleton or _pretrained_skeleton(location, dtype, local)
+        needed = sum(unit.bytes for unit in placement_plan.units(skeleton))
+        raise ModelLoadError(_out_of_memory(location, needed, device)) from None
     except Exception as error:
         raise ModelLoadError(f"Could not load {location}: {_short(error)}") from None
-    return model, tokenizer
+    if mapping is None or skeleton is None:
+        return _finish(model, tokenizer, location, source, device, report)
+    forget_with(model, folder)
+    placed = finish(
+        model, placement_plan.units(skeleton), mapping, device, _placement_note(request)
+    )
+    return _with_placement(prepare(model, tokenizer, name=location, source=source), placed)
+
+
+def _pretrained_skeleton(location: str, dtype: torch.dtype, local: bool) -> PreTrainedModel:
+    """The model's shapes on the meta device, from its config alone (checked readable)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(location, local_files_only=local)
+    with torch.device("meta"):
+        skeleton: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    return skeleton
+
+
+def _transformers_places(mapping: DeviceMapDict) -> dict[str, int | str]:
+    """A device map as from_pretrained takes it: GPU places by index."""
+    return {
+        name: int(place.partition(":")[2] or 0) if place.startswith("cuda") else place
+        for name, place in mapping.items()
+    }
 
 
 def _short(error: BaseException) -> str:

@@ -42,6 +42,7 @@ from engine.events import (
     Roofline,
     Tally,
     Token,
+    Transfer,
     frozen_array,
 )
 from engine.loader import LoadedModel
@@ -62,6 +63,8 @@ class ChatSession(PacedGeneration):
         super().__init__()
         self.model = loaded.model
         self.compiling = loaded.compiling  # the compiled decode step on its way, if any
+        # What a placed model's hooks move per pass (None: all in place, nothing to measure)
+        self.transfers = loaded.transfers
         self.decoder = decoder_for(loaded.model)  # transformers or Glassbox's own GGUF model
         self.tokenizer = loaded.tokenizer
         self.device = self.decoder.device
@@ -168,10 +171,13 @@ class ChatSession(PacedGeneration):
             if self._cancel.is_set():  # Stop while held: no further step
                 reason = "cancelled"
                 break
+            transfer = None
             clock.start()
             if index > 0:  # the last token through the model (token 0 came from the prefill)
+                self._begin_transfer()
                 history = torch.cat([history, chosen.view(1)])  # [T + 1], still on the device
                 forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
+                transfer = self._transfer()
             probs = sampler.distribution(forward.logits, history)  # [vocab]
             chosen = sampler.choose(probs)
             token_id = int(chosen)  # the one host sync a step waits on (on a GPU)
@@ -181,7 +187,7 @@ class ChatSession(PacedGeneration):
             step_s = clock.stop() + (tally.prefill_s if index == 0 else 0.0)
             _count(tally, index, step_s)
             roofline = self._roofline(forward, step_s) if index > 0 else None
-            yield replace(token, seconds=step_s, roofline=roofline)
+            yield replace(token, seconds=step_s, roofline=roofline, transfer=transfer)
             reason = self._after_token(reason, stream)
             if reason is not None:
                 break
@@ -234,6 +240,17 @@ class ChatSession(PacedGeneration):
         if self._cancel.is_set():
             return "cancelled"
         return reason
+
+    def _begin_transfer(self) -> None:
+        if self.transfers is not None:
+            self.transfers.begin()
+
+    def _transfer(self) -> Transfer | None:
+        """The weights the last pass moved in, against the placement's prediction."""
+        if self.transfers is None or self.info.placement is None:
+            return None
+        moved, seconds = self.transfers.take()
+        return Transfer(moved, seconds, self.info.placement.predicted_transfer_s)
 
     def _roofline(self, forward: Forward, seconds: float) -> Roofline:
         return self.meter.measure(forward.new, forward.cached, seconds, forward.with_cache)

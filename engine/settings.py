@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.placement.spec import PlacementError, parse_device_map, parse_max_memory
+
 
 class SettingsError(ValueError):
     """A sampling or probe setting is out of range; the message says which and why."""
@@ -164,6 +166,8 @@ class LoadRequest:
     `build_compiled=False` uses one only if it is already kept (a one-shot reply, which would
     exit long before a build ends).
     `chat_template`: "auto", or a template to use whatever the model has (CHAT_TEMPLATES).
+    `device_map`, `max_memory`: where the layers go (engine/placement/spec.py): "" and "" keep
+    the whole model on `device`, with no placement machinery at all.
     """
 
     spec: str = "bundled"
@@ -174,8 +178,20 @@ class LoadRequest:
     compiled: bool = True
     build_compiled: bool = True
     chat_template: str = "auto"  # one of CHAT_TEMPLATES
+    device_map: str = ""  # "", "auto", "balanced", "sequential" or "gpu-layers=N"
+    max_memory: str = ""  # e.g. "cpu=250MiB,cuda:0=6GiB"
+
+    @property
+    def placed(self) -> bool:
+        """Whether this load asks for a placement (a device map or a memory cap)."""
+        return bool(self.device_map.strip() or self.max_memory.strip())
 
     def __post_init__(self) -> None:
+        try:
+            parse_device_map(self.device_map)
+            parse_max_memory(self.max_memory)
+        except PlacementError as error:
+            raise SettingsError(str(error)) from None
         if self.precision not in PRECISIONS:
             raise SettingsError(
                 f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import Event, Finished, ModelInfo, PrefillDone, Token
+from engine.placement.spec import format_bytes
 from engine.settings import (
     GenerationSettings,
     LoadRequest,
@@ -90,7 +91,12 @@ def human_count(n: int) -> str:
 
 def model_line(info: ModelInfo) -> str:
     params = human_count(info.parameters)
-    return f"{info.name} · {info.device} · {info.precision} {info.dtype} · {params} params"
+    line = f"{info.name} · {info.device} · {info.precision} {info.dtype} · {params} params"
+    placement = info.placement
+    if placement is not None and placement.moved_bytes:  # a model partly away from its device
+        places = ", ".join(f"{format_bytes(b)} {p}" for p, b in placement.place_bytes)
+        line += f" · placed: {places}"
+    return line
 
 
 def dropped_line(dropped: int, limit: int) -> str:

@@ -21,16 +21,24 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QRadioButton,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
 from engine.events import ModelInfo
-from engine.settings import PRECISIONS, LoadRequest
+from engine.placement.spec import PlacementError, parse_device_map, parse_max_memory
+from engine.settings import PRECISIONS, LoadRequest, SettingsError
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SOURCES = ("bundled", "hub", "folder", "gguf")
+# (label, --device-map) of the placement choices; "gpu-layers" takes the spin box's count
+PLACEMENTS = (
+    ("Whole model on the device", ""),
+    ("Automatic: what is free, disk for the rest", "auto"),
+    ("Layers on the GPU", "gpu-layers"),
+)
 ERROR_STYLE = "color: #c62828;"
 
 
@@ -64,6 +72,21 @@ class ModelPicker(QDialog):
             "fast: a GGUF's own 4/8-bit weights in Glassbox's model (CPU).\n"
             "auto: fast for a GGUF it can run, exact otherwise."
         )
+        self._placement = QComboBox()
+        for label, _ in PLACEMENTS:
+            self._placement.addItem(label)
+        self._placement.setToolTip(
+            "Where the layers go (runs on the exact path). What does not fit in RAM is read\n"
+            "from disk before each use, on every token: slower, but a model bigger than\n"
+            "memory runs."
+        )
+        self._gpu_layers = QSpinBox()
+        self._gpu_layers.setRange(0, 999)
+        self._gpu_layers.setPrefix("N = ")
+        self._ram_cap = QLineEdit()
+        self._ram_cap.setPlaceholderText("no cap (e.g. 250MiB)")
+        self._ram_cap.setToolTip("The most RAM the weights may take; the rest goes to disk.")
+        self._placement.currentIndexChanged.connect(self._sync_placement)
         self._progress = QProgressBar()
         self._progress.setRange(0, 100)
         self._progress.setVisible(False)
@@ -112,9 +135,19 @@ class ModelPicker(QDialog):
         where.addLayout(form_precision)
         where.addLayout(form_dtype)
 
+        placement = QHBoxLayout()
+        form_placement = QFormLayout()
+        form_placement.addRow("Placement", self._placement)
+        placement.addLayout(form_placement)
+        placement.addWidget(self._gpu_layers)
+        form_cap = QFormLayout()
+        form_cap.addRow("RAM cap", self._ram_cap)
+        placement.addLayout(form_cap)
+
         layout = QVBoxLayout(self)
         layout.addWidget(source_box)
         layout.addLayout(where)
+        layout.addLayout(placement)
         layout.addWidget(self._progress)
         layout.addWidget(self._status)
         layout.addWidget(self._buttons)
@@ -156,7 +189,35 @@ class ModelPicker(QDialog):
             device=device,
             dtype=self._dtype.currentText(),
             precision=self._precision.currentText(),
+            device_map=self.device_map(),
+            max_memory=self.max_memory(),
         )
+
+    def device_map(self) -> str:
+        choice = PLACEMENTS[self._placement.currentIndex()][1]
+        return f"gpu-layers={self._gpu_layers.value()}" if choice == "gpu-layers" else choice
+
+    def max_memory(self) -> str:
+        cap = self._ram_cap.text().strip()
+        return f"cpu={cap}" if cap else ""
+
+    def set_placement(self, device_map: str, max_memory: str = "") -> None:
+        """Show a request's placement (one the picker cannot show keeps its RAM cap only)."""
+        try:
+            choice = parse_device_map(device_map)
+            cap = parse_max_memory(max_memory).get("cpu")
+        except PlacementError:
+            choice, cap = parse_device_map(""), None
+        index = [value for _, value in PLACEMENTS].index(
+            choice.strategy if choice.strategy in ("", "gpu-layers") else "auto"
+        )
+        self._placement.setCurrentIndex(index)
+        self._gpu_layers.setValue(choice.gpu_layers)
+        self._ram_cap.setText(f"{cap >> 20}MiB" if cap is not None else "")
+        self._sync_placement()
+
+    def _sync_placement(self) -> None:
+        self._gpu_layers.setVisible(PLACEMENTS[self._placement.currentIndex()][1] == "gpu-layers")
 
     def set_request(self, request: LoadRequest) -> None:
         spec = request.spec.strip()
@@ -171,10 +232,14 @@ class ModelPicker(QDialog):
         self.set_device(request.device)
         self.set_dtype(request.dtype)
         self.set_precision(request.precision)
+        self.set_placement(request.device_map, request.max_memory)
 
     def problem(self) -> str | None:
         """Why the current choice cannot be loaded, or None."""
-        source, spec = self.source(), self.request().spec
+        try:
+            source, spec = self.source(), self.request().spec
+        except SettingsError as error:
+            return f"Placement: {error}."
         if source == "bundled":
             return None
         if not spec:

@@ -365,3 +365,35 @@ def test_bench_on_cuda_without_a_cuda_device_says_so_in_one_line():
         "glassbox bench --device cuda: no CUDA device here (torch sees none); nothing to measure"
     ]
     assert result.stdout == ""
+
+
+def test_every_command_takes_a_placement():
+    from app.options import load_request, parser
+
+    for command in ([], ["chat"], ["bench"]):
+        assert not load_request(parser().parse_args(command)).placed
+        args = [*command, "--device-map", "gpu-layers=4", "--max-memory", "cpu=250MiB"]
+        request = load_request(parser().parse_args(args))
+        assert (request.device_map, request.max_memory) == ("gpu-layers=4", "cpu=250MiB")
+
+
+def test_a_bad_placement_is_a_usage_error():
+    result = run_app("chat", "--max-memory", "cpu=lots", "--prompt", "hi")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "argument --max-memory: not a size: 'lots'" in result.stderr
+
+
+def test_a_folder_model_placed_partly_on_disk_chats(tiny_folder):
+    # RAM for one of the tiny llama's layers (147,968 bytes): the other two are read from disk
+    result = run_app(
+        "chat", "--model", str(tiny_folder), "--prompt", "hi", "--greedy", "--json",
+        "--max-new-tokens", "4", "--device-map", "gpu-layers=0", "--max-memory", "cpu=150000",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stdout)
+    placement = events[0]["placement"]
+    assert placement["layer_places"] == ["cpu", "disk", "disk"]
+    tokens = [e for e in events if e["event"] == "token"]
+    assert len(tokens) == 4 and tokens[0]["transfer"] is None
+    for token in tokens[1:]:
+        assert token["transfer"]["bytes"] == placement["moved_bytes"] == 2 * 147_968

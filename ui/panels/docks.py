@@ -16,6 +16,7 @@ from engine.events import Event, ModelInfo
 from ui.panels.attention import AttentionPanel
 from ui.panels.kv_cache import KvCachePanel
 from ui.panels.next_token import NextTokenPanel
+from ui.panels.placement import PlacementPanel
 from ui.panels.roofline import RooflinePanel
 from ui.panels.state import ATTENTION_CELLS, InternalsState
 from ui.panels.timing import TimingPanel
@@ -63,6 +64,7 @@ DOCKS = (
     ("internals_next_token", "Next token", "next_token"),
     ("internals_roofline", "Roofline", "roofline"),
     ("internals_tokens", "Tokens", "tokens"),
+    ("internals_placement", "Placement", "placement"),
 )
 
 
@@ -109,6 +111,7 @@ class InternalsView(QObject):
         self.next_token = NextTokenPanel(self.state)
         self.roofline = RooflinePanel(self.state)
         self.tokens = TokensPanel(self.state)
+        self.placement = PlacementPanel(self.state)
         self.attention.watched_layers_requested.connect(self.watched_layers_requested)
         self.docks: dict[str, QDockWidget] = {}
         for name, title, attribute in DOCKS:
@@ -154,6 +157,7 @@ class InternalsView(QObject):
             self.next_token,
             self.roofline,
             self.tokens,
+            self.placement,
         )
 
     # -- feeding ---------------------------------------------------------------------------
@@ -387,7 +391,7 @@ def build_docks(
     window: QMainWindow,
     area: Qt.DockWidgetArea = Qt.DockWidgetArea.RightDockWidgetArea,
 ) -> InternalsView:
-    """Add the docks to `window` in two tab groups: timing + KV cache + roofline,
+    """Add the docks to `window` in two tab groups: timing + KV cache + roofline + placement,
     attention + next token + tokens.
 
     Call it before `window.restoreState(...)` so the saved layout finds the docks by name.
@@ -398,6 +402,7 @@ def build_docks(
         window.addDockWidget(area, dock)
     window.tabifyDockWidget(docks["timing"], docks["kv_cache"])
     window.tabifyDockWidget(docks["kv_cache"], docks["roofline"])
+    window.tabifyDockWidget(docks["roofline"], docks["placement"])
     window.tabifyDockWidget(docks["attention"], docks["next_token"])
     window.tabifyDockWidget(docks["next_token"], docks["tokens"])
     docks["timing"].raise_()

@@ -12,10 +12,12 @@ from ui.panels.state.internals import (
     KV,
     MODEL,
     NEXT_TOKEN,
+    PLACEMENT,
     ROOFLINE,
     TIMING,
     InternalsState,
 )
+from ui.panels.state.placement import PlacementTrace
 from ui.panels.state.roofline import RooflineTrace
 from ui.panels.state.timing import ReplyTiming
 
@@ -26,12 +28,14 @@ __all__ = [
     "KV",
     "MODEL",
     "NEXT_TOKEN",
+    "PLACEMENT",
     "ROOFLINE",
     "TIMING",
     "AttentionRows",
     "GrowableArray",
     "HeadStats",
     "InternalsState",
+    "PlacementTrace",
     "ReplyTiming",
     "RooflineTrace",
 ]

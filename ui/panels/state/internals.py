@@ -26,6 +26,7 @@ from engine.events import (
 from engine.kv_cache import formula_bytes
 from ui.panels.state.arrays import GrowableArray
 from ui.panels.state.attention import ATTENTION_CELLS, AttentionRows, HeadStats
+from ui.panels.state.placement import PlacementTrace
 from ui.panels.state.prepared import PreparedStats
 from ui.panels.state.roofline import RooflineTrace
 from ui.panels.state.timing import ReplyTiming
@@ -39,7 +40,8 @@ NEXT_TOKEN = "next_token"
 ROOFLINE = "roofline"
 MODEL = "model"
 TOKENS = "tokens"
-KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL, TOKENS)
+PLACEMENT = "placement"
+KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL, TOKENS, PLACEMENT)
 
 
 def _nothing() -> None:
@@ -63,6 +65,7 @@ class InternalsState:
         self._next_curve_label: str | None = None
         # Row statistics the receiving thread worked out before ingest (app.engine_client).
         self.prepared = PreparedStats()
+        self.placement = PlacementTrace()
         # Called when a panel's own choice changed (RedrawTracker.mark): whoever redraws the
         # panels (ui.panels.docks.InternalsView) wakes its timer.
         self.panel_changed: Callable[[], None] = _nothing
@@ -103,6 +106,7 @@ class InternalsState:
 
     def set_model(self, info: ModelInfo) -> None:
         self.info = info
+        self.placement.set_model(info)
         self.clear()
 
     def set_watched_layers(self, layers: Sequence[int]) -> None:
@@ -157,6 +161,8 @@ class InternalsState:
         self.last_error = None
         self.roofline.start_reply()
         self._clear_steps()
+        self.placement.start_reply()
+        self._bump(PLACEMENT)
         return reply
 
     def _on_prefill(self, event: PrefillDone) -> None:
@@ -219,6 +225,8 @@ class InternalsState:
                 stats.add_stats(prepared[layer])
             else:
                 stats.add(row[:, None, :], np.array([row.shape[1] - 1]))
+        if self.placement.add(event):
+            self._bump(PLACEMENT)
         self.top_k.append(event.top_k)
         self.chosen.append(event.token_id)
         self._bump(TIMING)

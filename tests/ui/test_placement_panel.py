@@ -1,0 +1,106 @@
+"""The Placement panel and the picker's placement: fed events, drawn from the timer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from engine.events import Placement, Token, Transfer
+from engine.settings import LoadRequest
+from tests.ui.test_panels import model_info, prefill, token
+from ui.model_picker import ModelPicker
+from ui.panels.state import PLACEMENT, InternalsState
+from ui.panels.state.placement import BYTES, STEP_S, TRANSFER_S
+
+MB = 1_000_000
+PLACED = Placement(
+    layer_places=("cpu",) * 9 + ("disk",) * 21,
+    layer_bytes=(13 * MB,) * 30,
+    place_bytes=(("cpu", 240 * MB), ("disk", 297 * MB)),
+    moved_bytes=297 * MB,
+    read_bytes_per_s=5e9,
+    execution_device="cpu",
+)
+
+
+def moved(event: Token, step_s: float, transfer_s: float, bytes_: int = 610 * MB) -> Token:
+    return dataclasses.replace(
+        event, seconds=step_s, transfer=Transfer(bytes_, transfer_s, PLACED.predicted_transfer_s)
+    )
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def test_state_keeps_each_steps_transfer_and_says_what_bounds_it(rng):
+    state = InternalsState()
+    state.set_model(model_info(placement=PLACED))
+    assert "will read 297 MB" in state.placement.sentence()
+    state.ingest(prefill(rng))
+    before = state.revision(PLACEMENT)
+    state.ingest(token(rng, 0))  # token 0 came from the prefill: no transfer
+    assert state.revision(PLACEMENT) == before and len(state.placement.steps) == 0
+    state.ingest(moved(token(rng, 1), step_s=0.100, transfer_s=0.082))
+    assert state.revision(PLACEMENT) > before
+    row = state.placement.steps.view()[-1]
+    assert (row[STEP_S], row[TRANSFER_S], row[BYTES]) == (0.100, 0.082, 610 * MB)
+    sentence = state.placement.sentence()
+    assert sentence.startswith("82% of this step (100 ms) moved 610 MB from disk")
+    assert "predicted 59 ms" in sentence and "moving weights bounds it" in sentence
+    state.ingest(moved(token(rng, 2), step_s=0.100, transfer_s=0.020))
+    assert "compute bounds it" in state.placement.sentence()
+
+
+def test_an_unplaced_model_says_why_nothing_moves():
+    state = InternalsState()
+    state.set_model(model_info(precision="fast"))
+    assert "maps the GGUF file itself" in state.placement.sentence()
+    state.set_model(model_info())
+    assert "nothing moves per token" in state.placement.sentence()
+
+
+def test_panel_draws_the_strip_and_the_steps_from_the_timer(view, rng, qtbot):
+    panel = view.placement
+    view.redraw(force=True)
+    assert panel.pages.empty  # a model wholly in place: the message says how to place one
+    assert "nothing moves per token" in panel.pages.message.text()
+    view.set_model(model_info(placement=PLACED))
+    view.ingest(prefill(rng))
+    for index in range(1, 6):
+        view.ingest(moved(token(rng, index), step_s=0.12, transfer_s=0.06))
+    view.docks["placement"].show()
+    view.redraw(force=True)
+    assert not panel.pages.empty
+    assert panel.chart.placement == PLACED and len(panel.chart.steps) == 5
+    assert panel.sentence.text().startswith("50% of this step (120 ms) moved 610 MB")
+    assert not panel.needs_redraw()
+    image = panel.chart.grab().toImage()
+    # the strip's first cell is RAM (blue), its last disk (orange)
+    y = panel.chart.fontMetrics().height() + 10
+    assert image.pixelColor(10, y).blue() > 200
+    assert image.pixelColor(panel.chart.width() - 10, y).red() > 200
+
+
+def test_picker_carries_a_placement(qtbot):
+    picker = ModelPicker(LoadRequest(device_map="gpu-layers=12", max_memory="cpu=250MiB"))
+    qtbot.addWidget(picker)
+    request = picker.request()
+    assert (request.device_map, request.max_memory) == ("gpu-layers=12", "cpu=250MiB")
+    picker.set_placement("auto", "")
+    assert (picker.request().device_map, picker.request().max_memory) == ("auto", "")
+    picker.set_placement("", "")
+    assert not picker.request().placed
+    picker._ram_cap.setText("lots")
+    problem = picker.problem()
+    assert problem is not None and "not a size: 'lots'" in problem
+
+
+def test_the_status_line_says_where_a_placed_model_is():
+    from ui.main_window import model_line
+
+    assert "placed" not in model_line(model_info())
+    assert model_line(model_info(placement=PLACED)).endswith("placed: 240 MB cpu, 297 MB disk")

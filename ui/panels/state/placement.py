@@ -1,0 +1,83 @@
+"""Where the layers live and what each decode step spent moving weights, as the events say.
+
+The placement comes with the model (ModelInfo.placement); each decode step's Token carries the
+bytes its pass read in and the time spent reading them (Token.transfer). The step's compute is
+its measured time less that transfer. Nothing here is estimated: the prediction beside each
+step is the engine's own (bytes moved per pass / read bandwidth measured at load).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.events import ModelInfo, Placement, Token
+from engine.placement.spec import format_bytes
+from ui.panels.state.arrays import GrowableArray
+
+# Columns of a step: its time, the part spent bringing weights in, the prediction, bytes read
+STEP_S, TRANSFER_S, PREDICTED_S, BYTES = range(4)
+
+
+class PlacementTrace:
+    """The model's placement and the latest reply's decode steps (time, transfer, bytes)."""
+
+    def __init__(self) -> None:
+        self.info: ModelInfo | None = None
+        self.start_reply()
+
+    @property
+    def placement(self) -> Placement | None:
+        return self.info.placement if self.info is not None else None
+
+    def set_model(self, info: ModelInfo) -> None:
+        self.info = info
+        self.start_reply()
+
+    def start_reply(self) -> None:
+        # Fresh: the chart may still hold a view of the previous reply's buffer.
+        self.steps = GrowableArray(np.float64, width=4)
+
+    def add(self, token: Token) -> bool:
+        """Take a decode step's transfer in; False for a token that moved nothing."""
+        if token.transfer is None:
+            return False
+        transfer = token.transfer
+        self.steps.append((token.seconds, transfer.seconds, transfer.predicted_s, transfer.bytes))
+        return True
+
+    def sentence(self) -> str:
+        """What bounds the latest step, in one sentence."""
+        placement = self.placement
+        if placement is None:
+            return self._unplaced()
+        if not placement.moved_bytes:
+            return f"Every weight is on {placement.execution_device}: no step moves any."
+        if not len(self.steps):
+            return (
+                f"Each step will read {format_bytes(placement.moved_bytes)} of weights in"
+                f" (predicted {placement.predicted_transfer_s * 1000:.0f} ms at the"
+                f" {format_bytes(placement.read_bytes_per_s)}/s measured at load)."
+            )
+        step, transfer, predicted, moved = (float(v) for v in self.steps.last())  # type: ignore[union-attr]
+        share = transfer / step if step > 0 else 0.0
+        source = "disk" if placement.execution_device == "cpu" else "RAM and disk"
+        bound = "moving weights bounds it" if share >= 0.5 else "compute bounds it"
+        return (
+            f"{share:.0%} of this step ({step * 1000:.0f} ms) moved {format_bytes(moved)}"
+            f" from {source} ({transfer * 1000:.0f} ms, predicted {predicted * 1000:.0f} ms):"
+            f" {bound}."
+        )
+
+    def _unplaced(self) -> str:
+        if self.info is None:
+            return ""
+        if self.info.precision == "fast":
+            return (
+                "Glassbox's own model maps the GGUF file itself: the OS pages its weights in"
+                " as they are used. A placement (--device-map, --max-memory, or Placement in"
+                " Load model…) runs the exact path instead."
+            )
+        return (
+            f"The whole model is on {self.info.device}: nothing moves per token. Load with a"
+            " placement (a RAM cap, layers on the GPU) to run a model bigger than memory."
+        )
