@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from app.model_fetch import add_models_options
 from engine.placement.spec import PlacementError, parse_device_map, parse_max_memory
@@ -60,6 +62,26 @@ def device_options(defaults: bool = True) -> argparse.ArgumentParser:
     return options
 
 
+# Where a model's layers go (engine/placement): each option checked as it is parsed.
+PLACEMENT_OPTIONS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
+    (
+        "--device-map",
+        "MAP",
+        parse_device_map,
+        "where the layers go: auto (what is free, with headroom; disk for the rest),"
+        " gpu-layers=N, balanced or sequential; by default the whole model on --device."
+        " Runs on the exact path",
+    ),
+    (
+        "--max-memory",
+        "CAPS",
+        parse_max_memory,
+        "caps per device, e.g. cpu=250MiB or cuda:0=6GiB,cpu=8GiB: weights beyond them"
+        " are read from disk on every token (implies --device-map auto)",
+    ),
+)
+
+
 def model_options(defaults: bool = True) -> argparse.ArgumentParser:
     """The model options every command that loads a model takes (with --device and --dtype)."""
     options = argparse.ArgumentParser(add_help=False, parents=[device_options(defaults)])
@@ -83,23 +105,14 @@ def model_options(defaults: bool = True) -> argparse.ArgumentParser:
         " plain: a user:/assistant: transcript (a base model may continue it better); or one by"
         " name",
     )
-    options.add_argument(
-        "--device-map",
-        default="" if defaults else argparse.SUPPRESS,
-        metavar="MAP",
-        type=_checked(parse_device_map),
-        help="where the layers go: auto (what is free, with headroom; disk for the rest),"
-        " gpu-layers=N, balanced or sequential; by default the whole model on --device."
-        " Runs on the exact path",
-    )
-    options.add_argument(
-        "--max-memory",
-        default="" if defaults else argparse.SUPPRESS,
-        metavar="CAPS",
-        type=_checked(parse_max_memory),
-        help="caps per device, e.g. cpu=250MiB or cuda:0=6GiB,cpu=8GiB: weights beyond them"
-        " are read from disk on every token (implies --device-map auto)",
-    )
+    for flag, metavar, parse, text in PLACEMENT_OPTIONS:
+        options.add_argument(
+            flag,
+            default="" if defaults else argparse.SUPPRESS,
+            metavar=metavar,
+            type=_checked(parse),
+            help=text,
+        )
     options.add_argument(
         "--no-compile",
         action="store_true",
@@ -125,45 +138,41 @@ def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
 
 
 def load_request(args: argparse.Namespace) -> LoadRequest:
-    return LoadRequest(
-        spec=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        precision=args.precision,
-        compiled=not args.no_compile,
-        chat_template=args.chat_template,
-        device_map=args.device_map,
-        max_memory=args.max_memory,
-    )
+    named = same_names(args, LoadRequest)  # --device, --dtype, --precision, --device-map...
+    return LoadRequest(spec=args.model, compiled=not args.no_compile, **named)
+
+
+def switch(parser: argparse.ArgumentParser, flag: str, text: str) -> None:
+    """An option that is off unless given."""
+    parser.add_argument(flag, action="store_true", help=text)
 
 
 def add_chat_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", help="answer this one message and exit")
     parser.add_argument("--system", default="", help="system prompt")
-    parser.add_argument(
+    switch(
+        parser,
         "--complete",
-        action="store_true",
-        help="completion mode: the text is fed as written, without the chat template, and the"
-        " model continues it",
+        "completion mode: the text is fed as written, without the chat template, and the model"
+        " continues it",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--greedy", action="store_true", help="always pick the likeliest token")
+    switch(parser, "--greedy", "always pick the likeliest token")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--no-cache", action="store_true", help="teaching mode: no KV cache")
-    parser.add_argument(
-        "--step", action="store_true",
-        help="teaching: hold each reply after its prompt; Enter lets one token through,"
-        " c continues, s stops",
-    )  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="one JSON object per event per line")
-    parser.add_argument(
-        "--no-store", action="store_true", help="do not keep this chat with the conversations"
+    switch(parser, "--no-cache", "teaching mode: no KV cache")
+    switch(
+        parser,
+        "--step",
+        "teaching: hold each reply after its prompt; Enter lets one token through, c continues,"
+        " s stops",
     )
+    switch(parser, "--json", "one JSON object per event per line")
+    switch(parser, "--no-store", "do not keep this chat with the conversations")
     parser.add_argument("--trace", type=Path, help="write the reply's internals as JSON here")
     parser.add_argument(
         "--watch-layers", default="0", help="layers whose attention --trace records: all, 0,14,29"
@@ -173,33 +182,31 @@ def add_chat_options(parser: argparse.ArgumentParser) -> None:
 def generation_settings(args: argparse.Namespace) -> GenerationSettings:
     """The sampling settings the options name; raises SettingsError with the reason."""
     return GenerationSettings(
-        max_new_tokens=args.max_new_tokens,
-        greedy=args.greedy,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
         stop_strings=tuple(args.stop),
         use_cache=not args.no_cache,
         completion=args.complete,
+        **same_names(args, GenerationSettings),  # --max-new-tokens, --greedy, --top-k...
     )
+
+
+def same_names(args: argparse.Namespace, settings: type[Any]) -> dict[str, Any]:
+    """The options named as fields of the `settings` dataclass, by those names."""
+    return {f.name: getattr(args, f.name) for f in fields(settings) if hasattr(args, f.name)}
 
 
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    switch(parser, "--json", "print the results as JSON")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
-    parser.add_argument(
-        "--gui", action="store_true", help="also measure how long the window stalls on a long reply"
+    switch(parser, "--gui", "also measure how long the window stalls on a long reply")
+    switch(parser, "--gui-only", "only the window's stall")
+    switch(
+        parser,
+        "--fast-only",
+        "a GGUF's fast engine against llama.cpp alone, without the float32 exact model (for"
+        " models too large or slow to run in float32 beside it)",
     )
-    parser.add_argument("--gui-only", action="store_true", help="only the window's stall")
-    parser.add_argument(
-        "--fast-only", action="store_true",
-        help="a GGUF's fast engine against llama.cpp alone, without the float32 exact model"
-        " (for models too large or slow to run in float32 beside it)",
-    )  # fmt: skip
     parser.add_argument(
         "--gui-tokens", type=int, default=10_000, help="length of that reply (default 10000)"
     )
@@ -208,14 +215,13 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         help="pace that reply at this many tokens/s (e.g. 1000, a GPU's rate; default: as fast"
         " as the window takes them)",
     )  # fmt: skip
-    parser.add_argument(
-        "--window", action="store_true", help="only the real window vs headless, real model"
+    switch(parser, "--window", "only the real window vs headless, real model")
+    switch(
+        parser,
+        "--stepping",
+        "only a teacher's Next token in the real window: press to every panel drawn, and the"
+        " CPU a held reply takes",
     )
-    parser.add_argument(
-        "--stepping", action="store_true",
-        help="only a teacher's Next token in the real window: press to every panel drawn, and"
-        " the CPU a held reply takes",
-    )  # fmt: skip
     parser.add_argument(
         "--window-layout", choices=("floating", "docked", "closed"), default="floating",
         help="--window's panels: each floating and drawing (default), the first start's docked"
@@ -224,11 +230,9 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_peaks_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the peaks as JSON")
-    parser.add_argument("--refresh", action="store_true", help="measure again, even if cached")
-    parser.add_argument(
-        "--quick", action="store_true", help="a tiny probe (checks the command, not the machine)"
-    )
+    switch(parser, "--json", "print the peaks as JSON")
+    switch(parser, "--refresh", "measure again, even if cached")
+    switch(parser, "--quick", "a tiny probe (checks the command, not the machine)")
 
 
 def print_json(data: object) -> None:

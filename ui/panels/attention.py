@@ -31,7 +31,7 @@ from ui.panels.mosaic import (
     mosaic_colours,
 )
 from ui.panels.pooled_rows import PooledRows
-from ui.panels.redraw import RedrawTracker
+from ui.panels.redraw import StatePanel
 from ui.panels.state import ATTENTION, AttentionRows, InternalsState
 from ui.panels.state.explain import attention_line, attention_query, position_of_query
 from ui.panels.step_line import StepLine
@@ -124,7 +124,7 @@ def tile_aspect(rows: int, keys: int) -> float:
     return min(max(rows / max(keys, 1), FLATTEST_TILE), 1.0)
 
 
-class AttentionPanel(QWidget):
+class AttentionPanel(StatePanel):
     """Per-head causal attention of a watched layer as one mosaic, plus a layer x head overview.
 
     The heads share one ImageItem in a bare ViewBox (no axes): tile i shows head `slots[i]`,
@@ -135,9 +135,7 @@ class AttentionPanel(QWidget):
     watched_layers_requested = Signal(tuple)
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._state = state
-        self.tracker = RedrawTracker(state, ATTENTION)
+        super().__init__(state, ATTENTION, parent)
         self._lut = colour_table()
         self._pooled = PooledRows()
         self._choices_key: tuple[object, ...] = ()

@@ -22,7 +22,7 @@ from ui.panels.empty import EmptyState
 from ui.panels.line_chart import LineChart, Series
 from ui.panels.ranges import AxisLimit, decimate
 from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker
+from ui.panels.redraw import StatePanel
 from ui.panels.state import KV, InternalsState
 from ui.panels.state.explain import kv_line
 from ui.panels.step_line import StepLine
@@ -130,13 +130,11 @@ def sharing_lines(info: ModelInfo, tokens: int) -> list[str]:
     return lines
 
 
-class KvCachePanel(QWidget):
+class KvCachePanel(StatePanel):
     """Cache bytes against context length, per layer or in total, beside the formula."""
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._state = state
-        self.tracker = RedrawTracker(state, KV)
+        super().__init__(state, KV, parent)
         self.view_choice = QComboBox()
         self.view_choice.addItems([TOTAL, STACKED])
         self.view_choice.currentIndexChanged.connect(lambda _index: self.tracker.mark())
@@ -188,9 +186,6 @@ class KvCachePanel(QWidget):
         if index < 0:
             raise ValueError(f"no such KV view: {text!r}")
         self.view_choice.setCurrentIndex(index)
-
-    def needs_redraw(self) -> bool:
-        return self.tracker.stale
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()

@@ -20,7 +20,7 @@ from ui.panels.candidates import CandidateChart, CandidateRow
 from ui.panels.empty import fill_with_pages
 from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker
+from ui.panels.redraw import StatePanel
 from ui.panels.state import NEXT_TOKEN, InternalsState
 from ui.panels.step_line import StepLine
 
@@ -54,13 +54,11 @@ def axis_label(text: str) -> str:
     return text if len(text) <= LABEL_CHARACTERS else text[: LABEL_CHARACTERS - 1] + "…"
 
 
-class NextTokenPanel(QWidget):
+class NextTokenPanel(StatePanel):
     """A horizontal bar chart of one step's candidates; follows the latest step by default."""
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._state = state
-        self.tracker = RedrawTracker(state, NEXT_TOKEN)
+        super().__init__(state, NEXT_TOKEN, parent)
         self._step = -1
         self._bar_count = -1
         self.follow = QCheckBox("follow the latest token")
@@ -133,9 +131,6 @@ class NextTokenPanel(QWidget):
         self.follow.setChecked(False)
         self._set_browse(index)
         self.tracker.mark()
-
-    def needs_redraw(self) -> bool:
-        return self.tracker.stale
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()

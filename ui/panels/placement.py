@@ -18,16 +18,13 @@ from engine.events import Placement
 from engine.placement.spec import format_bytes
 from ui.panels.empty import EmptyState
 from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker
+from ui.panels.redraw import StatePanel
 from ui.panels.state import PLACEMENT, InternalsState
 from ui.panels.state.placement import PREDICTED_S, STEP_S, TRANSFER_S
 
-BACKGROUND = QColor(0, 0, 0)
-TEXT = QColor(170, 170, 170)
-GRID = QColor(70, 70, 70)
-COMPUTE = QColor(66, 133, 244)
-TRANSFER = QColor(251, 140, 0)
-PREDICTED = QColor(255, 255, 255)
+BACKGROUND, TEXT, GRID = QColor(0, 0, 0), QColor(170, 170, 170), QColor(70, 70, 70)
+# a step's compute, its weights read in, and the read predicted from the measured bandwidth
+COMPUTE, TRANSFER, PREDICTED = QColor(66, 133, 244), QColor(251, 140, 0), QColor(255, 255, 255)
 PLACE_COLOURS = {"gpu": QColor(52, 168, 83), "cpu": COMPUTE, "disk": TRANSFER}
 PLACE_NAMES = {"gpu": "GPU", "cpu": "RAM", "disk": "disk"}
 STEPS_SHOWN = 96  # the latest steps, one bar each
@@ -123,13 +120,11 @@ class PlacementChart(QWidget):
         painter.drawText(QRectF(area.left(), area.bottom() + 2, area.width(), line + 2), caption)
 
 
-class PlacementPanel(QWidget):
+class PlacementPanel(StatePanel):
     """The chart and the sentence of what bounds the latest step."""
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._state = state
-        self.tracker = RedrawTracker(state, PLACEMENT)
+        super().__init__(state, PLACEMENT, parent)
         self.chart = PlacementChart()
         self.sentence = QLabel()
         self.sentence.setWordWrap(True)
@@ -142,9 +137,6 @@ class PlacementPanel(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(self.pages)
-
-    def needs_redraw(self) -> bool:
-        return self.tracker.stale
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()

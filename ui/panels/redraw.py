@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import time
 
+from PySide6.QtWidgets import QWidget
+
 from ui.panels.state import MODEL, InternalsState
 
 
@@ -35,6 +37,22 @@ class RedrawTracker:
 
     def _current(self) -> tuple[int, ...]:
         return tuple(self._state.revision(key) for key in self._keys)
+
+
+class StatePanel(QWidget):
+    """A panel drawn from the internals state: due for a redraw when a revision it follows, or
+    a choice on the panel itself, changed since it last drew (InternalsView's timer asks)."""
+
+    def __init__(self, state: InternalsState, key: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._state = state
+        self.tracker = RedrawTracker(state, key)
+
+    def needs_redraw(self) -> bool:
+        return self.tracker.stale
+
+    def redraw(self) -> None:
+        raise NotImplementedError
 
 
 class Throttle:

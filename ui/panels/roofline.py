@@ -21,7 +21,7 @@ from engine.events import Peaks, Roofline
 from ui.panels.empty import EmptyState
 from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker, Throttle
+from ui.panels.redraw import StatePanel, Throttle
 from ui.panels.state import ROOFLINE, InternalsState
 from ui.panels.state.explain import roofline_line
 from ui.panels.step_line import StepLine
@@ -126,13 +126,11 @@ class LogPoints(pg.ScatterPlotItem):  # type: ignore[misc]  # pyqtgraph is untyp
         self.setData(x=np.log10(x[drawn]), y=np.log10(y[drawn]))
 
 
-class RooflinePanel(QWidget):
+class RooflinePanel(StatePanel):
     """The roofline chart, one sentence per phase and how the peaks were measured."""
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._state = state
-        self.tracker = RedrawTracker(state, ROOFLINE)
+        super().__init__(state, ROOFLINE, parent)
         self._range: tuple[tuple[int, int], tuple[int, int]] | None = None
         self._roof_key: tuple[object, ...] = ()
         self._prefills_drawn: tuple[object, ...] = ()

@@ -16,7 +16,7 @@ from ui.panels.key import key_label
 from ui.panels.line_chart import LineChart, Series
 from ui.panels.ranges import AxisLimit, Bars, decimate
 from ui.panels.readout import ReadoutBox
-from ui.panels.redraw import RedrawTracker, Throttle
+from ui.panels.redraw import StatePanel, Throttle
 from ui.panels.state import TIMING, InternalsState, ReplyTiming
 from ui.panels.state.explain import timing_line
 from ui.panels.step_line import StepLine
@@ -96,13 +96,11 @@ def summary_html(reply: ReplyTiming | None, error: str | None = None) -> str:
     return "<br>".join(parts)
 
 
-class TimingPanel(QWidget):
+class TimingPanel(StatePanel):
     """Phase timeline per reply, live decode-step latency, and TTFT vs cache reuse per turn."""
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._state = state
-        self.tracker = RedrawTracker(state, TIMING)
+        super().__init__(state, TIMING, parent)
         self._legend_names: tuple[str, ...] = ()
         self._turns_drawn: tuple[object, ...] | None = None
         self._timeline_turns: tuple[str, ...] | None = None

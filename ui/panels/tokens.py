@@ -13,7 +13,7 @@ from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
 
 from ui.panels.empty import fill_with_pages
-from ui.panels.redraw import RedrawTracker
+from ui.panels.redraw import StatePanel
 from ui.panels.state import InternalsState
 from ui.panels.state.explain import tokens_line
 from ui.panels.state.internals import TOKENS
@@ -47,11 +47,9 @@ def tooltip(trail: TokenTrail, position: int) -> str:
     return f"#{position} · id {token_id} · {kind}{special} · {trail.labels[position]!r}"
 
 
-class TokensPanel(QWidget):
+class TokensPanel(StatePanel):
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._state = state
-        self.tracker = RedrawTracker(state, TOKENS)
+        super().__init__(state, TOKENS, parent)
         self.counts = QLabel("")
         self.step_line = StepLine()
         self.chips = QTextBrowser()
@@ -82,9 +80,6 @@ class TokensPanel(QWidget):
         cursor = QTextCursor(self.chips.document())
         cursor.setPosition(self._starts[position] + 1)
         return cursor.charFormat()
-
-    def needs_redraw(self) -> bool:
-        return self.tracker.stale
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()
