@@ -515,8 +515,9 @@ def floating_with_a_reply(qtbot, docked, rng):
 
 
 def _ticked_while_stale(view: InternalsView) -> bool:
-    """Tick (the timer's slot) if a panel still needs a frame; whether one did."""
-    stale = any(panel.needs_redraw() for panel in view.panels)
+    """Tick (the timer's slot) if a panel on screen still needs a frame; whether one did (a
+    panel tabbed behind another stays stale until shown: a tick does not draw it)."""
+    stale = any(panel.needs_redraw() and shown(panel) for panel in view.panels)
     if stale and not view._queued:
         view._tick()
     return stale

@@ -32,8 +32,8 @@ STEPS_SHOWN = 96  # the latest steps, one bar each
 EMPTY_MESSAGE = (
     "<b>Placement</b><br>Where the model's layers live (GPU, RAM or disk) and, for a model "
     "bigger than memory, what every decode step spends reading weights in before it can "
-    "compute, measured, beside the prediction.<br><br><i>Load a model with a placement "
-    "(Load model… → Placement, or --max-memory cpu=250MiB) and send a message.</i>"
+    "compute, measured, beside the prediction.<br><br><i>Send a message to a model loaded "
+    "with a placement (Load model… → Placement, or --max-memory cpu=250MiB).</i>"
 )
 
 

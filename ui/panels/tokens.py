@@ -32,6 +32,7 @@ SPECIAL = QColor(214, 196, 240)
 REPLY = QColor(206, 236, 211)
 SELECTED = QColor(255, 200, 40)
 BYTES_TEXT = QColor(190, 90, 0)
+BLOCK_CHIPS = 100  # the most chips in one paragraph (see _append)
 VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "⇥"})
 
 
@@ -60,6 +61,7 @@ class TokensPanel(StatePanel):
         self.hover = QLabel("Hover a token to read its id.")
         self._trail: TokenTrail | None = None  # the trail the chips show
         self._starts: list[int] = []  # each chip's first character in the document
+        self._in_block = 0  # chips in the document's last paragraph
         self._marked: int | None = None  # the chip drawn as selected
         content = QWidget()
         layout = QVBoxLayout(content)
@@ -97,7 +99,7 @@ class TokensPanel(StatePanel):
     # -- chips -----------------------------------------------------------------------------
 
     def _restart(self, trail: TokenTrail) -> None:
-        self._trail, self._starts, self._marked = trail, [], None
+        self._trail, self._starts, self._marked, self._in_block = trail, [], None, 0
         self.chips.clear()
 
     def _append(self, trail: TokenTrail) -> None:
@@ -108,10 +110,20 @@ class TokensPanel(StatePanel):
         cursor = QTextCursor(self.chips.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         gap = QTextCharFormat()
+        cursor.beginEditBlock()  # the document is laid out once, not after every chip
         for position in range(self.shown, len(trail.ids)):
             self._starts.append(cursor.position())
-            cursor.insertText(chip_text(trail.labels[position]), self._format(trail, position))
+            label = trail.labels[position]
+            cursor.insertText(chip_text(label), self._format(trail, position))
             cursor.insertText(" ", gap)
+            self._in_block += 1
+            # A paragraph is laid out whole each time it grows: chips of a long reply in one
+            # paragraph cost a layout of all of them per token (10,000 tokens: seconds of
+            # stall). A new one after a line end, as the text has it, or every BLOCK_CHIPS.
+            if "\n" in label or self._in_block >= BLOCK_CHIPS:
+                cursor.insertBlock()
+                self._in_block = 0
+        cursor.endEditBlock()
         if at_end:
             bar.setValue(bar.maximum())
 
