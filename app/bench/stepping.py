@@ -17,6 +17,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ def measure_stepping(
         "engine_step_ms": _spread(list(steps)),
         "window_share_ms": _spread(own),
         "visible_panels": visible,
+        "runs": {"next_token_ms": _rounded(pressed), "engine_step_ms": _rounded(steps)},
         "held": held,
     }
 
@@ -100,7 +102,10 @@ def _press(parts: Parts) -> tuple[float, float]:
     done = run_until(drawn, 60)
     run_until(lambda: pace.held, 60)
     run_for(0.3)
-    return (done - started) * 1000, state.step_seconds[target - 1] * 1000  # token target - 1
+    index = target - 1  # the token this press let through
+    # Token 0's logits came from the prefill, before the press: its seconds are the prefill's
+    step_s = state.step_seconds[index] if index > 0 else 0.0
+    return (done - started) * 1000, step_s * 1000
 
 
 def _held_cpu(parts: Parts, engine: EngineProcess, seconds: float) -> dict[str, Any]:
@@ -127,3 +132,7 @@ def _spread(values: list[float]) -> dict[str, float]:
         "max": round(max(values), 1),
         "min": round(min(values), 1),
     }
+
+
+def _rounded(values: Sequence[float]) -> list[float]:
+    return [round(value, 1) for value in values]

@@ -145,7 +145,13 @@ class InternalsView(QObject):
         self.asleep = False  # the timer was stopped because nothing on screen needed it
         self._active_at = time.monotonic()  # last redraw or wake-up: sleep comes after it
         self.sleeps = 0  # times the timer went to sleep (tests read it)
-        self.state.panel_changed = self.wake
+        self.state.panel_changed = self._on_panel_changed
+        # While a teacher steps, a panel's own change (a sentence that moved its plot, a
+        # selection) draws at once rather than at the next tick, 250 ms or more away
+        self._soon = QTimer(self)
+        self._soon.setSingleShot(True)
+        self._soon.setInterval(1)
+        self._soon.timeout.connect(self._start_frame)
         self.timer.start()
 
     @property
@@ -177,7 +183,7 @@ class InternalsView(QObject):
         self._batches_in_window += 1
         if shown(self.attention):  # tabbed behind, closed or minimised: it pools when shown
             self.attention.prepare()
-        self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
+        self.state.settle(self._settle_deadline())
         self._wake_for_data()
         if self.state.explaining and not self._queued:
             self._start_frame()  # a step a teacher waits for: drawn now, not at the next tick
@@ -218,6 +224,11 @@ class InternalsView(QObject):
             self._frames_at_window = self.frames
             self.timer.start()
 
+    def _on_panel_changed(self) -> None:
+        self.wake()
+        if self.state.explaining:
+            self._soon.start()
+
     def _wake_for_data(self) -> None:
         # A panel off screen draws when it is shown (its dock's visibilityChanged wakes us).
         if self.asleep and any(shown(panel) for panel in self.panels):
@@ -240,7 +251,7 @@ class InternalsView(QObject):
     def _tick(self) -> None:
         self._govern()
         if self.state.stats_pending:
-            self.state.settle(time.perf_counter() + SETTLE_SLICE_S)
+            self.state.settle(self._settle_deadline())
         self._start_frame()
         self._sleep_if_idle()
 
@@ -248,6 +259,12 @@ class InternalsView(QObject):
     def frame_in_progress(self) -> bool:
         """Whether a frame's panels are still being drawn, a slice at a time."""
         return bool(self._queued)
+
+    def _settle_deadline(self) -> float | None:
+        """How long the prompt's statistics are summed now: a slice at full speed, all of them
+        while a teacher steps (the next step then shows every panel at once, its overview too,
+        rather than a slice a tick later)."""
+        return None if self.state.explaining else time.perf_counter() + SETTLE_SLICE_S
 
     def _start_frame(self) -> None:
         if not self._queued:  # else the last frame is still being drawn

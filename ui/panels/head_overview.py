@@ -103,7 +103,8 @@ class HeadOverview(QWidget):
     def due(self) -> bool:
         if self._state.stats_pending:  # a prompt's rows are still being summed, a piece a tick
             return False
-        return self.throttle.due(OVERVIEW_INTERVAL_S, self._shape())
+        # while a teacher steps, every step shows at once
+        return self._state.explaining or self.throttle.due(OVERVIEW_INTERVAL_S, self._shape())
 
     def draw(self) -> None:
         stats = self._state.head_stats

@@ -188,7 +188,8 @@ class RooflinePanel(StatePanel):
     # -- public ----------------------------------------------------------------------------
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale and self._cloud_throttle.due(CLOUD_INTERVAL_S, self._shape())
+        due = self._state.explaining or self._cloud_throttle.due(CLOUD_INTERVAL_S, self._shape())
+        return self.tracker.stale and due  # while a teacher steps, at once
 
     def redraw(self) -> None:
         revisions = self.tracker.snapshot()

@@ -226,7 +226,9 @@ class TimingPanel(StatePanel):
         self.tracker.drawn(revisions)
 
     def _timeline_due(self) -> bool:
-        return self._timeline_throttle.due(TIMELINE_INTERVAL_S, self._timeline_shape())
+        # While a teacher steps, every step shows at once: there is time to draw it
+        stepping = self._state.explaining
+        return stepping or self._timeline_throttle.due(TIMELINE_INTERVAL_S, self._timeline_shape())
 
     def _timeline_shape(self) -> tuple[object, ...]:
         """What, changed, redraws the timeline at once: the replies, each one's end."""
