@@ -3,6 +3,7 @@ watch it load."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -42,6 +43,13 @@ PLACEMENTS = (
 ERROR_STYLE = "color: #c62828;"
 
 
+def choices(items: Sequence[str], tip: str = "") -> QComboBox:
+    box = QComboBox()
+    box.addItems(list(items))
+    box.setToolTip(tip)
+    return box
+
+
 class ModelPicker(QDialog):
     """Emits `load_requested(LoadRequest)` and stays open, showing progress, until the window
     reports the result through `set_progress`, `set_failed` or `set_loaded` (which closes it)."""
@@ -60,25 +68,21 @@ class ModelPicker(QDialog):
         self._folder.setPlaceholderText("a folder with config.json and weights")
         self._gguf = QLineEdit()
         self._gguf.setPlaceholderText("a .gguf file")
-        self._device = QComboBox()
-        self._device.addItems(DEVICES)
+        self._device = choices(DEVICES)
         self._device.setEditable(True)  # "cuda:1" and the like
-        self._dtype = QComboBox()
-        self._dtype.addItems(DTYPES)
-        self._precision = QComboBox()
-        self._precision.addItems(PRECISIONS)
-        self._precision.setToolTip(
+        self._dtype = choices(DTYPES)
+        self._precision = choices(
+            PRECISIONS,
             "exact: dequantised weights in transformers (the reference).\n"
-            "fast: a GGUF's own 4/8-bit weights in Glassbox's model (CPU).\n"
-            "auto: fast for a GGUF it can run, exact otherwise."
+            "fast: a GGUF's own 4/8-bit weights in Glassbox's model (on the CPU; on CUDA\n"
+            "its static decode step, when asked for).\n"
+            "auto: fast for a GGUF it can run on the CPU, exact otherwise.",
         )
-        self._placement = QComboBox()
-        for label, _ in PLACEMENTS:
-            self._placement.addItem(label)
-        self._placement.setToolTip(
+        self._placement = choices(
+            [label for label, _ in PLACEMENTS],
             "Where the layers go (runs on the exact path). What does not fit in RAM is read\n"
             "from disk before each use, on every token: slower, but a model bigger than\n"
-            "memory runs."
+            "memory runs.",
         )
         self._gpu_layers = QSpinBox()
         self._gpu_layers.setRange(0, 999)
