@@ -250,6 +250,11 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch
     return (x * (weight * inverse_rms)).to(torch.bfloat16)
 
 
+# The same norm for the GPU's static step (engine/static_decode.py). A second name, not a
+# rename: _rms_norm's source is part of _code_key, and a new name would rebuild every step.
+one_row_norm = _rms_norm
+
+
 def layer_weights(model: GGUFLlama) -> list[LayerWeights]:
     """Per layer: the two norms, the q/k/v bias if any, then each part's tensors (plan order)."""
     weights = []

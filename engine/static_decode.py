@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention_probe import AttentionProbe
+from engine.compiled_decode import one_row_norm
 from engine.kv_buffer import KVBuffer
 from engine.llama import Attention, Block, GGUFLlama, QKNormAttention, rotation_matrices
 
@@ -120,12 +121,6 @@ def rotation_at(position: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     angles = torch.outer(position.float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)  # [1, d]
     return rotation_matrices(angles.cos(), angles.sin())
-
-
-def one_row_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """llama.rms_norm for one position, its eps a tensor the step holds (no host value)."""
-    inverse_rms = torch.addmm(eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt()
-    return (x * (weight * inverse_rms)).to(torch.bfloat16)
 
 
 def static_step(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.events import ModelInfo, Roofline
+from engine.kv_cache import formula_bytes
 from engine.token_labels import byte_count
 
 
@@ -28,7 +29,7 @@ def seconds_text(seconds: float) -> str:
 
 def kv_formula(info: ModelInfo) -> int:
     """One position's keys and values over every layer, by the model's shapes."""
-    return 2 * info.layers * info.kv_heads * info.head_dim * info.bytes_per_value
+    return formula_bytes(info, 1)
 
 
 def kv_sentence(step: int, added: int, info: ModelInfo) -> str:
