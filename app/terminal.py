@@ -168,8 +168,10 @@ def _run_stepped(
     session: ChatSession, generate: Callable[[], Iterator[Event]], consume: Callable[[Event], None]
 ) -> None:
     """A reply held after its prompt, advanced from the keyboard: the reply runs in a thread
-    and this one reads a key each time it is held (EOF continues, Ctrl+C stops)."""
-    done = threading.Event()
+    and this one reads a key each time the pacer says it holds it (EOF continues, Ctrl+C
+    stops). Both wait on events: a held reply holds no CPU here either."""
+    done, held = threading.Event(), threading.Event()
+    session.pacer.on_hold = lambda holding: held.set() if holding else None
 
     def run() -> None:
         try:
@@ -177,33 +179,37 @@ def _run_stepped(
                 consume(event)
         finally:
             done.set()
+            held.set()  # wakes the key loop to see the reply is over
 
     reply = threading.Thread(target=run, name="stepped-reply", daemon=True)
     reply.start()
-    while _held_or_done(session, done):
-        print(STEP_KEYS, end="", file=sys.stderr, flush=True)
-        try:
-            key = input().strip().lower()
-        except EOFError:
-            key = "c"
-        except KeyboardInterrupt:
-            key = "s"
-        if key == "c":
-            session.pacer.resume()
-            break
-        if key in ("s", "q"):
-            session.cancel()
-            break
-        session.pacer.step()
-    reply.join()
+    try:
+        while held.wait() and not done.is_set():
+            held.clear()  # before the key lets a step through: its hold sets it again
+            if not _answer_key(session):
+                break
+    finally:
+        reply.join()
+        session.pacer.on_hold = None
 
 
-def _held_or_done(session: ChatSession, done: threading.Event) -> bool:
-    """Wait until the reply is held for a key (True) or over (False)."""
-    while not done.wait(0.01):
-        if session.pacer.pace.waiting:
-            return True
-    return False
+def _answer_key(session: ChatSession) -> bool:
+    """Read one key and act on it; False once the reply no longer waits for keys."""
+    print(STEP_KEYS, end="", file=sys.stderr, flush=True)
+    try:
+        key = input().strip().lower()
+    except EOFError:
+        key = "c"
+    except KeyboardInterrupt:
+        key = "s"
+    if key == "c":
+        session.pacer.resume()
+        return False
+    if key in ("s", "q"):
+        session.cancel()
+        return False
+    session.pacer.step()
+    return True
 
 
 @contextmanager
