@@ -41,7 +41,15 @@ import torch.nn.functional as F
 from engine import build_lock
 from engine.kv_buffer import KVBuffer
 from engine.llama import Attention, Block, GGUFLlama, QKNormAttention
-from engine.quant import BLOCK, DenseLinear, Int4Linear, PartsLinear, Q6KLinear, interleave_q6
+from engine.quant import (
+    BLOCK,
+    DenseLinear,
+    GGMLLinear,
+    Int4Linear,
+    PartsLinear,
+    Q6KLinear,
+    interleave_q6,
+)
 
 if TYPE_CHECKING:
     from engine.quant import Linear, Part
@@ -107,9 +115,10 @@ def _linears(block: Block) -> tuple[Linear, ...]:
     return attention.qkv, attention.out, feed_forward.gate_up, feed_forward.down
 
 
-# How one product of a layer runs in the compiled step, and how many tensors it takes.
-INT4, INT4_HALVES, INT4_Q6, BF16 = "int4", "int4 halves", "int4 per 16", "bf16"
-TENSORS = {INT4: 2, INT4_HALVES: 2, INT4_Q6: 2, BF16: 1}
+# How one product of a layer runs in the compiled step, and how many tensors it takes; a
+# GGML kernel's kind names its type ("ggml 12"), and takes the raw blocks alone.
+INT4, INT4_HALVES, INT4_Q6, BF16, GGML = "int4", "int4 halves", "int4 per 16", "bf16", "ggml"
+TENSORS = {INT4: 2, INT4_HALVES: 2, INT4_Q6: 2, BF16: 1, GGML: 1}
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,8 @@ def _parts(linear: Linear) -> list[Part]:
 
 
 def _kind(part: Part) -> str | None:
+    if isinstance(part, GGMLLinear):
+        return f"{GGML} {part.qtype}"
     if isinstance(part, Int4Linear):
         return INT4 if part.plain else INT4_HALVES
     if isinstance(part, Q6KLinear):
@@ -137,6 +148,8 @@ def _kind(part: Part) -> str | None:
 
 
 def _tensors(part: Part) -> tuple[torch.Tensor, ...]:
+    if isinstance(part, GGMLLinear):
+        return (part.raw,)
     if isinstance(part, Int4Linear | Q6KLinear):
         return part.packed, part.scales_zeros
     assert isinstance(part, DenseLinear)  # refusal() allowed no other kind
@@ -233,7 +246,11 @@ def _linear(kinds: Sequence[str], x: torch.Tensor, tensors: list[torch.Tensor]) 
     `tensors`; the parts' outputs concatenated (q/k/v of two layouts: two products)."""
     outputs = []
     for kind in kinds:
-        taken = [tensors.pop(0) for _ in range(TENSORS[kind])]
+        name, _, qtype = kind.partition(" ")
+        taken = [tensors.pop(0) for _ in range(TENSORS[name if name == GGML else kind])]
+        if name == GGML:
+            outputs.append(torch.ops.glassbox.ggml_mm(x, taken[0], int(qtype)))
+            continue
         if kind == BF16:
             outputs.append(F.linear(x, taken[0]))
             continue
@@ -301,13 +318,15 @@ class _DecodeLayers(torch.nn.Module):
 # -- where it is kept, how it is built and loaded -------------------------------------------
 
 
-def artifact_path(folder: Path, stem: str, file_key: str, threads: int) -> Path:
+def artifact_path(folder: Path, stem: str, file_key: str, threads: int, model: GGUFLlama) -> Path:
     """Where the compiled step of a GGUF is kept: named by the file, torch, the CPU's vector
-    instructions, this module's own code (a changed step must not load an older one) and the
-    thread count (the compiled loops are built for it)."""
+    instructions, the model's layer plan (which kernel holds each weight: the step takes
+    those tensors and no others), this module's own code (a changed step must not load an
+    older one) and the thread count (the compiled loops are built for it)."""
     version = torch.__version__.replace("+", "-")
     isa = torch.backends.cpu.get_cpu_capability().lower()
-    return folder / f"{stem}-{file_key}-torch{version}-{isa}-{threads}t-{_code_key()}.pt2"
+    plan = hashlib.sha256(repr(layer_plan(model)).encode()).hexdigest()[:8]
+    return folder / f"{stem}-{file_key}-torch{version}-{isa}-{plan}-{threads}t-{_code_key()}.pt2"
 
 
 def _code_key() -> str:

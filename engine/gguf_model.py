@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine import quant
+from engine import ggml_blocks, ggml_kernel, quant
 from engine.gemma import GemmaAttention, GemmaBlock, GemmaEmbedding, GemmaFeedForward, GGUFGemma
 from engine.gguf_file import GGUFFile
 from engine.llama import (
@@ -134,11 +134,17 @@ def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def build_fast(
-    file: GGUFFile, progress: TensorProgress | None = None, packs: PackCache | None = None
+    file: GGUFFile,
+    progress: TensorProgress | None = None,
+    packs: PackCache | None = None,
+    kernels: bool = True,
 ) -> GGUFLlama:
-    """GGUFLlama with int4 weights repacked from the file (others dequantised to bf16); with
-    `packs`, the repacked weights come from (and go to) the cache folder's pack."""
+    """GGUFLlama on the file's quantised weights: the file's blocks in the GGML kernels where
+    they run and `kernels` allows (a GPU's form is made from the int4 layouts instead), else
+    int4 weights repacked (others dequantised to bf16); with `packs`, what is repacked comes
+    from (and goes to) the cache folder's pack."""
     shape = read_shape(file)
+    ggml = kernels and ggml_kernel.in_use()
     names = list(file.tensors)
     done = [0]
     dense_parts: list[str] = []
@@ -154,12 +160,17 @@ def build_fast(
 
     def linear(*parts: str) -> quant.Linear:
         """The fused weight of `parts`: each run of parts of one layout is one product."""
-        built = [layout_linear(layout, run) for layout, run in _runs(file, parts)]
+        built = [layout_linear(layout, run) for layout, run in _runs(file, parts, ggml)]
         return built[0] if len(built) == 1 else quant.PartsLinear(built)
 
     def layout_linear(layout: str, parts: list[str]) -> quant.Part:
         rows = sum(file.tensors[p].shape[0] for p in parts)
         columns = file.tensors[parts[0]].shape[-1]
+
+        if layout.startswith(GGML):  # the file's own blocks: nothing to repack or keep
+            return quant.GGMLLinear.from_parts(
+                [take(p) for p in parts], file.tensors[parts[0]].type, columns
+            )
 
         def build() -> quant.Part:
             if layout == BF16:
@@ -199,7 +210,7 @@ def build_fast(
         norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
         blocks.append(Block(attention, feed_forward, norms, shape.eps))
         release_freed_memory()
-    output = _head(file, shape, packs)
+    output = _head(file, shape, packs, ggml)
     advance(1)
     embedding = _embedding(file, shape)
     norm = vector("output_norm.weight")
@@ -278,13 +289,19 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 # the layouts of a weight
 BF16, PLAIN_INT4, SPLIT_INT4, Q6_INT4 = "bf16", "int4", "int4 halves", "int4 per 16"
+GGML = "ggml"  # the GGML kernels, "ggml <type>": one product per type
 
 
-def _layout(file: GGUFFile, name: str) -> str:
-    """How a weight is held: 4-bit types repacked as they are, 5- and 8-bit ones in two int4
-    halves, Q6_K in int4 groups of its own (quant.Q6KLinear) where the AVX-512 kernels run
-    (under AVX2 a bf16 copy multiplies faster), others (F16, Q2_K...) dequantised to bf16."""
+def _layout(file: GGUFFile, name: str, ggml: bool) -> str:
+    """How a weight is held: a type the GGML kernels read, as the file's blocks where they are
+    loaded (engine/ggml_kernel.py); otherwise 4-bit types repacked as they are for torch's
+    int4 kernel, 5- and 8-bit ones in two int4 halves, Q6_K in int4 groups of its own
+    (quant.Q6KLinear) where the AVX-512 kernels run (under AVX2 a bf16 copy multiplies
+    faster), others (F16, Q2_K...) dequantised to bf16."""
     info = file.tensors[name]
+    whole_blocks = info.shape[-1] % ggml_blocks.BLOCK_VALUES.get(info.type, 1) == 0
+    if ggml and whole_blocks and ggml_kernel.holds(info.type):
+        return f"{GGML} {info.type}"
     if info.shape[0] % 16:  # the int4 kernel's rule
         return BF16
     if info.type == quant.Q6_K:
@@ -294,11 +311,11 @@ def _layout(file: GGUFFile, name: str) -> str:
     )
 
 
-def _runs(file: GGUFFile, parts: Iterable[str]) -> list[tuple[str, list[str]]]:
+def _runs(file: GGUFFile, parts: Iterable[str], ggml: bool) -> list[tuple[str, list[str]]]:
     """`parts` in runs of one layout, in order: q, k (Q4_K) and v (Q6_K) -> [q, k], [v]."""
     runs: list[tuple[str, list[str]]] = []
     for name in parts:
-        layout = _layout(file, name)
+        layout = _layout(file, name, ggml)
         if runs and runs[-1][0] == layout:
             runs[-1][1].append(name)
         else:
@@ -367,7 +384,9 @@ def _embedding(file: GGUFFile, shape: LlamaShape) -> Embedding:
     return Embedding(quant.RowReader(torch.from_numpy(file.raw(info.name)), info.type, shape.dim))
 
 
-def _head(file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None) -> Head:
+def _head(
+    file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None, ggml: bool = False
+) -> Head:
     """The lm_head (the embedding when tied): 4-bit for the matmul, the file's rows (mapped)
     for the exact recomputation of the top logits. Q4 rows are repacked as they are; other
     types (Q8_0, the embedding of the bundled model) are requantised to 4 bits for the bulk
@@ -393,9 +412,33 @@ def _head(file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None) -> 
             )
 
     vocab = rows.raw.shape[0]
+    if ggml and ggml_kernel.holds(quant.Q4_1):  # the kernels hold the 4-bit types here
+        return _ggml_head(file, name, shape, rows, packs)
     if packs is None:
         return Head(_join(build, vocab), rows)
     bulk = packs.linear(f"{name} (4-bit bulk)", vocab, shape.dim, lambda: _join(build, vocab))
+    return Head(bulk, rows)
+
+
+def _ggml_head(
+    file: GGUFFile, name: str, shape: LlamaShape, rows: quant.RowReader, packs: PackCache | None
+) -> Head:
+    """The lm_head's bulk product in the GGML kernels: a 4-bit type as the file holds it,
+    others requantised to Q4_1 blocks (kept in the pack: seconds of numpy for a large vocab)."""
+    qtype = file.tensors[name].type
+    if qtype in quant.PLAIN and ggml_kernel.holds(qtype):
+        return Head(quant.GGMLLinear(rows.raw, qtype, shape.dim), rows)
+
+    def build() -> quant.GGMLLinear:
+        chunks = []
+        for start in range(0, rows.raw.shape[0], ROW_CHUNK):
+            chunk = torch.from_numpy(file.read(name, start, start + ROW_CHUNK))
+            chunks.append(quant.GGMLLinear.requantized(quant.dense(chunk, qtype, shape.dim)).raw)
+        return quant.GGMLLinear(torch.cat(chunks), quant.Q4_1, shape.dim)
+
+    if packs is None:
+        return Head(build(), rows)
+    bulk = packs.linear(f"{name} (Q4_1 bulk)", rows.raw.shape[0], shape.dim, build)
     return Head(bulk, rows)
 
 

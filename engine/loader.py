@@ -257,7 +257,7 @@ def _load_gguf(
         if precision == "fast":
             packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
             progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
-            fast = build_fast(file, progress, packs)
+            fast = build_fast(file, progress, packs, kernels=device.type == "cpu")
             compiling: Attacher | StepState | None
             if device.type == "cpu":
                 compiling = _compile_in_background(fast, path, cache, request)
@@ -382,7 +382,7 @@ def _compile_in_background(
         return None
     threads = torch.get_num_threads()
     folder = cache / "compiled"
-    artifact = compiled_decode.artifact_path(folder, path.stem, _file_key(path), threads)
+    artifact = compiled_decode.artifact_path(folder, path.stem, _file_key(path), threads, model)
     if not (artifact.exists() or request.build_compiled):
         log.info("the decode step stays eager: none is kept for %d threads", threads)
         return None

@@ -23,7 +23,17 @@ from typing import Any
 
 import torch
 
-from engine.quant import BLOCK, DenseLinear, Int4Linear, Part, Q6KLinear, kernel_block_rows
+from engine import ggml_kernel
+from engine.ggml_blocks import BLOCK_BYTES, BLOCK_VALUES
+from engine.quant import (
+    BLOCK,
+    DenseLinear,
+    GGMLLinear,
+    Int4Linear,
+    Part,
+    Q6KLinear,
+    kernel_block_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +121,8 @@ def _entry(linear: Part) -> dict[str, torch.Tensor | int]:
         }
     if isinstance(linear, DenseLinear):
         return {"weight": linear.weight}
+    if isinstance(linear, GGMLLinear):
+        return {"ggml_raw": linear.raw, "ggml_type": linear.qtype}
     return {"q6_packed": linear.packed, "q6_scales_zeros": linear.scales_zeros}
 
 
@@ -127,6 +139,13 @@ def _linear(entry: object, out_features: int, in_features: int) -> Part | None:
         weight, torch.bfloat16, (out_features, in_features)
     ):
         return DenseLinear(weight)
+    raw, qtype = entry.get("ggml_raw"), entry.get("ggml_type")
+    if (
+        isinstance(raw, torch.Tensor)
+        and isinstance(qtype, int)
+        and _ggml_fits(raw, qtype, out_features, in_features)
+    ):
+        return GGMLLinear(raw, qtype, in_features)
     packed, scales = entry.get("q6_packed"), entry.get("q6_scales_zeros")
     if (
         isinstance(packed, torch.Tensor)
@@ -136,6 +155,15 @@ def _linear(entry: object, out_features: int, in_features: int) -> Part | None:
     ):
         return Q6KLinear(packed, scales)
     return None
+
+
+def _ggml_fits(raw: torch.Tensor, qtype: int, out_features: int, in_features: int) -> bool:
+    """Whether stored blocks are rows of `qtype` [out, in] the GGML kernels read (loaded)."""
+    if not ggml_kernel.holds(qtype):
+        return False
+    values, size = BLOCK_VALUES[qtype], BLOCK_BYTES[qtype]
+    row_bytes = in_features // values * size
+    return in_features % values == 0 and _is(raw, torch.uint8, (out_features, row_bytes))
 
 
 def _is(tensor: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:

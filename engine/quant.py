@@ -1,5 +1,8 @@
 """GGUF weights as torch modules, and the CPU kernels that multiply them without unpacking.
 
+Where the GGML kernels run (engine/ggml_kernel.py), GGMLLinear holds the file's blocks as
+they are and multiplies them with int8 dot products, llama.cpp's way. Otherwise, and for the
+types they do not read (Q5_0, Q5_1, Q5_K), the weights are repacked for torch's int4 kernel:
 The block layouts (engine/ggml_blocks.py) decode as w = q·scale + offset per group of 32.
 torch's CPU kernel `_weight_int4pack_mm_for_cpu` computes with w = (q - 8)·scale + zero per
 group of 32, so a 4-bit type (Q4_0, Q4_1, Q4_K) is scale = scale, zero = offset + 8·scale: the
@@ -58,6 +61,7 @@ __all__ = [
     "Q8_0",
     "SPLIT",
     "DenseLinear",
+    "GGMLLinear",
     "Int4Linear",
     "Linear",
     "Part",
@@ -381,8 +385,68 @@ def interleave_q6(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([groups, groups * 8], dim=-1).view(x.shape[0], -1)
 
 
+# From this many rows the GGML kernels' products (one row of weights at a time, ~40 G
+# multiply-adds a second on 2 threads) lose to dequantising for one dense matmul. Qwen2.5-1.5B's
+# ffn_gate, 2 threads: 16 rows 5.0 ms against 3.6, 8 rows 2.5 against 3.1.
+GGML_DENSE_ROWS = 16
+
+
+class GGMLLinear(torch.nn.Module):
+    """y = x·Wᵀ with W the file's own blocks of one type, multiplied by the GGML kernels
+    (engine/ggml_kernel.py: activations rounded to int8 per block, as llama.cpp does); held
+    at the file's size. From GGML_DENSE_ROWS rows (a prefill) the blocks are dequantised to bf16
+    for one dense matmul, exactly as gguf dequantizes them."""
+
+    raw: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(self, raw: torch.Tensor, qtype: int, in_features: int) -> None:
+        super().__init__()
+        self.register_buffer("raw", raw, persistent=False)  # uint8 [out, row bytes]
+        self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
+
+    @classmethod
+    def from_parts(cls, parts: Sequence[torch.Tensor], qtype: int, in_features: int) -> GGMLLinear:
+        """Raw rows of one type (q, k and v fused) as one linear."""
+        return cls(torch.cat(list(parts)) if len(parts) > 1 else parts[0], qtype, in_features)
+
+    @classmethod
+    def requantized(cls, weight: torch.Tensor) -> GGMLLinear:
+        """float weights [N, K] as Q4_1 blocks, min to max per 32 values (lossy: the lm_head's
+        bulk product, whose top logits llama.Head recomputes from the file's rows)."""
+        groups = weight.float().reshape(weight.shape[0], -1, BLOCK).numpy()
+        low = groups.min(-1, keepdims=True).astype(np.float16)
+        scale = ((groups.max(-1, keepdims=True) - low) / 15).astype(np.float16)
+        step = np.where(scale == 0, np.float32(1), scale.astype(np.float32))
+        q = np.clip(np.rint((groups - low.astype(np.float32)) / step), 0, 15).astype(np.uint8)
+        nibbles = q[..., :16] | (q[..., 16:] << 4)
+        blocks = np.concatenate([scale.view(np.uint8), low.view(np.uint8), nibbles], axis=-1)
+        raw = torch.from_numpy(np.ascontiguousarray(blocks).reshape(weight.shape[0], -1))
+        return cls(raw, Q4_1, weight.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.numel()
+
+    def dense(self) -> torch.Tensor:
+        """The weights [out, in] in bf16."""
+        weight: torch.Tensor = torch.ops.glassbox.ggml_dequantize(
+            self.raw, self.qtype, self.in_features
+        )
+        return weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out] in bf16."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        if x.shape[0] >= GGML_DENSE_ROWS:
+            y = torch.nn.functional.linear(x, self.dense())
+        else:
+            y = torch.ops.glassbox.ggml_mm(x, self.raw, self.qtype)
+        return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)
+
+
 # A weight, or a run of fused weights, of one layout.
-Part = Int4Linear | DenseLinear | Q6KLinear
+Part = Int4Linear | DenseLinear | Q6KLinear | GGMLLinear
 
 
 class PartsLinear(torch.nn.Module):

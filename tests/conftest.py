@@ -99,6 +99,13 @@ os.environ.setdefault(
 )
 
 
+@pytest.fixture
+def int4_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast weights repacked for torch's int4 kernel, as where the GGML kernels do not run
+    (engine/ggml_kernel.py): for the tests of those layouts, on any CPU."""
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "0")
+
+
 @pytest.fixture(scope="session")
 def bundled():
     """The real bundled SmolLM2-135M-Instruct in exact precision (the transformers reference

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.torch_version import TorchVersion
 
-from engine import benchmark, compiled_decode, gguf_model, quant
+from engine import benchmark, compiled_decode, ggml_kernel, gguf_model, quant
 from engine.attention_probe import AttentionProbe
 from engine.cache_folder import default_cache_dir
 from engine.compiled_decode import Attacher
@@ -125,7 +125,10 @@ def test_compiled_steps_of_biases_and_mixed_layouts_follow_the_eager_steps(compi
     plans = compiled_decode.layer_plan(compiled_mixed)
     kinds = {kind for plan in plans for linear in plan.linears for kind in linear}
     q6 = "int4 per 16" if quant.kernel_block_rows() == 64 else "bf16"  # Q6_K's, per kernel set
-    assert kinds == {"int4", "int4 halves", q6}
+    held = ggml_kernel.holds  # the types the GGML kernels hold on this CPU (their own kind)
+    q4_k = "ggml 12" if held(quant.Q4_K) else "int4"
+    q8_0 = "ggml 8" if held(quant.Q8_0) else "int4 halves"  # up; gate's Q5_0 is always halves
+    assert kinds == {q4_k, "int4 halves", q8_0, "ggml 14" if held(quant.Q6_K) else q6}
     assert all(plan.bias for plan in plans)
     # Its K-quant weights are random blocks sized like a model's, its logits up to ~3 (the
     # tiny Q4_1 model's stay below 1): the compiled step's own bf16 roundings (fused bias
@@ -210,7 +213,7 @@ def test_a_load_that_builds_no_step_uses_a_kept_one_only(compiled, tiny_gguf, tm
     assert _compile_in_background(fresh, tiny_gguf, tmp_path, request) is None  # none kept
     threads = torch.get_num_threads()
     path = compiled_decode.artifact_path(tmp_path / "compiled", tiny_gguf.stem,
-                                         _file_key(tiny_gguf), threads)  # fmt: skip
+                                         _file_key(tiny_gguf), threads, fresh)  # fmt: skip
     path.parent.mkdir()
     shutil.copy(kept, path)
     attacher = _compile_in_background(fresh, tiny_gguf, tmp_path, request)
@@ -329,28 +332,37 @@ def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
     assert compiled_decode.disabled() is None
 
 
-def test_the_artifact_is_named_by_file_torch_cpu_threads_and_code(tmp_path, monkeypatch):
-    path = compiled_decode.artifact_path(tmp_path, "model", "abc123", threads=3)
+def test_the_artifact_is_named_by_file_torch_cpu_plan_threads_and_code(
+    tiny_gguf, tmp_path, monkeypatch
+):
+    model = build(tiny_gguf)
+    path = compiled_decode.artifact_path(tmp_path, "model", "abc123", 3, model)
     assert path.parent == tmp_path and "-3t-" in path.name
     assert path.name.startswith("model-abc123-torch" + torch.__version__.replace("+", "-"))
     assert torch.backends.cpu.get_cpu_capability().lower() in path.name
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "0")  # the same file in other layouts
+    int4 = build(tiny_gguf)
+    if compiled_decode.layer_plan(int4) != compiled_decode.layer_plan(model):
+        assert compiled_decode.artifact_path(tmp_path, "model", "abc123", 3, int4) != path
 
     def decode_layers(*inputs):  # another version of the step
         return inputs
 
     monkeypatch.setattr(compiled_decode, "decode_layers", decode_layers)
-    assert compiled_decode.artifact_path(tmp_path, "model", "abc123", threads=3) != path
+    assert compiled_decode.artifact_path(tmp_path, "model", "abc123", 3, model) != path
 
 
-def test_saving_a_step_removes_the_ones_no_run_can_load(tmp_path):
+def test_saving_a_step_removes_the_ones_no_run_can_load(tiny_gguf, tmp_path):
+    model = build(tiny_gguf)
+
     def named(threads: int) -> Path:
-        return compiled_decode.artifact_path(tmp_path, "model", "abc123", threads)
+        return compiled_decode.artifact_path(tmp_path, "model", "abc123", threads, model)
 
     kept_1t, saved_2t = named(1), named(2)
     code = saved_2t.stem.rsplit("-", 1)[-1]
     older_code = tmp_path / saved_2t.name.replace(code, "0123456789ab")
     older_torch = tmp_path / saved_2t.name.replace("-torch", "-torch1.0.0-x")
-    other_file = compiled_decode.artifact_path(tmp_path, "model", "def456", 2)
+    other_file = compiled_decode.artifact_path(tmp_path, "model", "def456", 2, model)
     for path in (kept_1t, saved_2t, older_code, older_torch, other_file):
         path.write_bytes(b"step")
     compiled_decode.remove_stale(saved_2t)
@@ -371,7 +383,7 @@ def bundled_compiled():
     model = loaded.model
     gguf = bundled_gguf_path()
     folder = default_cache_dir() / "compiled"
-    path = compiled_decode.artifact_path(folder, gguf.stem, "tests", torch.get_num_threads())
+    path = compiled_decode.artifact_path(folder, gguf.stem, "tests", torch.get_num_threads(), model)
     if not path.exists():
         compiled_decode.compile_to(model, path)
     model.decode_step = compiled_decode.load(path, model)

@@ -255,6 +255,7 @@ def packs_for(path: Path, folder: Path) -> PackCache:
     return PackCache(pack_path(folder, path.stem, "key"), path.stem)
 
 
+@pytest.mark.usefixtures("int4_layouts")
 def test_packed_weights_are_kept_and_equal_a_fresh_repack(written, tmp_path):
     _, path = written
     file = GGUFFile(path)
@@ -270,6 +271,7 @@ def test_packed_weights_are_kept_and_equal_a_fresh_repack(written, tmp_path):
     torch.testing.assert_close(model.forward(ids, None, None), fresh.forward(ids, None, None))
 
 
+@pytest.mark.usefixtures("int4_layouts")
 def test_a_damaged_pack_is_ignored_and_written_anew(written, tmp_path):
     _, path = written
     file = GGUFFile(path)
@@ -283,6 +285,7 @@ def test_a_damaged_pack_is_ignored_and_written_anew(written, tmp_path):
     assert packs_for(path, tmp_path).stored.keys() == damaged.entries.keys()  # written anew
 
 
+@pytest.mark.usefixtures("int4_layouts")
 def test_a_pack_entry_that_does_not_fit_is_repacked(written, tmp_path):
     """An entry of the wrong shape (another model's, say) is rebuilt from the file."""
     _, path = written
@@ -305,6 +308,7 @@ def test_a_pack_is_named_by_the_file_torch_and_format(tmp_path):
     assert torch.__version__.replace("+", "-") in a.name and a.name.endswith(f"-v{FORMAT}.pt")
 
 
+@pytest.mark.usefixtures("int4_layouts")
 def test_saving_a_pack_removes_only_older_packs_of_the_same_file(written, tmp_path):
     """A new pack replaces the file's older ones (another key, torch or format), and leaves
     the packs of a GGUF whose name only starts with this one's."""

@@ -154,6 +154,7 @@ def mixed_gguf(path, head: str, architecture: str = "qwen2"):
 Q6_LAYOUT = quant.Q6KLinear if quant.kernel_block_rows() == 64 else quant.DenseLinear
 
 
+@pytest.mark.usefixtures("int4_layouts")
 @pytest.mark.parametrize("head", [Q4_K, Q6_K])
 def test_mixed_types_fuse_by_layout_and_follow_the_exact_model(head, tmp_path, caplog):
     file = GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", head))
@@ -195,6 +196,7 @@ def test_mixed_types_fuse_by_layout_and_follow_the_exact_model(head, tmp_path, c
         assert (step - expected[position]).abs().max() < scale
 
 
+@pytest.mark.usefixtures("int4_layouts")
 def test_a_second_build_of_mixed_types_reads_everything_from_the_pack(tmp_path, monkeypatch):
     """Every layout is kept (int4, split int4, the bf16 copies of Q6_K): the second build
     repacks and dequantises nothing, and holds the same weights."""

@@ -87,6 +87,7 @@ def test_sliding_layers_attend_within_their_window(tokenizer):
     assert attention == 4 * 4 * 16 * (8 + 21)
 
 
+@pytest.mark.usefixtures("int4_layouts")
 def test_fast_gguf_counts_the_packed_bytes_by_hand(tokenizer, tmp_path):
     hf = make_tiny(tokenizer, "llama", attn="eager")
     path = write_gguf(tmp_path / "tiny.gguf", hf, Q4_1, "Q8_0")

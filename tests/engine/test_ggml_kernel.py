@@ -1,0 +1,178 @@
+"""The GGML kernels (engine/kernels/ggml_dot.cpp) against gguf's own dequantize: their
+dequantisation bit for bit, their products within what rounding the activations to int8 per
+block can change, and a fast model built on them against the exact model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import compiled_decode, ggml_blocks, ggml_kernel, gguf_model, quant
+from engine.gguf_file import GGUFFile
+from tests.engine.test_quant import mixed_gguf, random_blocks, reference
+from tests.gguf_files import Q6_K
+
+pytestmark = pytest.mark.skipif(
+    ggml_kernel.ensure() is not None, reason=f"no GGML kernels here: {ggml_kernel.ensure()}"
+)
+
+TYPES = list(ggml_kernel.TYPES)
+
+
+def rounded_activations(x: torch.Tensor, size: int) -> torch.Tensor:
+    """x [m, k] as the kernels round it: int8 = rint(x·127/max|x|) per `size` values."""
+    blocks = x.float().numpy().reshape(x.shape[0], -1, size)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    inverse = np.where(amax > 0, np.float32(127) / np.maximum(amax, 1e-30), 0).astype(np.float32)
+    q = np.rint(blocks * inverse)
+    return torch.from_numpy((q * (amax / np.float32(127))).reshape(x.shape))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_is_gguf_dequantize_rounded_to_bf16(qtype):
+    raw = random_blocks(qtype, 48, 512, seed=qtype)
+    ours = torch.ops.glassbox.ggml_dequantize(raw, qtype, 512)
+    assert ours.dtype == torch.bfloat16
+    assert torch.equal(ours, reference(raw, qtype).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_product_is_the_matmul_within_the_activations_rounding(qtype, rows):
+    """|kernel - x·Wᵀ| stays within Σ|w|·|x - x̂| (x̂: x rounded as the kernel rounds it), a
+    bound any misread nibble, scale or offset breaks by orders of magnitude."""
+    raw = random_blocks(qtype, 64, 512, seed=qtype + rows)
+    weights = reference(raw, qtype).double()
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(qtype))
+    rounded = rounded_activations(x, ggml_blocks.BLOCK_VALUES[qtype]).double()
+    exact = x.double() @ weights.T
+    # Q4_0/Q4_1 multiply their offsets by the unrounded sums: |w - offset| bounds theirs
+    offsets = reference_offsets(raw, qtype)
+    bound = (weights.abs() + offsets).matmul((x.double() - rounded).abs().T).T
+    ours = torch.ops.glassbox.ggml_mm(x, raw, qtype).double()
+    assert ours.shape == (rows, 64)
+    slack = 1e-5 * exact.abs().max()  # float32 sums
+    assert ((ours - exact).abs() <= bound + slack).all()
+    assert (ours - exact).abs().max() > 0  # the rounding is there: this is not the reference
+
+
+def reference_offsets(raw: torch.Tensor, qtype: int) -> torch.Tensor:
+    """|offset| per weight for the 32-value types (0 for the others), [rows, columns]."""
+    if qtype not in (quant.Q4_0, quant.Q4_1):
+        return torch.zeros(1, dtype=torch.float64)
+    _, _, offset = ggml_blocks.unpack(raw, qtype)
+    return offset.double().abs().repeat_interleave(32, dim=1)
+
+
+def test_bf16_activations_give_bf16_and_float_give_float():
+    raw = random_blocks(quant.Q4_K, 16, 256)
+    x = torch.randn(2, 256)
+    assert torch.ops.glassbox.ggml_mm(x, raw, quant.Q4_K).dtype == torch.float32
+    assert torch.ops.glassbox.ggml_mm(x.bfloat16(), raw, quant.Q4_K).dtype == torch.bfloat16
+
+
+def test_a_row_of_the_wrong_size_is_refused():
+    raw = random_blocks(quant.Q4_K, 16, 512)
+    with pytest.raises(RuntimeError, match="row bytes do not match"):
+        torch.ops.glassbox.ggml_mm(torch.randn(1, 256), raw[:, :144], quant.Q6_K)
+    with pytest.raises(RuntimeError, match="no kernel here"):
+        torch.ops.glassbox.ggml_mm(torch.randn(1, 512), raw, quant.Q5_K)
+
+
+@pytest.mark.parametrize("qtype", [quant.Q4_K, quant.Q6_K])
+def test_a_prefill_dequantises_and_a_step_takes_the_kernel(qtype):
+    """From GGML_DENSE_ROWS rows the product is the dequantised matmul; below, the kernel's:
+    both within a percent of x·Wᵀ."""
+    raw = random_blocks(qtype, 64, 512, seed=3)
+    linear = quant.GGMLLinear(raw, qtype, 512)
+    weights = reference(raw, qtype)
+    for rows in (1, quant.GGML_DENSE_ROWS - 1, quant.GGML_DENSE_ROWS, 40):
+        x = torch.randn(rows, 512)
+        expected = x @ weights.T
+        y = linear(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, 64)
+        assert (y.float() - expected).norm() / expected.norm() < 1e-2
+    batch = torch.randn(2, quant.GGML_DENSE_ROWS, 512)  # leading dims kept
+    assert linear(batch).shape == (2, quant.GGML_DENSE_ROWS, 64)
+
+
+def test_the_requantised_head_is_within_half_a_step_of_its_weights():
+    weight = torch.randn(64, 256)
+    linear = quant.GGMLLinear.requantized(weight)
+    assert linear.qtype == quant.Q4_1 and linear.raw.shape == (64, 8 * 20)
+    _, scale, _ = ggml_blocks.unpack(linear.raw, quant.Q4_1)
+    step = scale.repeat_interleave(32, dim=1)
+    error = (reference(linear.raw, quant.Q4_1) - weight).abs()
+    assert (error <= step / 2 + 1e-3 * weight.abs().max()).all()
+
+
+def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_path, monkeypatch):
+    """Q4_K q/k (one product), Q6_K v, Q5_0 gate (no GGML kernel: torch's int4 halves) and
+    Q8_0 up, a Q5_K output (halves), Q6_K down: each run of one type the kernels read is one
+    GGML product, at the file's size; logits of a prefill and of steps through the cache
+    follow the exact model's."""
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
+    file = GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", Q6_K))
+    fast = gguf_model.build_fast(file)
+    block = fast.blocks[0]
+    q_k, v = block.attention.qkv.linears()
+    assert isinstance(q_k, quant.GGMLLinear) and q_k.qtype == quant.Q4_K
+    assert q_k.out_features == 256 + 128
+    assert isinstance(v, quant.GGMLLinear) and v.qtype == quant.Q6_K
+    assert v.nbytes == file.tensors["blk.0.attn_v.weight"].nbytes  # the file's size
+    gate, up = block.feed_forward.gate_up.linears()
+    assert isinstance(gate, quant.Int4Linear) and not gate.plain
+    assert isinstance(up, quant.GGMLLinear) and up.qtype == quant.Q8_0
+    assert isinstance(block.feed_forward.down, quant.GGMLLinear)
+    assert isinstance(block.attention.out, quant.Int4Linear)  # Q5_K: torch's int4 halves
+    assert isinstance(fast.output.bulk, quant.GGMLLinear)  # Q6_K head requantised to Q4_1
+    if compiled_decode._package_loader() is not None:  # else it refuses for the torch
+        assert compiled_decode.refusal(fast) is None
+
+    exact = gguf_model.build_exact(file, torch.float32)
+    ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = exact(ids).logits[0]
+    scale = expected.abs().max() * 0.1
+    logits = fast.forward(ids, None, None, every_position=True)
+    assert (logits - expected).abs().max() < scale
+    cache = fast.new_cache()
+    fast.forward(ids[:, :9], cache, None)
+    for position in range(9, 12):
+        step = fast.forward(ids[:, position : position + 1], cache, None)
+        assert (step - expected[position]).abs().max() < scale
+
+
+@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
+def test_which_types_the_kernels_hold_under_each_kernel_set(capability, monkeypatch):
+    """Every type they read under AVX2 (where torch's int4 kernel is slow), Q6_K alone under
+    AVX-512; all of them when asked."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    held = [t for t in ggml_kernel.TYPES if ggml_kernel.holds(t)]
+    assert held == (list(ggml_kernel.TYPES) if capability == "AVX2" else [quant.Q6_K])
+    assert not ggml_kernel.holds(quant.Q5_K)  # no kernel for it
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
+    assert [t for t in ggml_kernel.TYPES if ggml_kernel.holds(t)] == list(ggml_kernel.TYPES)
+
+
+def test_turned_off_the_weights_take_torchs_int4_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "0")
+    assert not ggml_kernel.in_use()
+    fast = gguf_model.build_fast(GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", Q6_K)))
+    assert not any(isinstance(m, quant.GGMLLinear) for m in fast.modules())
+
+
+def test_a_build_that_fails_is_a_reason_not_a_crash(tmp_path, monkeypatch):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(ggml_kernel, "SOURCE", broken)
+    reason = ggml_kernel._load(ggml_kernel.library_path(tmp_path))
+    assert reason is not None and reason.startswith("the kernels did not build or load")
+    assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built left
+    assert not list((tmp_path / "kernels").glob("*.partial"))
+
+
+def test_no_compiler_is_a_reason(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert "no C++ compiler" in str(ggml_kernel._refusal())
