@@ -4,7 +4,8 @@ torch's CPU int4 kernel widens every weight to floats: under AVX2 it moves 7-10 
 weights a thread, and a Q6_K weight has to be held in 1.25 bytes a value to fit it. The
 kernels here multiply the file's own blocks with integer dot products, as llama.cpp does, on
 activations rounded in two int8 terms (ggml_dot.cpp's Q8): Qwen2.5-1.5B's Q6_K ffn_down,
-2 threads, 0.85 ms against 1.75 under torch's AVX2 kernels, with the weight at its file size.
+2 threads, 0.31-0.39 ms against 1.73 under torch's AVX2 kernels and 0.77 under AVX-512, with
+the weight at its file size.
 
 They are compiled with the C++ compiler the compiled decode step already needs, into the
 cache folder, keyed by the source, torch and the flags; one build at a time
@@ -47,7 +48,12 @@ def library_path(folder: Path) -> Path:
     return folder / "kernels" / f"ggml_dot-torch{version}-{key}.so"
 
 
-Q6_K = 14
+# The types the kernels hold under torch's AVX-512 kernels: where they beat its int4 kernel,
+# 2 threads, one row of Qwen2.5-1.5B's (and the bundled model's) weights: Q4_K 0.27 against
+# 0.39 ms, Q6_K 0.31 against 0.77, Q8_0 1.09 against 1.76 (the bundled model's embedding as a
+# product); not the 32-value 4-bit types (Q4_1: 0.034 against 0.030 ms). Under AVX2 they beat
+# it at every type they read (Q4_K 0.27 against 0.83, Q4_1 0.05 against 0.06).
+AVX512_TYPES = (8, 12, 14)  # Q8_0, Q4_K, Q6_K
 
 
 def in_use() -> bool:
@@ -57,15 +63,13 @@ def in_use() -> bool:
 
 
 def holds(qtype: int) -> bool:
-    """Whether weights of `qtype` go to the GGML kernels. Under torch's AVX2 kernels every
-    type they read does: 1.3-2.1x torch's int4 kernel at the bundled model's and Qwen2.5-1.5B's
-    shapes (2 threads). Under AVX-512 only Q6_K does: as fast as its int4 form there, at 0.82
-    bytes a value against 1.25; torch's AVX-512 int4 kernel multiplies the 4-bit types
-    1.2-1.5x faster than these. $GLASSBOX_GGML_KERNELS=all gives them every type anywhere."""
+    """Whether weights of `qtype` go to the GGML kernels: every type they read under torch's
+    AVX2 kernels, AVX512_TYPES under AVX-512 (where they are faster, measured above);
+    $GLASSBOX_GGML_KERNELS=all gives them every type anywhere."""
     if qtype not in TYPES or not in_use():
         return False
     every = os.environ.get("GLASSBOX_GGML_KERNELS") == "all"
-    return every or qtype == Q6_K or torch.backends.cpu.get_cpu_capability() == "AVX2"
+    return every or qtype in AVX512_TYPES or torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
 def ensure() -> str | None:

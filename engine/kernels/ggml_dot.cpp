@@ -66,6 +66,7 @@ struct Q8 {
   const int8_t* r;
   const float* d;
   const float* sum16;
+  const float* sum32;
 };
 
 constexpr float RESIDUAL = 1.f / 254.f;
@@ -85,8 +86,6 @@ inline __m256 dot32(__m256i w, const Q8& x, int64_t at) {
   return _mm256_fmadd_ps(r, _mm256_set1_ps(RESIDUAL), q);
 }
 
-inline float sum32(const Q8& x, int64_t b) { return x.sum16[2 * b] + x.sum16[2 * b + 1]; }
-
 // Q4_0: w = d·(q - 8); Q4_1: w = d·q + m.
 float dot_q4(const uint8_t* row, const Q8& x, int64_t blocks, bool with_min) {
   const int64_t size = with_min ? 20 : 18;
@@ -97,7 +96,7 @@ float dot_q4(const uint8_t* row, const Q8& x, int64_t blocks, bool with_min) {
     const float d = f16(block);
     __m256 p = dot32(nibbles32(block + size - 16), x, b * 32);
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[b]), p, acc);
-    offsets += (with_min ? f16(block + 2) : -8.f * d) * sum32(x, b);
+    offsets += (with_min ? f16(block + 2) : -8.f * d) * x.sum32[b];
   }
   return hsum(acc) + offsets;
 }
@@ -116,14 +115,33 @@ float dot_q8_0(const uint8_t* row, const Q8& x, int64_t blocks) {
   return hsum(acc);
 }
 
-// Q4_K's eight 6-bit scales and mins of a super-block from its 12 bytes.
-inline void scales_mins(const uint8_t* s, uint8_t* sc, uint8_t* m) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = s[j] & 63;
-    m[j] = s[j + 4] & 63;
-    sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4);
-    m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-  }
+// Q4_K's eight 6-bit scales and mins of a super-block from its 12 bytes, as bytes 0-7 and
+// 8-15 of `out` (llama.cpp's bit work on 32-bit words: no loop over the sub-blocks).
+inline void scales_mins(const uint8_t* s, uint32_t* out) {
+  constexpr uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+  uint32_t w[3];
+  std::memcpy(w, s, 12);
+  out[0] = w[0] & six;
+  out[1] = (w[2] & four) | (((w[0] >> 6) & two) << 4);
+  out[2] = w[1] & six;
+  out[3] = ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4);
+}
+
+// Int16 element `low` in every word of the low 128 bits of `scales`, `high` in the high 128
+// bits (both lanes of `scales` hold the same 8 int16): the sub-blocks' scales as multipliers.
+inline __m256i pick(__m256i scales, int low, int high) {
+  const __m256i mask = _mm256_setr_epi8(
+      2 * low, 2 * low + 1, 2 * low, 2 * low + 1, 2 * low, 2 * low + 1, 2 * low, 2 * low + 1,
+      2 * low, 2 * low + 1, 2 * low, 2 * low + 1, 2 * low, 2 * low + 1, 2 * low, 2 * low + 1,
+      2 * high, 2 * high + 1, 2 * high, 2 * high + 1, 2 * high, 2 * high + 1, 2 * high,
+      2 * high + 1, 2 * high, 2 * high + 1, 2 * high, 2 * high + 1, 2 * high, 2 * high + 1,
+      2 * high, 2 * high + 1);
+  return _mm256_shuffle_epi8(scales, mask);
+}
+
+// 8 bytes as 8 floats.
+inline __m256 bytes_to_floats(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 // Σ over 32 values of scale·w·x in int32, for each term: pairs of u8 x s8, times the scale.
@@ -141,67 +159,70 @@ inline __m256 terms(__m256i sum_q, __m256i sum_r) {
 // Q4_K: w = d·sc·q - dmin·m per 32 values. One activation scale per super-block, so the
 // eight sub-blocks' products add in int32, times their integer scales, before one multiply.
 float dot_q4_k(const uint8_t* row, const Q8& x, int64_t supers) {
-  __m256 acc = _mm256_setzero_ps();
-  float offsets = 0.f;
+  __m256 acc = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0F);
-  uint8_t sc[8], m[8];
+  uint32_t packed[4];
   for (int64_t i = 0; i < supers; ++i) {
     const uint8_t* block = row + i * 144;
-    scales_mins(block + 4, sc, m);
+    scales_mins(block + 4, packed);
+    const auto* sc = reinterpret_cast<const uint8_t*>(packed);
+    const __m256i scales = _mm256_broadcastsi128_si256(
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
     const uint8_t* qs = block + 16;
     const int64_t at = i * 256;
-    const float* s16 = x.sum16 + i * 16;
     __m256i sum_q = _mm256_setzero_si256(), sum_r = _mm256_setzero_si256();
-    float mins = 0.f;
     for (int j = 0; j < 4; ++j) {  // 64 values: 32 low nibbles, then the same bytes' high
       __m256i w = load32(qs + 32 * j);
       const int64_t lo = at + 64 * j, hi = lo + 32;
-      scaled(_mm256_and_si256(w, low), x.q + lo, x.r + lo, _mm256_set1_epi16(sc[2 * j]),
-             sum_q, sum_r);
+      scaled(_mm256_and_si256(w, low), x.q + lo, x.r + lo, pick(scales, 2 * j, 2 * j), sum_q,
+             sum_r);
       scaled(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), x.q + hi, x.r + hi,
-             _mm256_set1_epi16(sc[2 * j + 1]), sum_q, sum_r);
-      mins += m[2 * j] * (s16[4 * j] + s16[4 * j + 1]) +
-              m[2 * j + 1] * (s16[4 * j + 2] + s16[4 * j + 3]);
+             pick(scales, 2 * j + 1, 2 * j + 1), sum_q, sum_r);
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(block) * x.d[i]), terms(sum_q, sum_r), acc);
-    offsets += f16(block + 2) * mins;
+    __m256 mins = _mm256_mul_ps(bytes_to_floats(sc + 8), _mm256_loadu_ps(x.sum32 + 8 * i));
+    offsets = _mm256_fmadd_ps(_mm256_set1_ps(f16(block + 2)), mins, offsets);
   }
-  return hsum(acc) - offsets;
+  return hsum(_mm256_sub_ps(acc, offsets));
 }
 
 // Q6_K: w = d·sc·(q - 32) per 16 values, q = 4 low bits | 2 high bits << 4. Each 128
 // values: ql[64] low nibbles (values l and l + 64 in byte l, l + 32 and l + 96 in byte
 // l + 32), qh[32] the high bits of l, l + 32, l + 64, l + 96 in bits 0, 2, 4, 6 of byte l.
 float dot_q6_k(const uint8_t* row, const Q8& x, int64_t supers) {
-  __m256 acc = _mm256_setzero_ps();
-  float offsets = 0.f;
+  __m256 acc = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03);
   for (int64_t i = 0; i < supers; ++i) {
     const uint8_t* block = row + i * 210;
     const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
     const int64_t at = i * 256;
-    const float* s16 = x.sum16 + i * 16;
-    float shift = 0.f;  // Σ sc·Σx per 16: what the 32 in q - 32 takes off
-    for (int g = 0; g < 16; ++g) shift += scales[g] * s16[g];
     __m256i sum_q = _mm256_setzero_si256(), sum_r = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
+      const __m256i half = _mm256_broadcastsi128_si256(
+          _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * h))));
       __m256i a = load32(block + 64 * h), c = load32(block + 64 * h + 32);
       __m256i bits = load32(block + 128 + 32 * h);
       __m256i q[4] = {a, c, _mm256_srli_epi16(a, 4), _mm256_srli_epi16(c, 4)};
       for (int k = 0; k < 4; ++k) {
         __m256i high = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), low2);
         __m256i w = _mm256_or_si256(_mm256_and_si256(q[k], low4), _mm256_slli_epi16(high, 4));
-        const int8_t* sc = scales + 8 * h + 2 * k;  // values 0-15 and 16-31 of these 32
-        __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+        const __m256i s = pick(half, 2 * k, 2 * k + 1);  // values 0-15, then 16-31
         const int64_t from = at + 128 * h + 32 * k;
         scaled(w, x.q + from, x.r + from, s, sum_q, sum_r);
       }
     }
     const float d = f16(block + 208);
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[i]), terms(sum_q, sum_r), acc);
-    offsets += d * 32.f * shift;
+    // Σ sc·Σx per 16: what the 32 in q - 32 takes off
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
+    __m256 first = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    __m256 second = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+    const float* s16 = x.sum16 + i * 16;
+    __m256 shift = _mm256_fmadd_ps(second, _mm256_loadu_ps(s16 + 8),
+                                   _mm256_mul_ps(first, _mm256_loadu_ps(s16)));
+    offsets = _mm256_fmadd_ps(_mm256_set1_ps(32.f * d), shift, offsets);
   }
-  return hsum(acc) - offsets;
+  return hsum(_mm256_sub_ps(acc, offsets));
 }
 
 float dot(int64_t qtype, const uint8_t* row, const Q8& x, int64_t blocks) {
@@ -218,11 +239,11 @@ float dot(int64_t qtype, const uint8_t* row, const Q8& x, int64_t blocks) {
 // left, r = rint((x - d·q)·254/d) (|x - d·q| ≤ d/2, so |r| ≤ 127).
 struct Quantized {
   std::vector<int8_t> q, r;
-  std::vector<float> d, sum16;
+  std::vector<float> d, sum16, sum32;
   int64_t k, blocks;
 
   Quantized(const float* x, int64_t rows, int64_t k, int64_t size)
-      : q(rows * k), r(rows * k), d(rows * k / size), sum16(rows * k / 16), k(k),
+      : q(rows * k), r(rows * k), d(rows * k / size), sum16(rows * k / 16), sum32(rows * k / 32), k(k),
         blocks(k / size) {
     at::parallel_for(0, rows * blocks, 64, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) quantize(x + b * size, size, b);
@@ -245,11 +266,13 @@ struct Quantized {
       }
       sum16[b * (size / 16) + g] = total;
     }
+    for (int64_t g = 0; g < size / 32; ++g)
+      sum32[b * (size / 32) + g] = sum16[b * (size / 16) + 2 * g] + sum16[b * (size / 16) + 2 * g + 1];
   }
 
   Q8 row(int64_t at) const {
     return {q.data() + at * k, r.data() + at * k, d.data() + at * blocks,
-            sum16.data() + at * k / 16};
+            sum16.data() + at * k / 16, sum32.data() + at * k / 32};
   }
 };
 
@@ -298,8 +321,10 @@ void dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* w) {
       const float d = f16(block);
       for (int j = 0; j < 32; ++j) v[j] = d * static_cast<int8_t>(block[2 + j]);
     } else if (qtype == Q4_K) {
-      uint8_t sc[8], m[8];
-      scales_mins(block + 4, sc, m);
+      uint32_t packed[4];
+      scales_mins(block + 4, packed);
+      const auto* sc = reinterpret_cast<const uint8_t*>(packed);
+      const uint8_t* m = sc + 8;
       const float d = f16(block), dmin = f16(block + 2);
       for (int j = 0; j < 4; ++j)
         for (int l = 0; l < 32; ++l) {

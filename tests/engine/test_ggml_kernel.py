@@ -126,7 +126,8 @@ def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_pat
     assert isinstance(up, quant.GGMLLinear) and up.qtype == quant.Q8_0
     assert isinstance(block.feed_forward.down, quant.GGMLLinear)
     assert isinstance(block.attention.out, quant.Int4Linear)  # Q5_K: torch's int4 halves
-    assert isinstance(fast.output.bulk, quant.GGMLLinear)  # Q6_K head requantised to Q4_1
+    assert isinstance(fast.output.bulk, quant.GGMLLinear)  # the Q6_K head as the file has it
+    assert fast.output.bulk.qtype == quant.Q6_K
     if compiled_decode._package_loader() is not None:  # else it refuses for the torch
         assert compiled_decode.refusal(fast) is None
 
@@ -146,11 +147,12 @@ def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_pat
 
 @pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
 def test_which_types_the_kernels_hold_under_each_kernel_set(capability, monkeypatch):
-    """Every type they read under AVX2 (where torch's int4 kernel is slow), Q6_K alone under
-    AVX-512; all of them when asked."""
+    """Every type they read under AVX2 (where torch's int4 kernel is slow), the K-quants and
+    Q8_0 under AVX-512; all of them when asked."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     held = [t for t in ggml_kernel.TYPES if ggml_kernel.holds(t)]
-    assert held == (list(ggml_kernel.TYPES) if capability == "AVX2" else [quant.Q6_K])
+    avx512 = [quant.Q8_0, quant.Q4_K, quant.Q6_K]  # not Q4_0/Q4_1: torch's int4 kernel is faster
+    assert held == (list(ggml_kernel.TYPES) if capability == "AVX2" else avx512)
     assert not ggml_kernel.holds(quant.Q5_K)  # no kernel for it
     monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
     assert [t for t in ggml_kernel.TYPES if ggml_kernel.holds(t)] == list(ggml_kernel.TYPES)
