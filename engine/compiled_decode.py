@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 import torch.nn.functional as F
 
-from engine import build_lock
+from engine import build_lock, ggml_kernel
 from engine.kv_buffer import KVBuffer
 from engine.llama import Attention, Block, GGUFLlama, QKNormAttention
 from engine.quant import (
@@ -129,6 +129,7 @@ class LayerPlan:
     bias: bool
     linears: tuple[tuple[str, ...], ...]
     qk_norm: bool = False  # Qwen3's: q and k heads RMS-normalised before RoPE
+    attention_kernel: bool = False  # the GGML kernels' attend_one, not inductor's loops
 
 
 def _parts(linear: Linear) -> list[Part]:
@@ -163,6 +164,7 @@ def layer_plan(model: GGUFLlama) -> tuple[LayerPlan, ...]:
         LayerPlan(
             bias=block.attention.bias is not None,
             qk_norm=isinstance(block.attention, QKNormAttention),
+            attention_kernel=ggml_kernel.in_use(),
             linears=tuple(
                 tuple(cast("str", _kind(part)) for part in _parts(linear))
                 for linear in _linears(block)
@@ -220,7 +222,11 @@ def decode_layers(
             1, kv_heads, 1, d
         )
         seen_k, seen_v = k_cache[0, :, : position + 1], v_cache[0, :, : position + 1]
-        y = _attend_one(q.view(kv_heads, heads // kv_heads, d), seen_k, seen_v)
+        grouped = q.view(kv_heads, heads // kv_heads, d)
+        if plan[layer].attention_kernel:
+            y = torch.ops.glassbox.attend_one(grouped, seen_k, seen_v)
+        else:
+            y = _attend_one(grouped, seen_k, seen_v)
         x = x + _linear(out_kinds, y.to(torch.bfloat16).view(1, heads * d), tensors)
         gate_up = _linear(gate_up_kinds, _rms_norm(x, ffn_norm, eps), tensors)
         ffn = gate_up.shape[1] // 2

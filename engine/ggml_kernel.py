@@ -142,6 +142,10 @@ def _register_fakes() -> None:
     def _mm(x: torch.Tensor, raw: torch.Tensor, qtype: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], raw.shape[0])
 
+    @torch.library.register_fake("glassbox::attend_one")  # type: ignore[untyped-decorator]
+    def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return q.new_empty(q.shape, dtype=torch.float32)
+
     @torch.library.register_fake("glassbox::ggml_dequantize")  # type: ignore[untyped-decorator]
     def _dequantize(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:
         return raw.new_empty(raw.shape[0], columns, dtype=torch.bfloat16)

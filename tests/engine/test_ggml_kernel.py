@@ -178,3 +178,29 @@ def test_a_build_that_fails_is_a_reason_not_a_crash(tmp_path, monkeypatch):
 def test_no_compiler_is_a_reason(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     assert "no C++ compiler" in str(ggml_kernel._refusal())
+
+
+@pytest.mark.parametrize(
+    ("heads", "group", "d", "length"),
+    [(3, 3, 64, 1), (3, 3, 64, 700), (2, 6, 128, 257), (1, 4, 256, 9)],
+)
+def test_attend_one_is_the_softmax_over_the_cache_it_is_given(heads, group, d, length):
+    """One query per head against a view of a bf16 cache (keys in tasks of 256, their partial
+    softmaxes combined), against float64 attention on the same bf16 numbers."""
+    generator = torch.Generator().manual_seed(length)
+    cache = torch.randn(2, 1, heads, 768, d, generator=generator).to(torch.bfloat16)
+    k, v = cache[0, 0, :, :length], cache[1, 0, :, :length]  # strided as the step's views
+    q = (torch.randn(heads, group, d, generator=generator) * 3).to(torch.bfloat16)
+    scores = q.double() @ k.double().transpose(1, 2) / d**0.5
+    expected = scores.softmax(-1) @ v.double()
+    ours = torch.ops.glassbox.attend_one(q, k, v)
+    assert ours.dtype == torch.float32 and ours.shape == (heads, group, d)
+    torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6)
+
+
+def test_attend_one_refuses_a_cache_it_cannot_read():
+    k = torch.randn(2, 10, 64).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="a bf16 cache"):
+        torch.ops.glassbox.attend_one(torch.randn(2, 3, 64), k.float(), k.float())
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        torch.ops.glassbox.attend_one(torch.randn(2, 3, 32), k, k)
