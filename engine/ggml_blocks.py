@@ -21,6 +21,8 @@ and byte transposes run 10x slower here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -145,3 +147,58 @@ def dequantize(raw: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float32
         q, scale, offset = unpack(raw, qtype)
         w = q.float().mul_(scale[..., None]).add_(offset[..., None])
     return w.reshape(rows, -1).to(dtype)
+
+
+# -- quantising (the lm_head's bulk product: lossy, its top logits are recomputed exactly) -----
+
+
+def quantize_q4_1(weight: F32) -> U8:
+    """float32 [rows, columns] -> Q4_1 rows: per 32 values d = (max - min)/15, m = min (f16)."""
+    groups = weight.reshape(weight.shape[0], -1, BLOCK)
+    low = groups.min(-1, keepdims=True).astype(np.float16)
+    scale = ((groups.max(-1, keepdims=True) - low) / 15).astype(np.float16)
+    q = _levels(groups - low.astype(np.float32), scale.astype(np.float32))
+    nibbles = q[..., :16] | (q[..., 16:] << 4)
+    blocks = np.concatenate([scale.view(np.uint8), low.view(np.uint8), nibbles], axis=-1)
+    return np.ascontiguousarray(blocks).reshape(weight.shape[0], -1)
+
+
+def quantize_q4_k(weight: F32) -> U8:
+    """float32 [rows, columns] (columns a multiple of 256) -> Q4_K rows: per 32 values an
+    offset (-min, min capped at 0) and a scale as 6 bits of the super-block's f16 dmin and d,
+    rounded up so that the 16 levels cover the 32 values: 4.5 bits a value."""
+    rows = weight.shape[0]
+    groups = weight.reshape(rows, -1, 8, BLOCK)  # [rows, supers, sub-blocks, 32]
+    offset = -np.minimum(groups.min(-1), 0)
+    dmin = _f16_above(offset.max(-1) / 63)
+    m = _levels(offset, dmin[..., None], 63, np.ceil)
+    base = dmin[..., None] * m  # ≥ the offset: every value + base ≥ 0
+    scale = (groups.max(-1) + base) / 15
+    d = _f16_above(scale.max(-1) / 63)
+    sc = _levels(scale, d[..., None], 63, np.ceil)
+    q = _levels(groups + base[..., None], (d[..., None] * sc)[..., None])
+    packed = np.concatenate(
+        [
+            sc[..., :4] | ((sc[..., 4:] >> 4) << 6),  # the layout _scale_min reads
+            m[..., :4] | ((m[..., 4:] >> 4) << 6),
+            (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4),
+        ],
+        axis=-1,
+    )
+    nibbles = q[:, :, 0::2] | (q[:, :, 1::2] << 4)  # 64 values: 32 low nibbles, 32 high
+    halves = [x.astype(np.float16)[..., None].view(np.uint8) for x in (d, dmin)]
+    blocks = np.concatenate([*halves, packed, nibbles.reshape(rows, -1, 128)], axis=-1)
+    return np.ascontiguousarray(blocks).reshape(rows, -1)
+
+
+def _f16_above(values: F32) -> F32:
+    """The least f16 at or above each value, as float32."""
+    rounded = values.astype(np.float16)
+    below = rounded.astype(np.float32) < values
+    return np.where(below, np.nextafter(rounded, np.float16(np.inf)), rounded).astype(np.float32)
+
+
+def _levels(values: F32, step: F32, top: int = 15, rounding: Any = np.rint) -> U8:
+    """rounding(values / step) in 0..top (0 where the step is 0)."""
+    safe = np.where(step == 0, np.float32(1), step)
+    return np.clip(rounding(values / safe), 0, top).astype(np.uint8)

@@ -42,6 +42,8 @@ from engine.ggml_blocks import (  # the block layouts, re-exported for the kerne
     Q8_0,
     SYMMETRIC,
     dequantize,
+    quantize_q4_1,
+    quantize_q4_k,
     unpack,
     unpack_q6_k,
 )
@@ -410,18 +412,12 @@ class GGMLLinear(torch.nn.Module):
         return cls(torch.cat(list(parts)) if len(parts) > 1 else parts[0], qtype, in_features)
 
     @classmethod
-    def requantized(cls, weight: torch.Tensor) -> GGMLLinear:
-        """float weights [N, K] as Q4_1 blocks, min to max per 32 values (lossy: the lm_head's
-        bulk product, whose top logits llama.Head recomputes from the file's rows)."""
-        groups = weight.float().reshape(weight.shape[0], -1, BLOCK).numpy()
-        low = groups.min(-1, keepdims=True).astype(np.float16)
-        scale = ((groups.max(-1, keepdims=True) - low) / 15).astype(np.float16)
-        step = np.where(scale == 0, np.float32(1), scale.astype(np.float32))
-        q = np.clip(np.rint((groups - low.astype(np.float32)) / step), 0, 15).astype(np.uint8)
-        nibbles = q[..., :16] | (q[..., 16:] << 4)
-        blocks = np.concatenate([scale.view(np.uint8), low.view(np.uint8), nibbles], axis=-1)
-        raw = torch.from_numpy(np.ascontiguousarray(blocks).reshape(weight.shape[0], -1))
-        return cls(raw, Q4_1, weight.shape[1])
+    def requantized(cls, weight: torch.Tensor, qtype: int = Q4_1) -> GGMLLinear:
+        """float weights [N, K] requantised to Q4_1 or Q4_K blocks (lossy: the lm_head's bulk
+        product, whose top logits llama.Head recomputes from the file's rows)."""
+        quantize = {Q4_1: quantize_q4_1, Q4_K: quantize_q4_k}[qtype]
+        raw = torch.from_numpy(quantize(weight.float().numpy()))
+        return cls(raw, qtype, weight.shape[1])
 
     @property
     def nbytes(self) -> int:

@@ -97,14 +97,24 @@ def test_a_prefill_dequantises_and_a_step_takes_the_kernel(qtype):
     assert linear(batch).shape == (2, quant.GGML_DENSE_ROWS, 64)
 
 
-def test_the_requantised_head_is_within_half_a_step_of_its_weights():
-    weight = torch.randn(64, 256)
-    linear = quant.GGMLLinear.requantized(weight)
-    assert linear.qtype == quant.Q4_1 and linear.raw.shape == (64, 8 * 20)
-    _, scale, _ = ggml_blocks.unpack(linear.raw, quant.Q4_1)
-    step = scale.repeat_interleave(32, dim=1)
-    error = (reference(linear.raw, quant.Q4_1) - weight).abs()
-    assert (error <= step / 2 + 1e-3 * weight.abs().max()).all()
+@pytest.mark.parametrize("qtype", [quant.Q4_1, quant.Q4_K])
+def test_the_requantised_head_is_within_half_its_own_step_of_its_weights(qtype):
+    """The lm_head's bulk requantised to Q4_1 or Q4_K, read back by gguf's own dequantize: each
+    value within half a step of its block, and a step near range/15 of its 32 values."""
+    weight = torch.randn(64, 512, generator=torch.Generator().manual_seed(qtype)) * 0.05
+    weight[3, 7] = 0.9  # an outlier: its block's step is wide, the others' are not
+    linear = quant.GGMLLinear.requantized(weight, qtype)
+    assert linear.qtype == qtype
+    assert (
+        linear.nbytes
+        == 64 * 512 // ggml_blocks.BLOCK_VALUES[qtype] * ggml_blocks.BLOCK_BYTES[qtype]
+    )
+    _, scale, _ = ggml_blocks.unpack(linear.raw, qtype)  # each block's own step
+    error = (reference(linear.raw, qtype) - weight).abs().reshape(64, -1, 32)
+    assert (error <= scale[..., None] / 2 * (1 + 1e-3) + 1e-7).all()
+    groups = weight.reshape(64, -1, 32)
+    spread = (groups.amax(-1) - groups.amin(-1)) / 15
+    assert (scale < 1.25 * spread + 1e-3).all()  # the 6-bit scales cost little
 
 
 def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_path, monkeypatch):
@@ -126,8 +136,8 @@ def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_pat
     assert isinstance(up, quant.GGMLLinear) and up.qtype == quant.Q8_0
     assert isinstance(block.feed_forward.down, quant.GGMLLinear)
     assert isinstance(block.attention.out, quant.Int4Linear)  # Q5_K: torch's int4 halves
-    assert isinstance(fast.output.bulk, quant.GGMLLinear)  # the Q6_K head as the file has it
-    assert fast.output.bulk.qtype == quant.Q6_K
+    assert isinstance(fast.output.bulk, quant.GGMLLinear)  # the Q6_K head requantised
+    assert fast.output.bulk.qtype == quant.Q4_K  # 4.5 bits a value (its top logits: exact)
     if compiled_decode._package_loader() is not None:  # else it refuses for the torch
         assert compiled_decode.refusal(fast) is None
 
