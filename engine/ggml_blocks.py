@@ -201,4 +201,5 @@ def _f16_above(values: F32) -> F32:
 def _levels(values: F32, step: F32, top: int = 15, rounding: Any = np.rint) -> U8:
     """rounding(values / step) in 0..top (0 where the step is 0)."""
     safe = np.where(step == 0, np.float32(1), step)
-    return np.clip(rounding(values / safe), 0, top).astype(np.uint8)
+    levels: U8 = np.clip(rounding(values / safe), 0, top).astype(np.uint8)
+    return levels

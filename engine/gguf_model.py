@@ -396,9 +396,9 @@ def _head(
     name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
     info = file.tensors[name]
     rows = quant.RowReader(torch.from_numpy(file.raw(name)), info.type, shape.dim)
-    bulk = _ggml_bulk(file, name, shape.dim, rows, packs) if ggml else None
-    if bulk is not None:
-        return Head(bulk, rows)
+    held = _ggml_bulk(file, name, shape.dim, rows, packs) if ggml else None
+    if held is not None:
+        return Head(held, rows)
     if rows.raw.shape[0] % 16:  # the int4 kernel's rule
         return Head(quant.DenseLinear(rows.all().to(torch.bfloat16)), rows)
     if info.type in quant.PLAIN:
