@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("kernels") / "ggml_dot.cpp"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
 # The ggml types the kernels read (engine/ggml_blocks.py's ids).
-TYPES = (2, 3, 8, 12, 14)  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K
+TYPES = (2, 3, 6, 7, 8, 12, 14)  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K
 
 _state: dict[str, str | None] = {}  # "reason": why the kernels did not load, once tried
 
@@ -49,11 +49,13 @@ def library_path(folder: Path) -> Path:
 
 
 # The types the kernels hold under torch's AVX-512 kernels: where they beat its int4 kernel,
-# 2 threads, one row of Qwen2.5-1.5B's (and the bundled model's) weights: Q4_K 0.27 against
-# 0.39 ms, Q6_K 0.31 against 0.77, Q8_0 1.09 against 1.76 (the bundled model's embedding as a
-# product); not the 32-value 4-bit types (Q4_1: 0.034 against 0.030 ms). Under AVX2 they beat
-# it at every type they read (Q4_K 0.27 against 0.83, Q4_1 0.05 against 0.06).
-AVX512_TYPES = (8, 12, 14)  # Q8_0, Q4_K, Q6_K
+# 2 threads, one row of Qwen2.5-1.5B's (Gemma-3-270M's, the bundled model's) weights: Q4_K
+# 0.27 against 0.39 ms, Q6_K 0.31 against 0.77, Q5_0 0.08 against 0.09 (Gemma's ffn_gate,
+# at 0.69 bytes a value against 1.25), Q8_0 1.09 against 1.76 (the bundled model's embedding
+# as a product); not the 32-value 4-bit types (Q4_1: 0.034 against 0.030 ms), nor Q5_1
+# (unmeasured). Under AVX2 they beat it at every type they read (Q4_K 0.27 against 0.83,
+# Q5_0 0.06 against 0.17, Q4_1 0.05 against 0.06).
+AVX512_TYPES = (6, 8, 12, 14)  # Q5_0, Q8_0, Q4_K, Q6_K
 
 
 def in_use() -> bool:

@@ -17,7 +17,7 @@
 
 namespace {
 
-constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14;
+constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q6_K = 14;
 
 bool k_quant(int64_t qtype) { return qtype == Q4_K || qtype == Q6_K; }
 
@@ -27,6 +27,8 @@ int64_t block_bytes(int64_t qtype) {
   switch (qtype) {
     case Q4_0: return 18;
     case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
     case Q8_0: return 34;
     case Q4_K: return 144;
     case Q6_K: return 210;
@@ -96,18 +98,35 @@ inline __m256 dot32(__m256i w, const Q8& x, int64_t at) {
   return _mm256_fmadd_ps(r, _mm256_set1_ps(RESIDUAL), q);
 }
 
-// Q4_0: w = d·(q - 8); Q4_1: w = d·q + m.
-float dot_q4(const uint8_t* row, const Q8& x, int64_t blocks, bool with_min) {
-  const int64_t size = with_min ? 20 : 18;
+// The fifth bits of 32 values (4 bytes, value j's in bit j) as 0x10 in their bytes (llama.cpp's
+// shuffle: each byte of the word to 8 lanes, then one bit per lane tested).
+inline __m256i fifth_bits(const uint8_t* p) {
+  uint32_t word;
+  std::memcpy(&word, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int32_t>(word)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i set = _mm256_cmpeq_epi8(
+      _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi8(-1));
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// The 32-value 4- and 5-bit types: [d][m (Q4_1, Q5_1)][fifth bits (Q5_0, Q5_1)][16 B nibbles].
+// Q4_0: w = d·(q - 8); Q5_0: w = d·(q - 16); Q4_1, Q5_1: w = d·q + m.
+float dot_small(int64_t qtype, const uint8_t* row, const Q8& x, int64_t blocks) {
+  const int64_t size = block_bytes(qtype);
+  const bool with_min = qtype == Q4_1 || qtype == Q5_1, five = qtype == Q5_0 || qtype == Q5_1;
+  const float bias = qtype == Q4_0 ? -8.f : -16.f;
   __m256 acc = _mm256_setzero_ps();
   float offsets = 0.f;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = row + b * size;
     prefetch(block, 1);
     const float d = f16(block);
-    __m256 p = dot32(nibbles32(block + size - 16), x, b * 32);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[b]), p, acc);
-    offsets += (with_min ? f16(block + 2) : -8.f * d) * x.sum32[b];
+    __m256i q = nibbles32(block + size - 16);
+    if (five) q = _mm256_or_si256(q, fifth_bits(block + size - 20));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[b]), dot32(q, x, b * 32), acc);
+    offsets += (with_min ? f16(block + 2) : bias * d) * x.sum32[b];
   }
   return hsum(acc) + offsets;
 }
@@ -241,8 +260,10 @@ float dot_q6_k(const uint8_t* row, const Q8& x, int64_t supers) {
 
 float dot(int64_t qtype, const uint8_t* row, const Q8& x, int64_t blocks) {
   switch (qtype) {
-    case Q4_0: return dot_q4(row, x, blocks, false);
-    case Q4_1: return dot_q4(row, x, blocks, true);
+    case Q4_0:
+    case Q4_1:
+    case Q5_0:
+    case Q5_1: return dot_small(qtype, row, x, blocks);
     case Q8_0: return dot_q8_0(row, x, blocks);
     case Q4_K: return dot_q4_k(row, x, blocks);
     default: return dot_q6_k(row, x, blocks);
@@ -346,12 +367,15 @@ void dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* w) {
   for (int64_t i = 0; i < k / block_values(qtype); ++i) {
     const uint8_t* block = row + i * size;
     float* v = w + i * block_values(qtype);
-    if (qtype == Q4_0 || qtype == Q4_1) {
-      const float d = f16(block), m = qtype == Q4_1 ? f16(block + 2) : -8.f * d;
+    if (qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1) {
+      const float d = f16(block);
+      const float m = qtype == Q4_1 || qtype == Q5_1 ? f16(block + 2) : (qtype == Q4_0 ? -8.f : -16.f) * d;
+      uint32_t high = 0;
+      if (qtype == Q5_0 || qtype == Q5_1) std::memcpy(&high, block + size - 20, 4);
       const uint8_t* qs = block + size - 16;
       for (int j = 0; j < 16; ++j) {
-        v[j] = (qs[j] & 0xF) * d + m;
-        v[j + 16] = (qs[j] >> 4) * d + m;
+        v[j] = static_cast<float>((qs[j] & 0xF) | (((high >> j) & 1) << 4)) * d + m;
+        v[j + 16] = static_cast<float>((qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4)) * d + m;
       }
     } else if (qtype == Q8_0) {
       const float d = f16(block);

@@ -47,7 +47,7 @@ def test_product_is_the_matmul_within_the_activations_rounding(qtype, rows):
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(qtype))
     rounded = rounded_activations(x, ggml_blocks.BLOCK_VALUES[qtype]).double()
     exact = x.double() @ weights.T
-    # Q4_0/Q4_1 multiply their offsets by the unrounded sums: |w - offset| bounds theirs
+    # the 32-value types multiply their offsets by the unrounded sums: |w - offset| bounds theirs
     offsets = reference_offsets(raw, qtype)
     bound = (weights.abs() + offsets).matmul((x.double() - rounded).abs().T).T
     ours = torch.ops.glassbox.ggml_mm(x, raw, qtype).double()
@@ -59,7 +59,7 @@ def test_product_is_the_matmul_within_the_activations_rounding(qtype, rows):
 
 def reference_offsets(raw: torch.Tensor, qtype: int) -> torch.Tensor:
     """|offset| per weight for the 32-value types (0 for the others), [rows, columns]."""
-    if qtype not in (quant.Q4_0, quant.Q4_1):
+    if qtype not in (quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1):
         return torch.zeros(1, dtype=torch.float64)
     _, _, offset = ggml_blocks.unpack(raw, qtype)
     return offset.double().abs().repeat_interleave(32, dim=1)
@@ -118,10 +118,10 @@ def test_the_requantised_head_is_within_half_its_own_step_of_its_weights(qtype):
 
 
 def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_path, monkeypatch):
-    """Q4_K q/k (one product), Q6_K v, Q5_0 gate (no GGML kernel: torch's int4 halves) and
-    Q8_0 up, a Q5_K output (halves), Q6_K down: each run of one type the kernels read is one
-    GGML product, at the file's size; logits of a prefill and of steps through the cache
-    follow the exact model's."""
+    """Q4_K q/k (one product), Q6_K v, Q5_0 gate and Q8_0 up (two products), a Q5_K output
+    (no GGML kernel: torch's int4 halves), Q6_K down: each run of one type the kernels read
+    is one GGML product, at the file's size; logits of a prefill and of steps through the
+    cache follow the exact model's."""
     monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
     file = GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", Q6_K))
     fast = gguf_model.build_fast(file)
@@ -132,7 +132,7 @@ def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_pat
     assert isinstance(v, quant.GGMLLinear) and v.qtype == quant.Q6_K
     assert v.nbytes == file.tensors["blk.0.attn_v.weight"].nbytes  # the file's size
     gate, up = block.feed_forward.gate_up.linears()
-    assert isinstance(gate, quant.Int4Linear) and not gate.plain
+    assert isinstance(gate, quant.GGMLLinear) and gate.qtype == quant.Q5_0
     assert isinstance(up, quant.GGMLLinear) and up.qtype == quant.Q8_0
     assert isinstance(block.feed_forward.down, quant.GGMLLinear)
     assert isinstance(block.attention.out, quant.Int4Linear)  # Q5_K: torch's int4 halves
@@ -161,7 +161,7 @@ def test_which_types_the_kernels_hold_under_each_kernel_set(capability, monkeypa
     Q8_0 under AVX-512; all of them when asked."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     held = [t for t in ggml_kernel.TYPES if ggml_kernel.holds(t)]
-    avx512 = [quant.Q8_0, quant.Q4_K, quant.Q6_K]  # not Q4_0/Q4_1: torch's int4 kernel is faster
+    avx512 = [quant.Q5_0, quant.Q8_0, quant.Q4_K, quant.Q6_K]  # not Q4_0/Q4_1: torch's is faster
     assert held == (list(ggml_kernel.TYPES) if capability == "AVX2" else avx512)
     assert not ggml_kernel.holds(quant.Q5_K)  # no kernel for it
     monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
