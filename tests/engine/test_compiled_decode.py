@@ -106,8 +106,9 @@ def decode(model: GGUFLlama, tokens: list[int], layers: frozenset[int], compiled
 
 @pytest.fixture(scope="module")
 def compiled_mixed(tmp_path_factory) -> GGUFLlama:
-    """A Qwen2-shaped model (q/k/v biases) of every layout: q/k Q4_K with v Q6_K (an int4
-    product and Q6_K's own), gate/up Q5_0 and Q8_0 (int4 halves), out Q5_K, down Q6_K."""
+    """A Qwen2-shaped model (q/k/v biases) of every layout: q/k Q4_K with v Q6_K, gate/up Q5_0
+    and Q8_0, out Q5_K (int4 halves: no GGML kernel), down Q6_K; in the GGML kernels or torch's
+    int4 layouts as this CPU's kernel set has them (ggml_kernel.holds)."""
     needs_a_compiler()
     model = build(mixed_gguf(tmp_path_factory.mktemp("gguf") / "mixed.gguf", Q6_K))
     assert compiled_decode.refusal(model) is None
@@ -127,8 +128,9 @@ def test_compiled_steps_of_biases_and_mixed_layouts_follow_the_eager_steps(compi
     q6 = "int4 per 16" if quant.kernel_block_rows() == 64 else "bf16"  # Q6_K's, per kernel set
     held = ggml_kernel.holds  # the types the GGML kernels hold on this CPU (their own kind)
     q4_k = "ggml 12" if held(quant.Q4_K) else "int4"
-    q8_0 = "ggml 8" if held(quant.Q8_0) else "int4 halves"  # up; gate's Q5_0 is always halves
-    assert kinds == {q4_k, "int4 halves", q8_0, "ggml 14" if held(quant.Q6_K) else q6}
+    q5_0 = "ggml 6" if held(quant.Q5_0) else "int4 halves"  # gate
+    q8_0 = "ggml 8" if held(quant.Q8_0) else "int4 halves"  # up; out's Q5_K is always halves
+    assert kinds == {q4_k, q5_0, "int4 halves", q8_0, "ggml 14" if held(quant.Q6_K) else q6}
     assert all(plan.bias for plan in plans)
     # Its K-quant weights are random blocks sized like a model's, its logits up to ~3 (the
     # tiny Q4_1 model's stay below 1): the compiled step's own bf16 roundings (fused bias

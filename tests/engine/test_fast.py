@@ -499,6 +499,20 @@ def test_fast_decode_steps_follow_exact_teacher_forced(bundled, bundled_fast):
     assert delta <= 0.005, delta
 
 
+def assert_follows_logits(fast, ids: torch.Tensor, expected: torch.Tensor, scale, prefill: int):
+    """`fast` on `ids` within `scale` of the `expected` logits at every position: in one
+    pass, then one token at a time through its cache after a prefill of `prefill` tokens.
+    Returns that cache."""
+    logits = fast.forward(ids, None, None, every_position=True)
+    assert (logits - expected).abs().max() < scale
+    cache = fast.new_cache()
+    fast.forward(ids[:, :prefill], cache, None)
+    for position in range(prefill, ids.shape[1]):
+        step = fast.forward(ids[:, position : position + 1], cache, None)
+        assert (step - expected[position]).abs().max() < scale, position
+    return cache
+
+
 def decoded_against_exact(exact: LoadedModel, model, tokens: int):
     """The fixed text fed one token at a time through `model`'s cache: top-1 agreement with
     the exact model and mean |Δp| over its top 10 at each step, and the cache."""

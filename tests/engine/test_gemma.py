@@ -19,7 +19,7 @@ from engine.llama import GGUFLlama
 from engine.loader import LoadedModel, describe_fast
 from engine.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
-from tests.engine.test_fast import assert_kv_bytes_follow_the_formula
+from tests.engine.test_fast import assert_follows_logits, assert_kv_bytes_follow_the_formula
 from tests.gguf_files import F32, Q4_1, write_gguf
 from tests.models import tiny_config
 
@@ -91,13 +91,7 @@ def test_fast_model_follows_the_exact_model_of_the_same_file(models):
     # test_fast's 2% for Q4 weights; Gemma rounds to bf16 more often (four norms and the
     # QK-norm a block): an F32-weight file alone measured 1.5-1.9% here
     scale = expected.abs().max() * 0.03
-    logits = fast.forward(ids, None, None, every_position=True)
-    assert (logits - expected).abs().max() < scale
-    cache = fast.new_cache()
-    fast.forward(ids[:, :5], cache, None)
-    for position in range(5, LENGTH):
-        step = fast.forward(ids[:, position : position + 1], cache, None)
-        assert (step - expected[position]).abs().max() < scale, position
+    cache = assert_follows_logits(fast, ids, expected, scale, prefill=5)
     # a second prompt after cached positions: a window mask that starts mid-sequence
     cache.truncate(10)
     longer = fast.forward(ids[:, 10:], cache, None, every_position=True)

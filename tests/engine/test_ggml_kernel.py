@@ -10,6 +10,7 @@ import torch
 
 from engine import compiled_decode, ggml_blocks, ggml_kernel, gguf_model, quant
 from engine.gguf_file import GGUFFile
+from tests.engine.test_fast import assert_follows_logits
 from tests.engine.test_quant import mixed_gguf, random_blocks, reference
 from tests.gguf_files import Q6_K
 
@@ -145,14 +146,7 @@ def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_pat
     ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = exact(ids).logits[0]
-    scale = expected.abs().max() * 0.1
-    logits = fast.forward(ids, None, None, every_position=True)
-    assert (logits - expected).abs().max() < scale
-    cache = fast.new_cache()
-    fast.forward(ids[:, :9], cache, None)
-    for position in range(9, 12):
-        step = fast.forward(ids[:, position : position + 1], cache, None)
-        assert (step - expected[position]).abs().max() < scale
+    assert_follows_logits(fast, ids, expected, expected.abs().max() * 0.1, prefill=9)
 
 
 @pytest.mark.parametrize("capability", ["AVX2", "AVX512"])

@@ -12,6 +12,7 @@ import torch
 from engine import ggml_blocks, gguf_model, quant
 from engine.gguf_file import GGUFFile
 from engine.pack_cache import PackCache, pack_path
+from tests.engine.test_fast import assert_follows_logits
 from tests.gguf_files import Q4_0, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, write_gguf
 from tests.models import tiny_config
 
@@ -186,14 +187,8 @@ def test_mixed_types_fuse_by_layout_and_follow_the_exact_model(head, tmp_path, c
     ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = exact(ids).logits[0]
-    logits = fast.forward(ids, None, None, every_position=True)
     scale = expected.abs().max() * (0.05 if head == Q4_K else 0.1)
-    assert (logits - expected).abs().max() < scale
-    cache = fast.new_cache()  # prefill, then one-token steps through the cache
-    fast.forward(ids[:, :9], cache, None)
-    for position in range(9, 12):
-        step = fast.forward(ids[:, position : position + 1], cache, None)
-        assert (step - expected[position]).abs().max() < scale
+    assert_follows_logits(fast, ids, expected, scale, prefill=9)
 
 
 @pytest.mark.usefixtures("int4_layouts")
