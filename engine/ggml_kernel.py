@@ -128,6 +128,15 @@ def _build(path: Path) -> None:
         built.replace(path)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+    _remove_older(path)
+
+
+def _remove_older(path: Path) -> None:
+    """Delete the libraries of other sources or torch versions beside `path`, and their locks:
+    no run loads them again (a process that has one loaded keeps its mapping)."""
+    for other in path.parent.glob("ggml_dot-*.so*"):
+        if other.name not in (path.name, build_lock.lock_path(path).name):
+            other.unlink(missing_ok=True)
 
 
 def _last_line(error: BaseException) -> str:

@@ -179,6 +179,24 @@ def test_a_build_that_fails_is_a_reason_not_a_crash(tmp_path, monkeypatch):
     assert not list((tmp_path / "kernels").glob("*.partial"))
 
 
+def test_a_build_removes_the_libraries_of_older_sources(tmp_path):
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    older = [
+        folder / "ggml_dot-torch1.0-aaaaaaaaaaaa.so",
+        folder / "ggml_dot-torch1.0-aaaaaaaaaaaa.so.lock",
+    ]
+    for path in older:
+        path.write_bytes(b"old")
+    other = folder / "notes.txt"  # not ours: kept
+    other.write_text("kept")
+    path = ggml_kernel.library_path(tmp_path)  # as a build just made it (not loaded: a second
+    path.write_bytes(b"new")  # library of the same ops would abort the process)
+    ggml_kernel._remove_older(path)
+    assert path.is_file() and other.is_file()
+    assert not any(p.exists() for p in older)
+
+
 def test_no_compiler_is_a_reason(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     assert "no C++ compiler" in str(ggml_kernel._refusal())
