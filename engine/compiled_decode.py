@@ -118,7 +118,7 @@ def _linears(block: Block) -> tuple[Linear, ...]:
 # How one product of a layer runs in the compiled step, and how many tensors it takes; a
 # GGML kernel's kind names its type ("ggml 12"), and takes the raw blocks alone.
 INT4, INT4_HALVES, INT4_Q6, BF16, GGML = "int4", "int4 halves", "int4 per 16", "bf16", "ggml"
-TENSORS = {INT4: 2, INT4_HALVES: 2, INT4_Q6: 2, BF16: 1, GGML: 1}
+TENSORS = {INT4: 2, INT4_HALVES: 2, INT4_Q6: 2, BF16: 1}
 
 
 @dataclass(frozen=True)
@@ -253,10 +253,10 @@ def _linear(kinds: Sequence[str], x: torch.Tensor, tensors: list[torch.Tensor]) 
     outputs = []
     for kind in kinds:
         name, _, qtype = kind.partition(" ")
-        taken = [tensors.pop(0) for _ in range(TENSORS[name if name == GGML else kind])]
-        if name == GGML:
-            outputs.append(torch.ops.glassbox.ggml_mm(x, taken[0], int(qtype)))
+        if name == GGML:  # the raw blocks alone, their type in the kind
+            outputs.append(torch.ops.glassbox.ggml_mm(x, tensors.pop(0), int(qtype)))
             continue
+        taken = [tensors.pop(0) for _ in range(TENSORS[kind])]
         if kind == BF16:
             outputs.append(F.linear(x, taken[0]))
             continue

@@ -156,7 +156,8 @@ def build_fast(
 
     def take(*parts: str) -> torch.Tensor:
         advance(len(parts))
-        return torch.cat([raw_rows(file, shape, p) for p in parts])
+        rows = [raw_rows(file, shape, p) for p in parts]
+        return rows[0] if len(rows) == 1 else torch.cat(rows)  # a lone part: not copied again
 
     def linear(*parts: str) -> quant.Linear:
         """The fused weight of `parts`: each run of parts of one layout is one product."""
@@ -168,9 +169,7 @@ def build_fast(
         columns = file.tensors[parts[0]].shape[-1]
 
         if layout.startswith(GGML):  # the file's own blocks: nothing to repack or keep
-            return quant.GGMLLinear.from_parts(
-                [take(p) for p in parts], file.tensors[parts[0]].type, columns
-            )
+            return quant.GGMLLinear(take(*parts), file.tensors[parts[0]].type, columns)
 
         def build() -> quant.Part:
             if layout == BF16:
@@ -388,11 +387,10 @@ def _head(
     file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None, ggml: bool = False
 ) -> Head:
     """The lm_head (the embedding when tied): a bulk product of every logit, then the 64
-    highest recomputed in float32 from the file's rows (mapped). In the GGML kernels the bulk
-    is the file's own rows (Qwen's Q6_K: 191 MB at 36 GB/s beat 146 MB of 4-bit at 21),
-    except Q8_0's (twice a 4-bit bulk's bytes), requantised to Q4_1 where the kernels hold
-    that. In torch's int4 kernel Q4 rows are repacked as they are, others requantised to 4
-    bits: the int4 kernel cannot hold Q6_K's scales per 16 values, Q8_0 would be two halves."""
+    highest recomputed in float32 from the file's rows (mapped). In the GGML kernels, where
+    they hold it, the bulk is as _ggml_bulk says. In torch's int4 kernel Q4 rows are repacked
+    as they are, others requantised to 4 bits: the int4 kernel cannot hold Q6_K's scales per
+    16 values, Q8_0 would be two halves."""
     name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
     info = file.tensors[name]
     rows = quant.RowReader(torch.from_numpy(file.raw(name)), info.type, shape.dim)

@@ -1,8 +1,9 @@
 """GGUF weights as torch modules, and the CPU kernels that multiply them without unpacking.
 
-Where the GGML kernels run (engine/ggml_kernel.py), GGMLLinear holds the file's blocks as
-they are and multiplies them with int8 dot products, llama.cpp's way. Otherwise, and for the
-types they do not read (Q5_0, Q5_1, Q5_K), the weights are repacked for torch's int4 kernel:
+Where the GGML kernels run and hold a type (engine/ggml_kernel.py), GGMLLinear keeps the
+file's blocks as they are and multiplies them with integer dot products, llama.cpp's way.
+Otherwise, and for the types they do not read (Q5_K), the weights are repacked for torch's
+int4 kernel:
 The block layouts (engine/ggml_blocks.py) decode as w = q·scale + offset per group of 32.
 torch's CPU kernel `_weight_int4pack_mm_for_cpu` computes with w = (q - 8)·scale + zero per
 group of 32, so a 4-bit type (Q4_0, Q4_1, Q4_K) is scale = scale, zero = offset + 8·scale: the
@@ -395,8 +396,8 @@ GGML_DENSE_ROWS = 16
 
 class GGMLLinear(torch.nn.Module):
     """y = x·Wᵀ with W the file's own blocks of one type, multiplied by the GGML kernels
-    (engine/ggml_kernel.py: activations rounded to int8 per block, as llama.cpp does); held
-    at the file's size. From GGML_DENSE_ROWS rows (a prefill) the blocks are dequantised to bf16
+    (engine/ggml_kernel.py: activations rounded to int8 in two terms per block); held at the
+    file's size. From GGML_DENSE_ROWS rows (a prefill) the blocks are dequantised to bf16
     for one dense matmul, exactly as gguf dequantizes them."""
 
     raw: torch.Tensor  # a buffer, declared for the type checker
@@ -405,11 +406,6 @@ class GGMLLinear(torch.nn.Module):
         super().__init__()
         self.register_buffer("raw", raw, persistent=False)  # uint8 [out, row bytes]
         self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
-
-    @classmethod
-    def from_parts(cls, parts: Sequence[torch.Tensor], qtype: int, in_features: int) -> GGMLLinear:
-        """Raw rows of one type (q, k and v fused) as one linear."""
-        return cls(torch.cat(list(parts)) if len(parts) > 1 else parts[0], qtype, in_features)
 
     @classmethod
     def requantized(cls, weight: torch.Tensor, qtype: int = Q4_1) -> GGMLLinear:
