@@ -23,9 +23,13 @@ from ui.panels.timing import TimingPanel
 from ui.panels.tokens import TokensPanel
 
 FRAME_MS = 33  # about 30 redraws a second at most
-# The window must not slow the model it shows. When the GUI thread as a whole (panels, chat,
-# event delivery) uses more than GUI_CPU_SHARE of a core while panels redraw, they redraw less
-# often, down to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again.
+# The window must not slow the model it shows. When the window's process as a whole (the GUI
+# thread's panels, chat and event delivery, and the thread that receives the engine's events)
+# uses more than WINDOW_CPU_SHARE of a core while panels redraw, they redraw less often, down
+# to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again. The whole
+# process, not the GUI thread alone: on two cores every slice of it, in any thread, holds one
+# of the engine's two threads up (measured: the engine decodes ~1% slower for each 0.01 of a
+# core the window takes, whichever thread takes it).
 # The rate found is kept for the next reply: a second with nothing to draw (the wait for a
 # prefill) says nothing about what frames cost, and starting each reply at 30 Hz again spent
 # its first seconds far over budget.
@@ -33,7 +37,7 @@ FRAME_MS = 33  # about 30 redraws a second at most
 # a busy 2-core machine a frame costs 25-35 ms of GUI time, and at 4 frames a second (the
 # floor before) the panels alone took more than the whole GUI thread's budget.
 SLOWEST_FRAME_MS = 500
-GUI_CPU_SHARE = 0.12
+WINDOW_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
 # The rate the first reply starts at, before any has been found: 4 frames a second. Started at
 # 30, a first reply spent its first second at half a core drawing while the governor measured;
@@ -85,7 +89,7 @@ class InternalsView(QObject):
 
     Feed it from the GUI thread: `set_model` on load, `ingest` for every engine event.
     Ingesting never draws; the timer redraws each visible panel whose data changed, about 30
-    times a second, less often while the GUI thread is busier than GUI_CPU_SHARE of a core.
+    times a second, less often while the window's process is busier than WINDOW_CPU_SHARE of a core.
     The timer sleeps while no panel on screen has anything to draw (see SLEEP_AFTER_S); it
     only ever sleeps while running, so a timer stopped by its owner (a test driving frames by
     hand) stays stopped.
@@ -126,7 +130,7 @@ class InternalsView(QObject):
         self.timer = QTimer(self)
         self.timer.setInterval(FRAME_MS)
         self.timer.timeout.connect(self._tick)
-        self._window = (time.perf_counter(), time.thread_time())
+        self._window = (time.perf_counter(), time.process_time())
         self._drawn_in_window = 0  # panel redraws since the window began
         self.busy_interval = FIRST_BUSY_FRAME_MS  # the interval found while panels redraw
         self._queued: list[Panel] = []  # this frame's panels still to draw
@@ -219,7 +223,7 @@ class InternalsView(QObject):
         self._active_at = time.monotonic()
         if self.asleep:
             self.asleep = False
-            self._window = (time.perf_counter(), time.thread_time())  # a fresh CPU window
+            self._window = (time.perf_counter(), time.process_time())  # a fresh CPU window
             self._drawn_in_window = 0
             self._frames_at_window = self.frames
             self.timer.start()
@@ -296,7 +300,7 @@ class InternalsView(QObject):
                     return
 
     def _govern(self) -> None:
-        """Every GOVERN_WINDOW_S, set the frame interval from the GUI thread's CPU share.
+        """Every GOVERN_WINDOW_S, set the frame interval from the window process's CPU share.
 
         Only a window in which panels redrew moves `busy_interval`, and only one in which
         events arrived and at least half the frames its interval allows were drawn may make
@@ -308,7 +312,7 @@ class InternalsView(QObject):
         `busy_interval`.
         """
         started, cpu = self._window
-        now, cpu_now = time.perf_counter(), time.thread_time()
+        now, cpu_now = time.perf_counter(), time.process_time()
         if now - started < GOVERN_WINDOW_S:
             return
         drawn, self._drawn_in_window = self._drawn_in_window, 0
@@ -318,7 +322,7 @@ class InternalsView(QObject):
         if drawn:
             share = (cpu_now - cpu) / (now - started)
             allowed = (now - started) * 1000 / self.busy_interval
-            if share > GUI_CPU_SHARE or (streamed and frames >= allowed / 2):
+            if share > WINDOW_CPU_SHARE or (streamed and frames >= allowed / 2):
                 interval = frame_interval(self.busy_interval, share)
                 if interval != self.busy_interval:
                     self.busy_interval = interval
@@ -364,17 +368,17 @@ def cache_axes(widget: QWidget) -> None:
 
 
 def frame_interval(interval_ms: int, cpu_share: float) -> int:
-    """The next frame interval, given the GUI thread's CPU share over the last window.
+    """The next frame interval, given the window process's CPU share over the last window.
 
-    Over GUI_CPU_SHARE: longer in proportion to the overshoot, at least 1.5x (at most
+    Over WINDOW_CPU_SHARE: longer in proportion to the overshoot, at least 1.5x (at most
     SLOWEST_FRAME_MS), so a thread three times over budget backs off in one window rather than
     spending seconds at rates it cannot afford. Under half of it: 2x shorter (at least
     FRAME_MS). In between: unchanged, so the rate settles instead of oscillating.
     """
-    if cpu_share > GUI_CPU_SHARE:
-        factor = max(cpu_share / GUI_CPU_SHARE, 1.5)
+    if cpu_share > WINDOW_CPU_SHARE:
+        factor = max(cpu_share / WINDOW_CPU_SHARE, 1.5)
         return min(math.ceil(interval_ms * factor), SLOWEST_FRAME_MS)
-    if cpu_share < GUI_CPU_SHARE / 2:
+    if cpu_share < WINDOW_CPU_SHARE / 2:
         return max(math.floor(interval_ms / 2), FRAME_MS)
     return interval_ms
 
