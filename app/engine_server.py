@@ -76,7 +76,7 @@ MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet w
 # A reply's tokens go out at most this often (its first token, its end and everything else at
 # once): the window draws at most 30 frames a second, and each message wakes its receiving
 # thread, which then takes a core from the engine. At ~90 tokens a second, one message per
-# token cost that thread 0.6 ms a token on two cores; three tokens a message, 0.35.
+# token cost that thread 0.6 ms a token on two cores; three tokens a message, about 0.4.
 TOKEN_INTERVAL_S = 0.033
 
 Job = Load | Generate | Reset | Count
@@ -161,7 +161,9 @@ class Outbox:
 
     A reply's later tokens wait until `interval_s` has passed since the last message, so that
     tokens faster than the window draws cross a few at a time; anything else (a reply's first
-    token, its end, a hold, any other reply) goes out at once and takes the waiting ones along.
+    token, its end, a hold, any other reply) goes out at once and takes the waiting ones along,
+    and so do tokens that weigh half of MAX_UNSENT_WEIGHT (long rows at a GPU's rate): the
+    engine, which waits past that weight, is never held up by the wait.
     """
 
     def __init__(self, write: Write, interval_s: float = TOKEN_INTERVAL_S) -> None:
@@ -204,7 +206,7 @@ class Outbox:
         with self._condition:
             while not self._items and not self._closed:
                 self._condition.wait()
-            while not self._closed and all(_later_tokens(item[0]) for item in self._items):
+            while self._may_wait():
                 left = self._last_write + self._interval_s - time.monotonic()
                 if left <= 0:
                     break
@@ -223,6 +225,11 @@ class Outbox:
             self._weight -= weight
             self._condition.notify_all()
             return reply, weight
+
+    def _may_wait(self) -> bool:
+        """Whether what is queued may wait for the next message (the condition held)."""
+        light = self._weight < MAX_UNSENT_WEIGHT // 2
+        return not self._closed and light and all(_later_tokens(i[0]) for i in self._items)
 
     def _run(self) -> None:
         while (item := self._next()) is not None:

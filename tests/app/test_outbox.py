@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from app.engine_server import Outbox
+from app.engine_server import MAX_UNSENT_WEIGHT, Outbox
 from app.wire import Done, Events, Reply
 from engine.events import Finished, Token
 
@@ -91,3 +91,17 @@ def test_closing_sends_what_waits():
     outbox.put(events(token(1)))
     outbox.close()
     assert contents(written.messages) == [(token(0),), (token(1),)]
+
+
+def test_heavy_tokens_do_not_wait_so_the_engine_never_waits_on_the_hold():
+    written = Written()
+    outbox = Outbox(written.write, interval_s=HOLD_S)
+    try:
+        outbox.put(events(token(0)))
+        written.wait_for(1)
+        outbox.put(events(token(1)), MAX_UNSENT_WEIGHT // 4)
+        outbox.put(events(token(2)), MAX_UNSENT_WEIGHT // 4)  # half the most that may wait
+        messages = written.wait_for(2)
+    finally:
+        outbox.close()
+    assert contents(messages[1:2]) == [(token(1), token(2))]

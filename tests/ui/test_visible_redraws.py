@@ -191,7 +191,7 @@ def test_a_panel_whose_data_did_not_change_does_not_redraw(docked, rng):
     assert docked.tick(2) == {"timing": 0, "kv_cache": 0, "attention": 1, "next_token": 0}
 
 
-def test_frame_interval_backs_off_when_the_gui_thread_is_busy_and_recovers():
+def test_frame_interval_backs_off_when_the_window_process_is_busy_and_recovers():
     assert frame_interval(FRAME_MS, WINDOW_CPU_SHARE * 1.1) == math.ceil(FRAME_MS * 1.5)
     # Three times over budget: three times longer at once, not 1.5x a second for seconds.
     assert frame_interval(50, WINDOW_CPU_SHARE * 3) in (150, 151)  # (float rounding)
@@ -202,7 +202,7 @@ def test_frame_interval_backs_off_when_the_gui_thread_is_busy_and_recovers():
     assert frame_interval(FRAME_MS, 0.0) == FRAME_MS  # never faster than about 30 Hz
 
 
-def test_the_redraw_timer_slows_while_the_gui_thread_is_busy(qtbot, monkeypatch):
+def test_the_redraw_timer_slows_while_the_window_process_is_busy(qtbot, monkeypatch):
     view = InternalsView()
     view.timer.stop()
     clock = {"wall": 100.0, "cpu": 10.0}

@@ -35,7 +35,7 @@ FRAME_MS = 33  # about 30 redraws a second at most
 # its first seconds far over budget.
 # 2 frames a second: slower would no longer read as live. With all five panels floating on
 # a busy 2-core machine a frame costs 25-35 ms of GUI time, and at 4 frames a second (the
-# floor before) the panels alone took more than the whole GUI thread's budget.
+# floor before) the panels alone took more than the whole budget.
 SLOWEST_FRAME_MS = 500
 WINDOW_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
