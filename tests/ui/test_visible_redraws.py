@@ -250,6 +250,29 @@ def test_the_redraw_timer_slows_while_the_window_process_is_busy(qtbot, monkeypa
     assert view.timer.interval() == SLOWEST_FRAME_MS // 2
 
 
+def test_the_wait_for_a_prefill_does_not_count_as_cheap_frames(qtbot, monkeypatch):
+    view = InternalsView()
+    view.timer.stop()
+    clock = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(docks.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(docks.time, "process_time", lambda: clock["cpu"])
+    view._window = (clock["wall"], clock["cpu"])
+    view.busy_interval = 200
+    view._drawn(1)
+    clock["wall"] += 0.9  # the engine prefills; the window idles
+    view.ingest_many([])  # the prompt's events, then the reply's tokens
+    for _ in range(4):  # streaming at 0.3 of a core, drawing every frame its interval allows
+        clock["wall"] += 0.25
+        clock["cpu"] += 0.075
+        view._drawn(4)
+        view.frames += 1
+        view.ingest_many([])
+        view._tick()
+    # Measured from the first events: over budget, so slower. Counted from before the
+    # prefill, the same second looked like a third of that and sped the frames up.
+    assert view.busy_interval > 200
+
+
 def test_a_frame_yields_to_the_event_loop_between_expensive_panels(qtbot, docked, rng, monkeypatch):
     view = docked.view
     for name in PANELS:

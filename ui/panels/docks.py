@@ -184,6 +184,8 @@ class InternalsView(QObject):
         """A batch of events in order (e.g. MainWindow.events_received)."""
         for event in events:
             self.state.ingest(event)
+        if not self._batches_in_window:  # events again: the idle time before (a prefill's wait)
+            self._restart_window()  # says nothing of what streaming frames cost
         self._batches_in_window += 1
         if shown(self.attention):  # tabbed behind, closed or minimised: it pools when shown
             self.attention.prepare()
@@ -223,10 +225,14 @@ class InternalsView(QObject):
         self._active_at = time.monotonic()
         if self.asleep:
             self.asleep = False
-            self._window = (time.perf_counter(), time.process_time())  # a fresh CPU window
-            self._drawn_in_window = 0
-            self._frames_at_window = self.frames
+            self._restart_window()
             self.timer.start()
+
+    def _restart_window(self) -> None:
+        """A fresh window for the governor's CPU share (see _govern)."""
+        self._window = (time.perf_counter(), time.process_time())
+        self._drawn_in_window = 0
+        self._frames_at_window = self.frames
 
     def _on_panel_changed(self) -> None:
         self.wake()
