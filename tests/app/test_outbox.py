@@ -4,6 +4,9 @@ starts or ends a reply waits for them."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+
+import pytest
 
 from app.engine_server import MAX_UNSENT_WEIGHT, Outbox
 from app.wire import Done, Events, Reply
@@ -51,57 +54,46 @@ def contents(messages: list[Reply]) -> list[object]:
     return [message.events if isinstance(message, Events) else message for message in messages]
 
 
-def test_a_replys_first_token_goes_at_once_and_the_next_ones_wait_for_its_end():
-    written = Written()
-    outbox = Outbox(written.write, interval_s=HOLD_S)
+@pytest.fixture
+def written() -> Written:
+    return Written()
+
+
+@pytest.fixture
+def outbox(written: Written) -> Iterator[Outbox]:
+    """An outbox whose reply has sent its first token (which went at once)."""
+    box = Outbox(written.write, interval_s=HOLD_S)
     try:
-        outbox.put(events(token(0)))
+        box.put(events(token(0)))
         assert contents(written.wait_for(1)) == [(token(0),)]  # not held: it shows at once
-        for index in (1, 2, 3):
-            outbox.put(events(token(index)))
-        # They wait (a written token would be here well within the second; a loaded machine
-        # can only make it later, so this cannot fail a correct outbox).
-        assert not written.within(2, 1.0)
-        outbox.put(events(finished()))  # the end takes the waiting tokens along
-        messages = written.wait_for(2)
+        yield box
     finally:
-        outbox.close()
-    assert contents(messages) == [(token(0),), (token(1), token(2), token(3), finished())]
+        box.close()
 
 
-def test_any_other_reply_sends_the_waiting_tokens_first():
-    written = Written()
-    outbox = Outbox(written.write, interval_s=HOLD_S)
-    try:
-        outbox.put(events(token(0)))
-        written.wait_for(1)
-        outbox.put(events(token(1)))
-        outbox.put(Done(1))  # e.g. a hold or the job's end: in order, and at once
-        messages = written.wait_for(3)
-    finally:
-        outbox.close()
-    assert contents(messages[1:]) == [(token(1),), Done(1)]
+def test_a_replys_later_tokens_wait_for_its_end(written, outbox):
+    for index in (1, 2, 3):
+        outbox.put(events(token(index)))
+    # They wait (a written token would be here well within the second; a loaded machine can
+    # only make it later, so this cannot fail a correct outbox).
+    assert not written.within(2, 1.0)
+    outbox.put(events(finished()))  # the end takes the waiting tokens along
+    assert contents(written.wait_for(2)[1:]) == [(token(1), token(2), token(3), finished())]
 
 
-def test_closing_sends_what_waits():
-    written = Written()
-    outbox = Outbox(written.write, interval_s=HOLD_S)
-    outbox.put(events(token(0)))
-    written.wait_for(1)
+def test_any_other_reply_sends_the_waiting_tokens_first(written, outbox):
+    outbox.put(events(token(1)))
+    outbox.put(Done(1))  # e.g. a hold or the job's end: in order, and at once
+    assert contents(written.wait_for(3)[1:]) == [(token(1),), Done(1)]
+
+
+def test_closing_sends_what_waits(written, outbox):
     outbox.put(events(token(1)))
     outbox.close()
-    assert contents(written.messages) == [(token(0),), (token(1),)]
+    assert contents(written.messages[1:]) == [(token(1),)]
 
 
-def test_heavy_tokens_do_not_wait_so_the_engine_never_waits_on_the_hold():
-    written = Written()
-    outbox = Outbox(written.write, interval_s=HOLD_S)
-    try:
-        outbox.put(events(token(0)))
-        written.wait_for(1)
-        outbox.put(events(token(1)), MAX_UNSENT_WEIGHT // 4)
-        outbox.put(events(token(2)), MAX_UNSENT_WEIGHT // 4)  # half the most that may wait
-        messages = written.wait_for(2)
-    finally:
-        outbox.close()
-    assert contents(messages[1:2]) == [(token(1), token(2))]
+def test_heavy_tokens_do_not_wait_so_the_engine_never_waits_on_the_hold(written, outbox):
+    outbox.put(events(token(1)), MAX_UNSENT_WEIGHT // 4)
+    outbox.put(events(token(2)), MAX_UNSENT_WEIGHT // 4)  # half the most that may wait
+    assert contents(written.wait_for(2)[1:2]) == [(token(1), token(2))]

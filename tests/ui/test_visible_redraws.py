@@ -202,13 +202,20 @@ def test_frame_interval_backs_off_when_the_window_process_is_busy_and_recovers()
     assert frame_interval(FRAME_MS, 0.0) == FRAME_MS  # never faster than about 30 Hz
 
 
-def test_the_redraw_timer_slows_while_the_window_process_is_busy(qtbot, monkeypatch):
+def governed(monkeypatch) -> tuple[InternalsView, dict[str, float]]:
+    """A view whose frame governor reads `clock` (wall and process CPU seconds), its timer
+    stopped: the test ticks it."""
     view = InternalsView()
     view.timer.stop()
     clock = {"wall": 100.0, "cpu": 10.0}
     monkeypatch.setattr(docks.time, "perf_counter", lambda: clock["wall"])
     monkeypatch.setattr(docks.time, "process_time", lambda: clock["cpu"])
     view._window = (clock["wall"], clock["cpu"])
+    return view, clock
+
+
+def test_the_redraw_timer_slows_while_the_window_process_is_busy(qtbot, monkeypatch):
+    view, clock = governed(monkeypatch)
     assert view.timer.interval() == FRAME_MS  # idle: a click draws at once
     view._drawn(1)  # the first frame of the first reply: a moderate rate until one is found
     assert view.timer.interval() == docks.FIRST_BUSY_FRAME_MS
@@ -251,12 +258,7 @@ def test_the_redraw_timer_slows_while_the_window_process_is_busy(qtbot, monkeypa
 
 
 def test_the_wait_for_a_prefill_does_not_count_as_cheap_frames(qtbot, monkeypatch):
-    view = InternalsView()
-    view.timer.stop()
-    clock = {"wall": 100.0, "cpu": 10.0}
-    monkeypatch.setattr(docks.time, "perf_counter", lambda: clock["wall"])
-    monkeypatch.setattr(docks.time, "process_time", lambda: clock["cpu"])
-    view._window = (clock["wall"], clock["cpu"])
+    view, clock = governed(monkeypatch)
     view.busy_interval = 200
     view._drawn(1)
     clock["wall"] += 0.9  # the engine prefills; the window idles
