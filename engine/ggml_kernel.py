@@ -30,13 +30,13 @@ import torch
 
 from engine import build_lock
 from engine.cache_folder import default_cache_dir
+from engine.ggml_blocks import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "ggml_dot.cpp"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
-# The ggml types the kernels read (engine/ggml_blocks.py's ids).
-TYPES = (2, 3, 6, 7, 8, 12, 14)  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K
+TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)  # the ggml types the kernels read
 
 _state: dict[str, str | None] = {}  # "reason": why the kernels did not load, once tried
 
@@ -55,7 +55,7 @@ def library_path(folder: Path) -> Path:
 # as a product); not the 32-value 4-bit types (Q4_1: 0.034 against 0.030 ms), nor Q5_1
 # (unmeasured). Under AVX2 they beat it at every type they read (Q4_K 0.27 against 0.83,
 # Q5_0 0.06 against 0.17, Q4_1 0.05 against 0.06).
-AVX512_TYPES = (6, 8, 12, 14)  # Q5_0, Q8_0, Q4_K, Q6_K
+AVX512_TYPES = (Q5_0, Q8_0, Q4_K, Q6_K)
 
 
 def in_use() -> bool:

@@ -424,9 +424,10 @@ def _ggml_bulk(
     file: GGUFFile, name: str, dim: int, rows: quant.RowReader, packs: PackCache | None
 ) -> quant.GGMLLinear | None:
     """The lm_head's bulk product in the GGML kernels, or None where torch's int4 kernel does
-    it better: a 4-bit file's own rows; a wider type requantised to Q4_K (4.5 bits a value;
-    Qwen2.5-1.5B's Q6_K lm_head: 131 MB a token against 191) or else to Q4_1 where the kernels
-    hold those, or its own rows (not Q8_0's: twice an int4 bulk's bytes). Requantised blocks
+    it better: a 4-bit file's own rows where the kernels hold their type; any other type
+    requantised to Q4_K (4.5 bits a value; Qwen2.5-1.5B's Q6_K lm_head: 131 MB a token against
+    191) or else to Q4_1 where the kernels hold those, or its own rows (not Q8_0's: twice an
+    int4 bulk's bytes). Requantised blocks
     are kept in the pack: seconds of numpy for a large vocabulary."""
     qtype = file.tensors[name].type
     if qtype in quant.PLAIN and ggml_kernel.holds(qtype):

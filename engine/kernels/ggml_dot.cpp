@@ -90,12 +90,15 @@ inline __m256i nibbles32(const uint8_t* p) {
                           _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed));
 }
 
-// Σ w·x over 32 unsigned weights w and the activations from `at`: the two terms' int sums,
-// as floats q + r/254.
+// The two terms' int sums as floats, q + r/254.
+inline __m256 terms(__m256i sum_q, __m256i sum_r) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_r), _mm256_set1_ps(RESIDUAL),
+                         _mm256_cvtepi32_ps(sum_q));
+}
+
+// Σ w·x over 32 unsigned weights w and the activations from `at`, both terms.
 inline __m256 dot32(__m256i w, const Q8& x, int64_t at) {
-  __m256 q = _mm256_cvtepi32_ps(dot_us8(w, load32(x.q + at)));
-  __m256 r = _mm256_cvtepi32_ps(dot_us8(w, load32(x.r + at)));
-  return _mm256_fmadd_ps(r, _mm256_set1_ps(RESIDUAL), q);
+  return terms(dot_us8(w, load32(x.q + at)), dot_us8(w, load32(x.r + at)));
 }
 
 // The fifth bits of 32 values (4 bytes, value j's in bit j) as 0x10 in their bytes (llama.cpp's
@@ -138,9 +141,8 @@ float dot_q8_0(const uint8_t* row, const Q8& x, int64_t blocks) {
     const uint8_t* block = row + b * 34;
     prefetch(block, 1);
     __m256i w = load32(block + 2), magnitude = _mm256_sign_epi8(w, w);
-    __m256 q = _mm256_cvtepi32_ps(dot_us8(magnitude, _mm256_sign_epi8(load32(x.q + b * 32), w)));
-    __m256 r = _mm256_cvtepi32_ps(dot_us8(magnitude, _mm256_sign_epi8(load32(x.r + b * 32), w)));
-    __m256 p = _mm256_fmadd_ps(r, _mm256_set1_ps(RESIDUAL), q);
+    __m256 p = terms(dot_us8(magnitude, _mm256_sign_epi8(load32(x.q + b * 32), w)),
+                     dot_us8(magnitude, _mm256_sign_epi8(load32(x.r + b * 32), w)));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(block) * x.d[b]), p, acc);
   }
   return hsum(acc);
@@ -180,11 +182,6 @@ inline void scaled(__m256i w, const int8_t* q, const int8_t* r, __m256i scale, _
                    __m256i& sum_r) {
   sum_q = _mm256_add_epi32(sum_q, _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(q)), scale));
   sum_r = _mm256_add_epi32(sum_r, _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(r)), scale));
-}
-
-inline __m256 terms(__m256i sum_q, __m256i sum_r) {
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_r), _mm256_set1_ps(RESIDUAL),
-                         _mm256_cvtepi32_ps(sum_q));
 }
 
 // Q4_K: w = d·sc·q - dmin·m per 32 values. One activation scale per super-block, so the
