@@ -63,9 +63,11 @@ class Placement:
     """Where the model's weights live, decided at load (engine/placement/).
 
     Places are "cuda:N", "cpu" (RAM) or "disk" (files accelerate's hooks read before each use).
-    `moved_bytes` are the weights brought to the executing device on every forward pass;
-    `read_bytes_per_s` is how fast reading them in went once, measured at load (0: nothing
-    moves), so `moved_bytes / read_bytes_per_s` predicts a pass's transfer time.
+    `moved_bytes` are the weights brought to the executing device on every forward pass.
+    At load a probe pass (one token, metered as decode is) measured how fast its hooks read
+    them in (`read_bytes_per_s`, 0: nothing moves) and what the rest of the pass took
+    (`compute_s`), so `moved_bytes / read_bytes_per_s` predicts a pass's transfer and
+    `compute_s` plus that its whole time.
     """
 
     layer_places: tuple[str, ...]  # per decoder layer
@@ -75,6 +77,7 @@ class Placement:
     read_bytes_per_s: float
     execution_device: str
     note: str = ""  # how the map was chosen, in words
+    compute_s: float = 0.0
 
     @property
     def predicted_transfer_s(self) -> float:
@@ -82,15 +85,21 @@ class Placement:
             return 0.0
         return self.moved_bytes / self.read_bytes_per_s
 
+    @property
+    def predicted_step_s(self) -> float:
+        return self.compute_s + self.predicted_transfer_s
+
 
 @dataclass(frozen=True, slots=True)
 class Transfer:
     """The weights one forward pass brought in: counted as the hooks read them, timed around
-    the hooks' weight loading (CUDA events on a GPU); `predicted_s` is the load's estimate."""
+    the hooks' weight loading (CUDA events on a GPU); `predicted_s` is the load's estimate of
+    that time, `predicted_step_s` of the whole pass (Placement.predicted_step_s)."""
 
     bytes: int
     seconds: float
     predicted_s: float
+    predicted_step_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

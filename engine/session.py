@@ -250,7 +250,8 @@ class ChatSession(PacedGeneration):
         if self.transfers is None or self.info.placement is None:
             return None
         moved, seconds = self.transfers.take()
-        return Transfer(moved, seconds, self.info.placement.predicted_transfer_s)
+        placement = self.info.placement
+        return Transfer(moved, seconds, placement.predicted_transfer_s, placement.predicted_step_s)
 
     def _roofline(self, forward: Forward, seconds: float) -> Roofline:
         return self.meter.measure(forward.new, forward.cached, seconds, forward.with_cache)

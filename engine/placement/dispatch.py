@@ -22,7 +22,7 @@ import torch
 from engine.events import Placement
 from engine.placement.plan import DeviceMapDict, Unit, place_of, units
 from engine.placement.spec import format_bytes
-from engine.placement.transfer import TransferMeter
+from engine.placement.transfer import PassCost, TransferMeter, probe
 
 log = logging.getLogger(__name__)
 
@@ -73,30 +73,27 @@ def dispatch(
 
 
 def describe(
-    found: list[Unit], mapping: DeviceMapDict, main: torch.device, meter: TransferMeter | None,
+    found: list[Unit], mapping: DeviceMapDict, main: torch.device, probed: PassCost | None,
     note: str,
 ) -> Placement:  # fmt: skip
-    """The Placement event of a placed model; measures the read bandwidth of its moved
-    weights once (they were just written: this is the page-cache speed a pass will see while
-    the OS keeps them cached)."""
+    """The Placement event of a placed model; `probed`: a probe pass's cost, whose read
+    bandwidth and compute predict each decode step (None: nothing moves)."""
     place = {unit.name: place_of(unit.name, mapping) for unit in found}
     per_place: dict[str, int] = {}
     for unit in found:
         per_place[place[unit.name]] = per_place.get(place[unit.name], 0) + unit.bytes
     moved_places = {"disk"} if main.type == "cpu" else {"disk", "cpu"}
     moved = sum(unit.bytes for unit in found if place[unit.name] in moved_places)
-    bandwidth = 0.0
-    if meter is not None and meter.hooks:
-        bandwidth = meter.read_bytes_per_s()
     layers = [unit for unit in found if unit.layer is not None]
     placement = Placement(
         layer_places=tuple(place[unit.name] for unit in layers),
         layer_bytes=tuple(unit.bytes for unit in layers),
         place_bytes=tuple(sorted(per_place.items())),
         moved_bytes=moved,
-        read_bytes_per_s=bandwidth,
+        read_bytes_per_s=probed.read_bytes_per_s if probed else 0.0,
         execution_device=str(main),
         note=note,
+        compute_s=probed.compute_s if probed else 0.0,
     )
     log.info("placement: %s", summary(placement))
     return placement
@@ -110,7 +107,8 @@ def summary(placement: Placement) -> str:
     return (
         f"{where}; {format_bytes(placement.moved_bytes)} read in per token at"
         f" {format_bytes(placement.read_bytes_per_s)}/s measured"
-        f" (~{placement.predicted_transfer_s * 1000:.0f} ms a token)"
+        f" (~{placement.predicted_transfer_s * 1000:.0f} ms of a"
+        f" ~{placement.predicted_step_s * 1000:.0f} ms token)"
     )
 
 
@@ -157,8 +155,9 @@ def finish(
     model: torch.nn.Module, found: list[Unit], mapping: DeviceMapDict, main: torch.device,
     note: str,
 ) -> Placed:  # fmt: skip
-    """Meter a dispatched model's offloading hooks (if any) and describe its placement."""
-    meter: TransferMeter | None = TransferMeter(model, main)
-    if meter is not None and not meter.hooks:
-        meter = None  # nothing moves: no meter on the decode path
-    return Placed(describe(found, mapping, main, meter, note), meter)
+    """Meter a dispatched model's offloading hooks (if any), probe what a pass costs, and
+    describe its placement."""
+    meter = TransferMeter(model, main)
+    if not meter.hooks:  # nothing moves: no meter on the decode path
+        return Placed(describe(found, mapping, main, None, note), None)
+    return Placed(describe(found, mapping, main, probe(model, meter, main), note), meter)

@@ -21,6 +21,7 @@ from engine.placement.spec import (
     parse_max_memory,
     parse_size,
 )
+from engine.placement.transfer import probe
 from engine.session import ChatSession
 from engine.settings import (
     GenerationSettings,
@@ -179,14 +180,32 @@ def test_each_step_reads_what_is_on_disk(tokenizer, tmp_path):
     )
     placement = placed.info.placement
     assert placement.moved_bytes == pytest.approx(on_disk, rel=0.01)
-    assert placement.read_bytes_per_s > 0
+    assert placement.read_bytes_per_s > 0 and placement.compute_s > 0
+    assert placement.predicted_step_s == placement.compute_s + placement.predicted_transfer_s
     _, tokens = run(placed)
     for token in tokens[1:]:  # token 0 came from the prefill
         assert token.transfer is not None
         assert token.transfer.bytes == pytest.approx(on_disk, rel=0.2)
         assert 0 < token.transfer.seconds <= token.seconds
         assert token.transfer.predicted_s == placement.predicted_transfer_s
+        assert token.transfer.predicted_step_s == placement.predicted_step_s
     assert tokens[0].transfer is None
+
+
+def test_the_probe_passes_read_what_a_step_reads_within_their_budget(tokenizer, tmp_path):
+    placed = offloaded_tiny(tokenizer, tmp_path, one_layer(tokenizer), "gpu-layers=0")
+    meter, moved = placed.transfers, placed.info.placement.moved_bytes
+    assert meter is not None
+    passes = []
+    placed.model.register_forward_pre_hook(lambda module, args: passes.append(1))
+    one = probe(placed.model, meter, torch.device("cpu"), budget_s=0.0)
+    assert len(passes) == 1  # over budget after the first pass: no second one
+    assert one.bytes == moved and 0 < one.transfer_s <= one.seconds
+    assert one.read_bytes_per_s == one.bytes / one.transfer_s
+    assert one.compute_s == one.seconds - one.transfer_s
+    fastest = probe(placed.model, meter, torch.device("cpu"), budget_s=60.0, most=3)
+    assert len(passes) == 4 and fastest.bytes == moved
+    assert meter.take() == (0, 0.0)  # decode's meter starts clean
 
 
 def test_a_placement_that_fits_adds_no_hooks_and_no_meter(tokenizer, tmp_path):

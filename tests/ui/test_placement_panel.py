@@ -12,7 +12,7 @@ from engine.settings import LoadRequest
 from tests.ui.test_panels import model_info, prefill, token
 from ui.model_picker import ModelPicker
 from ui.panels.state import PLACEMENT, InternalsState
-from ui.panels.state.placement import BYTES, STEP_S, TRANSFER_S
+from ui.panels.state.placement import BYTES, PREDICTED_STEP_S, STEP_S, TRANSFER_S
 
 MB = 1_000_000
 PLACED = Placement(
@@ -22,13 +22,13 @@ PLACED = Placement(
     moved_bytes=297 * MB,
     read_bytes_per_s=5e9,
     execution_device="cpu",
+    compute_s=0.041,
 )
 
 
 def moved(event: Token, step_s: float, transfer_s: float, bytes_: int = 610 * MB) -> Token:
-    return dataclasses.replace(
-        event, seconds=step_s, transfer=Transfer(bytes_, transfer_s, PLACED.predicted_transfer_s)
-    )
+    transfer = Transfer(bytes_, transfer_s, PLACED.predicted_transfer_s, PLACED.predicted_step_s)
+    return dataclasses.replace(event, seconds=step_s, transfer=transfer)
 
 
 @pytest.fixture
@@ -40,6 +40,7 @@ def test_state_keeps_each_steps_transfer_and_says_what_bounds_it(rng):
     state = InternalsState()
     state.set_model(model_info(placement=PLACED))
     assert "will read 297 MB" in state.placement.sentence()
+    assert "of a 100 ms step" in state.placement.sentence()  # 41 ms compute + 59 ms read
     state.ingest(prefill(rng))
     before = state.revision(PLACEMENT)
     state.ingest(token(rng, 0))  # token 0 came from the prefill: no transfer
@@ -48,9 +49,11 @@ def test_state_keeps_each_steps_transfer_and_says_what_bounds_it(rng):
     assert state.revision(PLACEMENT) > before
     row = state.placement.steps.view()[-1]
     assert (row[STEP_S], row[TRANSFER_S], row[BYTES]) == (0.100, 0.082, 610 * MB)
+    assert row[PREDICTED_STEP_S] == pytest.approx(0.041 + 297 * MB / 5e9)
     sentence = state.placement.sentence()
     assert sentence.startswith("82% of this step (100 ms) moved 610 MB from disk")
     assert "predicted 59 ms" in sentence and "moving weights bounds it" in sentence
+    assert "the step predicted 100 ms" in sentence
     state.ingest(moved(token(rng, 2), step_s=0.100, transfer_s=0.020))
     assert "compute bounds it" in state.placement.sentence()
 

@@ -2,9 +2,10 @@
 
 A strip of the decoder layers coloured by place (GPU, RAM, disk) with the bytes on each; under
 it the latest reply's decode steps as stacked bars, weight transfer (measured around the hooks'
-weight loading) under compute (the rest of the step), with the load's prediction as a tick on
-each; one sentence says what bounds the latest step. Painted directly, as the next-token chart
-is: one widget update a frame, nothing laid out again.
+weight loading) under compute (the rest of the step), with the load's predictions as ticks on
+each (of the transfer, and of the whole step); one sentence says what bounds the latest step.
+Painted directly, as the next-token chart is: one widget update a frame, nothing laid out
+again.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from ui.panels.empty import EmptyState
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import StatePanel
 from ui.panels.state import PLACEMENT, InternalsState
-from ui.panels.state.placement import PREDICTED_S, STEP_S, TRANSFER_S
+from ui.panels.state.placement import PREDICTED_S, PREDICTED_STEP_S, STEP_S, TRANSFER_S
 
 BACKGROUND, TEXT, GRID = QColor(0, 0, 0), QColor(170, 170, 170), QColor(70, 70, 70)
-# a step's compute, its weights read in, and the read predicted from the measured bandwidth
+# a step's compute, its weights read in, the read predicted from the measured bandwidth, and
+# the whole step predicted (that read plus the compute measured at load)
 COMPUTE, TRANSFER, PREDICTED = QColor(66, 133, 244), QColor(251, 140, 0), QColor(255, 255, 255)
+PREDICTED_STEP = QColor(190, 120, 255)
 PLACE_COLOURS = {"gpu": QColor(52, 168, 83), "cpu": COMPUTE, "disk": TRANSFER}
 PLACE_NAMES = {"gpu": "GPU", "cpu": "RAM", "disk": "disk"}
 STEPS_SHOWN = 96  # the latest steps, one bar each
@@ -47,7 +50,7 @@ class PlacementChart(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.placement: Placement | None = None
-        self.steps = np.zeros((0, 4))
+        self.steps = np.zeros((0, 5))
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setMinimumHeight(160)
@@ -95,11 +98,11 @@ class PlacementChart(QWidget):
         steps = self.steps
         if not len(steps) or area.height() < 10:
             return
-        top = float(max(steps[:, STEP_S].max(), steps[:, PREDICTED_S].max(), 1e-9))
+        top = float(max(steps[:, [STEP_S, PREDICTED_S, PREDICTED_STEP_S]].max(), 1e-9))
         width = area.width() / STEPS_SHOWN
         scale = area.height() / top
-        for index, (step, transfer, predicted) in enumerate(
-            steps[:, [STEP_S, TRANSFER_S, PREDICTED_S]]
+        for index, (step, transfer, predicted, predicted_step) in enumerate(
+            steps[:, [STEP_S, TRANSFER_S, PREDICTED_S, PREDICTED_STEP_S]]
         ):
             left = area.left() + index * width
             moved = min(transfer, step) * scale
@@ -107,15 +110,16 @@ class PlacementChart(QWidget):
             rest = max(step - transfer, 0) * scale
             bar = QRectF(left, area.bottom() - moved - rest, width * 0.8, rest)
             painter.fillRect(bar, COMPUTE)
-            painter.setPen(QPen(PREDICTED, 2))
-            y = area.bottom() - predicted * scale
-            painter.drawLine(int(left), int(y), int(left + width * 0.8), int(y))
+            for value, colour in ((predicted, PREDICTED), (predicted_step, PREDICTED_STEP)):
+                painter.setPen(QPen(colour, 2))
+                y = area.bottom() - value * scale
+                painter.drawLine(int(left), int(y), int(left + width * 0.8), int(y))
         painter.setPen(GRID)
         painter.drawLine(area.bottomLeft(), area.bottomRight())
         painter.setPen(TEXT)
         caption = (
             f"decode steps (tallest {top * 1000:.0f} ms): orange reading weights in,"
-            " blue computing, white the predicted read"
+            " blue computing; ticks: white the predicted read, violet the predicted step"
         )
         painter.drawText(QRectF(area.left(), area.bottom() + 2, area.width(), line + 2), caption)
 

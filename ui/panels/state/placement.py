@@ -2,8 +2,9 @@
 
 The placement comes with the model (ModelInfo.placement); each decode step's Token carries the
 bytes its pass read in and the time spent reading them (Token.transfer). The step's compute is
-its measured time less that transfer. Nothing here is estimated: the prediction beside each
-step is the engine's own (bytes moved per pass / read bandwidth measured at load).
+its measured time less that transfer. Nothing here is estimated: the predictions beside each
+step are the engine's own, from a probe pass at load (bytes moved per pass / its read
+bandwidth, and that plus its compute for the whole step).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from engine.events import ModelInfo, Placement, Token
 from engine.placement.spec import format_bytes
 from ui.panels.state.arrays import GrowableArray
 
-# Columns of a step: its time, the part spent bringing weights in, the prediction, bytes read
-STEP_S, TRANSFER_S, PREDICTED_S, BYTES = range(4)
+# Columns of a step: its time, the part spent bringing weights in, the predictions of that
+# part and of the whole step, bytes read
+STEP_S, TRANSFER_S, PREDICTED_S, PREDICTED_STEP_S, BYTES = range(5)
 
 
 class PlacementTrace:
@@ -35,14 +37,22 @@ class PlacementTrace:
 
     def start_reply(self) -> None:
         # Fresh: the chart may still hold a view of the previous reply's buffer.
-        self.steps = GrowableArray(np.float64, width=4)
+        self.steps = GrowableArray(np.float64, width=5)
 
     def add(self, token: Token) -> bool:
         """Take a decode step's transfer in; False for a token that moved nothing."""
         if token.transfer is None:
             return False
         transfer = token.transfer
-        self.steps.append((token.seconds, transfer.seconds, transfer.predicted_s, transfer.bytes))
+        self.steps.append(
+            (
+                token.seconds,
+                transfer.seconds,
+                transfer.predicted_s,
+                transfer.predicted_step_s,
+                transfer.bytes,
+            )
+        )
         return True
 
     def sentence(self) -> str:
@@ -56,16 +66,17 @@ class PlacementTrace:
             return (
                 f"Each step will read {format_bytes(placement.moved_bytes)} of weights in"
                 f" (predicted {placement.predicted_transfer_s * 1000:.0f} ms at the"
-                f" {format_bytes(placement.read_bytes_per_s)}/s measured at load)."
+                f" {format_bytes(placement.read_bytes_per_s)}/s measured at load, of a"
+                f" {placement.predicted_step_s * 1000:.0f} ms step)."
             )
-        step, transfer, predicted, moved = (float(v) for v in self.steps.last())  # type: ignore[union-attr]
+        step, transfer, predicted, predicted_step, moved = (float(v) for v in self.steps.last())  # type: ignore[union-attr]
         share = transfer / step if step > 0 else 0.0
         source = "disk" if placement.execution_device == "cpu" else "RAM and disk"
         bound = "moving weights bounds it" if share >= 0.5 else "compute bounds it"
         return (
             f"{share:.0%} of this step ({step * 1000:.0f} ms) moved {format_bytes(moved)}"
-            f" from {source} ({transfer * 1000:.0f} ms, predicted {predicted * 1000:.0f} ms):"
-            f" {bound}."
+            f" from {source} ({transfer * 1000:.0f} ms, predicted {predicted * 1000:.0f} ms;"
+            f" the step predicted {predicted_step * 1000:.0f} ms): {bound}."
         )
 
     def _unplaced(self) -> str:
