@@ -4,8 +4,10 @@ A model is cut into the units accelerate moves whole: the decoder layers, and th
 around them (embedding, final norm, head). `auto`, `balanced` and `sequential` go through
 accelerate's `infer_auto_device_map` over per-device budgets: the user's caps, else what is
 free now less some headroom (the KV cache, activations and the rest of the process need
-room too). `gpu-layers=N` is the layer-to-device dict itself. Whatever does not fit in RAM
-goes to "disk": memory-mapped files that accelerate's hooks read in before each use.
+room too). On a CUDA load every visible GPU gets a budget, the main one first, so `auto`
+fills them in turn and `balanced` evens the layers out between them, as accelerate does.
+`gpu-layers=N` is the layer-to-device dict itself, on the main GPU. Whatever does not fit in
+RAM goes to "disk": memory-mapped files that accelerate's hooks read in before each use.
 """
 
 from __future__ import annotations
@@ -83,9 +85,17 @@ def free_memory(device: str) -> int:
     return int(psutil.virtual_memory().available)
 
 
+def gpus(main: torch.device) -> list[str]:
+    """The CUDA devices a load on `main` may place layers on: the main one, then the others."""
+    if main.type != "cuda":
+        return []
+    first = f"cuda:{main.index or 0}"
+    return [first] + [f"cuda:{i}" for i in range(torch.cuda.device_count()) if f"cuda:{i}" != first]
+
+
 def budgets(main: torch.device, caps: dict[str, int]) -> dict[str, int]:
     """Bytes each device may hold: the user's cap, else what is free less the headroom."""
-    places = ["cpu"] if main.type != "cuda" else [f"cuda:{main.index or 0}", "cpu"]
+    places = [*gpus(main), "cpu"]
     result: dict[str, int] = {}
     for place in places:
         if place in caps:

@@ -114,6 +114,40 @@ def test_out_of_memory_becomes_a_proposal(monkeypatch):
     assert gpu is not None and "--device-map gpu-layers=8 " in gpu
 
 
+def skeleton() -> torch.nn.Module:
+    """A Llama of 8 layers that outweigh its embedding, on the meta device: planning only."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=1024, num_hidden_layers=8,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(config)
+
+
+def layer_places(mapping: dict[str, str]) -> list[str]:
+    return [mapping[f"model.layers.{i}"] for i in range(8)]
+
+
+def test_a_cuda_load_plans_over_every_gpu(monkeypatch):
+    """Two GPUs, none of them here: the plan is accelerate's over both (the placing waits)."""
+    model = skeleton()
+    total = sum(unit.bytes for unit in plan.units(model))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(plan, "free_memory", lambda d: total * 10 if "cuda" in d else 8 << 30)
+    cuda = torch.device("cuda:0")
+    balanced = plan.device_map(model, DeviceMap("balanced"), "", cuda)
+    assert layer_places(balanced) == ["cuda:0"] * 4 + ["cuda:1"] * 4
+    assert set(balanced.values()) == {"cuda:0", "cuda:1"}  # nothing in RAM, nothing moves
+    capped = layer_places(plan.device_map(model, DeviceMap("auto"), f"cuda:0={total // 2}", cuda))
+    assert capped == sorted(capped) and {"cuda:0", "cuda:1"} == set(capped)  # 0 fills first
+    assert layer_places(plan.device_map(model, DeviceMap("sequential"), "", cuda)) == ["cuda:0"] * 8
+    on_first = plan.device_map(model, DeviceMap("gpu-layers", 3), "", cuda)
+    assert layer_places(on_first) == ["cuda:0"] * 3 + ["cpu"] * 5
+
+
 # -- an offloaded model runs as it would in memory -----------------------------------------
 
 

@@ -11,6 +11,7 @@ from engine.events import Placement, Token, Transfer
 from engine.settings import LoadRequest
 from tests.ui.test_panels import model_info, prefill, token
 from ui.model_picker import ModelPicker
+from ui.panels.placement import place_name
 from ui.panels.state import PLACEMENT, InternalsState
 from ui.panels.state.placement import BYTES, PREDICTED_STEP_S, STEP_S, TRANSFER_S
 
@@ -86,6 +87,29 @@ def test_panel_draws_the_strip_and_the_steps_from_the_timer(view, rng, qtbot):
     y = panel.chart.fontMetrics().height() + 10
     assert image.pixelColor(10, y).blue() > 200
     assert image.pixelColor(panel.chart.width() - 10, y).red() > 200
+
+
+def test_two_gpus_are_two_greens_and_nothing_moves(view, qtbot):
+    split = Placement(
+        layer_places=("cuda:0",) * 15 + ("cuda:1",) * 15,
+        layer_bytes=(13 * MB,) * 30,
+        place_bytes=(("cuda:0", 250 * MB), ("cuda:1", 288 * MB)),
+        moved_bytes=0,
+        read_bytes_per_s=0.0,
+        execution_device="cuda:0",
+    )
+    view.set_model(model_info(placement=split))
+    view.docks["placement"].show()
+    view.redraw(force=True)
+    sentence = view.placement.sentence.text()
+    assert sentence.startswith("Every weight stays where it was placed (cuda:0, cuda:1)")
+    chart = view.placement.chart
+    image = chart.grab().toImage()
+    y = chart.fontMetrics().height() + 10
+    first, last = image.pixelColor(10, y), image.pixelColor(chart.width() - 10, y)
+    assert first.green() > first.red() and last.green() > last.red()  # both green
+    assert last.green() < first.green()  # the second GPU darker
+    assert (place_name("cuda:1"), place_name("cpu")) == ("GPU 1", "RAM")
 
 
 def test_picker_carries_a_placement(qtbot):

@@ -28,8 +28,9 @@ BACKGROUND, TEXT, GRID = QColor(0, 0, 0), QColor(170, 170, 170), QColor(70, 70, 
 # the whole step predicted (that read plus the compute measured at load)
 COMPUTE, TRANSFER, PREDICTED = QColor(66, 133, 244), QColor(251, 140, 0), QColor(255, 255, 255)
 PREDICTED_STEP = QColor(190, 120, 255)
-PLACE_COLOURS = {"gpu": QColor(52, 168, 83), "cpu": COMPUTE, "disk": TRANSFER}
-PLACE_NAMES = {"gpu": "GPU", "cpu": "RAM", "disk": "disk"}
+GPU = QColor(52, 168, 83)
+PLACE_COLOURS = {"cpu": COMPUTE, "disk": TRANSFER}
+PLACE_NAMES = {"cpu": "RAM", "disk": "disk"}
 STEPS_SHOWN = 96  # the latest steps, one bar each
 
 EMPTY_MESSAGE = (
@@ -40,8 +41,19 @@ EMPTY_MESSAGE = (
 )
 
 
-def place_kind(place: str) -> str:
-    return "gpu" if place not in ("cpu", "disk") else place
+def place_colour(place: str) -> QColor:
+    """RAM blue, disk orange, GPUs green: each further GPU a darker green."""
+    if place in PLACE_COLOURS:
+        return PLACE_COLOURS[place]
+    return GPU.darker(100 + 45 * _gpu_index(place))
+
+
+def place_name(place: str) -> str:
+    return PLACE_NAMES.get(place) or f"GPU {_gpu_index(place)}"
+
+
+def _gpu_index(place: str) -> int:
+    return int(place.partition(":")[2] or 0)
 
 
 class PlacementChart(QWidget):
@@ -77,13 +89,12 @@ class PlacementChart(QWidget):
         width = (self.width() - 16) / count
         for index, place in enumerate(placement.layer_places):
             cell = QRectF(8 + index * width, top, max(width - 1, 1), height)
-            painter.fillRect(cell, PLACE_COLOURS[place_kind(place)])
+            painter.fillRect(cell, place_colour(place))
         x, y = 8.0, top + height + 4
         metrics = painter.fontMetrics()
         for place, size in placement.place_bytes:  # a swatch of the strip's colour, then words
-            kind = place_kind(place)
-            painter.fillRect(QRectF(x, y + 3, line - 6, line - 6), PLACE_COLOURS[kind])
-            text = f"{PLACE_NAMES[kind]} {format_bytes(size)}"
+            painter.fillRect(QRectF(x, y + 3, line - 6, line - 6), place_colour(place))
+            text = f"{place_name(place)} {format_bytes(size)}"
             advance = metrics.horizontalAdvance(text)
             painter.drawText(QRectF(x + line - 2, y, advance + 4, line), text)
             x += line + advance + 16

@@ -61,7 +61,7 @@ class PlacementTrace:
         if placement is None:
             return self._unplaced()
         if not placement.moved_bytes:
-            return f"Every weight is on {placement.execution_device}: no step moves any."
+            return self._resident(placement)
         if not len(self.steps):
             return (
                 f"Each step will read {format_bytes(placement.moved_bytes)} of weights in"
@@ -77,6 +77,16 @@ class PlacementTrace:
             f"{share:.0%} of this step ({step * 1000:.0f} ms) moved {format_bytes(moved)}"
             f" from {source} ({transfer * 1000:.0f} ms, predicted {predicted * 1000:.0f} ms;"
             f" the step predicted {predicted_step * 1000:.0f} ms): {bound}."
+        )
+
+    @staticmethod
+    def _resident(placement: Placement) -> str:
+        places = [place for place, _ in placement.place_bytes]
+        if len(places) < 2:
+            return f"Every weight is on {placement.execution_device}: no step moves any."
+        return (
+            f"Every weight stays where it was placed ({', '.join(places)}): no step moves any;"
+            " each token's hidden state goes from one device to the next, layer by layer."
         )
 
     def _unplaced(self) -> str:
