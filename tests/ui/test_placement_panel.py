@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from engine.events import Placement, Token, Transfer
 from engine.settings import LoadRequest
 from tests.ui.test_panels import model_info, prefill, token
+from tests.ui.test_teaching_panels import PEAKS, roofline, show
 from ui.model_picker import ModelPicker
 from ui.panels.placement import place_name
 from ui.panels.state import PLACEMENT, InternalsState
@@ -110,6 +112,32 @@ def test_two_gpus_are_two_greens_and_nothing_moves(view, qtbot):
     assert first.green() > first.red() and last.green() > last.red()  # both green
     assert last.green() < first.green()  # the second GPU darker
     assert (place_name("cuda:1"), place_name("cpu")) == ("GPU 1", "RAM")
+
+
+def test_the_roofline_puts_a_placed_step_under_its_read_roof(view, rng):
+    view.set_model(model_info(placement=PLACED, peaks=PEAKS))  # placed: reads at 5 GB/s
+    show(view, "roofline")
+    view.ingest(replace(prefill(rng), roofline=roofline(9_000_000, 300_000, 0.001)))
+    view.ingest(token(rng, 0))
+    counted = roofline(600_000_000, 540 * MB, 0.100)  # a 100 ms step of 0.6 GFLOP
+    step = moved(token(rng, 1), step_s=0.100, transfer_s=0.06, bytes_=297 * MB)
+    view.ingest(replace(step, roofline=counted))
+    view.redraw(force=True)
+    panel = view.roofline
+    # the step against the 297 MB it read in, exactly as the events say
+    np.testing.assert_allclose(panel.read_points.xData, [600_000_000 / (297 * MB)])
+    np.testing.assert_allclose(panel.read_points.yData, [counted.flops_per_s])
+    np.testing.assert_allclose(panel.decode_points.xData, [counted.intensity])
+    x, y = panel.read_line.getData()
+    np.testing.assert_allclose(10.0**y / 10.0**x, 5e9)  # the roof: the measured read rate
+    assert panel.read_key.isVisibleTo(panel)
+    sentence = "at 2.97 GB/s, 59% of the 5 GB/s read bandwidth measured at load: under the"
+    assert sentence in panel.phases.text()
+    view.set_model(model_info(peaks=PEAKS))  # in memory: no read roof, no read points
+    view.ingest(replace(prefill(rng), roofline=roofline(9_000_000, 300_000, 0.001)))
+    view.redraw(force=True)
+    assert panel.read_line.getData()[0] is None or not len(panel.read_line.getData()[0])
+    assert not panel.read_key.isVisibleTo(panel) and not len(panel.read_points.xData)
 
 
 def test_picker_carries_a_placement(qtbot):

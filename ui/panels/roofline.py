@@ -17,7 +17,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from engine.events import Peaks, Roofline
+from engine.events import Peaks, Roofline, Transfer
 from ui.panels.empty import EmptyState
 from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
@@ -38,6 +38,8 @@ LATEST_DECODE_BRUSH = (52, 168, 83)
 SELECTED_BRUSH = (255, 200, 40)  # the selected step (ui.panels.line_chart.MARKER)
 BANDWIDTH_PEN = (251, 188, 5)
 COMPUTE_PEN = (217, 48, 37)
+READ_PEN = (251, 140, 0)  # the Placement panel's orange: weights read in
+READ_BRUSH = (251, 140, 0, 160)
 MARGIN_DECADES = 0.4  # room around the points and the ridge, in powers of ten
 
 EMPTY_MESSAGE = (
@@ -104,6 +106,26 @@ def decade_ticks(low: int, high: int, unit: str) -> list[tuple[float, str]]:
     return [(float(power), si(10.0**power, unit).strip()) for power in range(low, high + 1)]
 
 
+def read_sentence(roofline: Roofline, transfer: Transfer, read_bytes_per_s: float) -> str:
+    """A placed model's decode step against the weights it read in, e.g. "decode, against
+    the 2.53 GB read in: 0.0012 FLOP/byte at 4.3 GB/s, 57% of the 7.5 GB/s read bandwidth
+    measured at load: under the transfer roof"."""
+    step_s = roofline.flops / roofline.flops_per_s if roofline.flops_per_s > 0 else 0.0
+    rate = transfer.bytes / step_s if step_s > 0 else 0.0
+    head = (
+        f"decode, against the {si(transfer.bytes, 'B')} read in:"
+        f" {roofline.flops / transfer.bytes:.3g} FLOP/byte at {si(rate, 'B/s')}"
+    )
+    if read_bytes_per_s <= 0:
+        return head
+    share = rate / read_bytes_per_s
+    where = "under the transfer roof" if share <= 1 else "the reads went faster than at load"
+    return (
+        f"{head}, {share:.0%} of the {si(read_bytes_per_s, 'B/s')} read bandwidth measured"
+        f" at load: {where}"
+    )
+
+
 class LogPoints(pg.ScatterPlotItem):  # type: ignore[misc]  # pyqtgraph is untyped
     """Points of the log-log chart, styled once: given in data units (kept as `xData` and
     `yData`, as a PlotDataItem keeps them), drawn at their base-10 logarithms.
@@ -151,7 +173,13 @@ class RooflinePanel(StatePanel):
         self.decode_points = LogPoints(symbol="o", size=5, pen=None, brush=DECODE_BRUSH)
         self.latest_decode = LogPoints(symbol="o", size=11, pen="w", brush=LATEST_DECODE_BRUSH)
         self.prefill_points = LogPoints(symbol="d", size=13, pen="w", brush=PREFILL_BRUSH)
-        for item in (self.bandwidth_line, self.compute_line, self.prefill_points):
+        read_pen = pg.mkPen(READ_PEN, width=2, style=Qt.PenStyle.DashLine)
+        self.read_line = pg.PlotDataItem(pen=read_pen)
+        self.read_points = LogPoints(symbol="t", size=8, pen=None, brush=READ_BRUSH)
+        for item in (
+            self.bandwidth_line, self.compute_line, self.read_line, self.prefill_points,
+            self.read_points,
+        ):  # fmt: skip
             plot.addItem(item)
         self.selected_point = LogPoints(symbol="s", size=15, pen="w", brush=SELECTED_BRUSH)
         plot.addItem(self.decode_points)
@@ -166,10 +194,19 @@ class RooflinePanel(StatePanel):
                 (LATEST_DECODE_BRUSH, "decode steps (this reply)"),
             ]
         )
+        # Only for a model whose steps read weights in (a placement): its lower roof.
+        self.read_key = key_label(
+            [
+                (READ_PEN, "weights read in: read bandwidth × intensity (dashed)"),
+                (READ_BRUSH, "decode steps against the bytes read in"),
+            ]
+        )
+        self.read_key.hide()
         chart = QWidget()
         chart_layout = QVBoxLayout(chart)
         chart_layout.setContentsMargins(0, 0, 0, 0)
         chart_layout.addWidget(self.key)
+        chart_layout.addWidget(self.read_key)
         chart_layout.addWidget(self.plot_widget, 1)
         self.phases = QLabel("")
         self.phases.setTextFormat(Qt.TextFormat.RichText)
@@ -228,7 +265,13 @@ class RooflinePanel(StatePanel):
         trace = self._state.roofline
         state = self._state
         selected = (state.selected, state.explaining)  # a teacher's click shows at once
-        return (id(trace), len(trace.prefills), state.peaks, len(state.replies), selected)
+        shape = (id(trace), len(trace.prefills), state.peaks, len(state.replies), selected)
+        return (*shape, self._read_bandwidth())
+
+    def _read_bandwidth(self) -> float:
+        """The placement's measured read bandwidth; 0 for a model whose steps move nothing."""
+        placement = self._state.placement.placement
+        return placement.read_bytes_per_s if placement and placement.moved_bytes else 0.0
 
     def _phases_html(self) -> str:
         trace, peaks = self._state.roofline, self._state.peaks
@@ -237,6 +280,8 @@ class RooflinePanel(StatePanel):
             lines.append(phase_sentence("prefill", trace.latest_prefill, peaks))
         if trace.latest_decode is not None:
             lines.append(phase_sentence("decode", trace.latest_decode, peaks))
+        if trace.latest_read is not None:
+            lines.append(read_sentence(*trace.latest_read, self._read_bandwidth()))
         return "<br>".join(html.escape(line) for line in lines)
 
     def _draw_points(self) -> None:
@@ -251,8 +296,14 @@ class RooflinePanel(StatePanel):
         decode_y = trace.decode_flops_per_s.view()[-DECODE_POINTS:]
         self.decode_points.set_points(decode_x, decode_y)
         self.latest_decode.set_points(decode_x[-1:], decode_y[-1:])
-        xs = [*prefill_x, *(decode_x.min(), decode_x.max())] if decode_x.size else [*prefill_x]
-        ys = [*prefill_y, *(decode_y.min(), decode_y.max())] if decode_y.size else [*prefill_y]
+        read_x = trace.read_intensity.view()[-DECODE_POINTS:]
+        read_y = trace.read_flops_per_s.view()[-DECODE_POINTS:]
+        self.read_points.set_points(read_x, read_y)
+        xs, ys = [*prefill_x], [*prefill_y]
+        for x, y in ((decode_x, decode_y), (read_x, read_y)):
+            if x.size:
+                xs += [x.min(), x.max()]
+                ys += [y.min(), y.max()]
         peaks = self._state.peaks
         if peaks is not None:
             xs.append(peaks.peak_flops_per_s / peaks.peak_bytes_per_s)
@@ -271,19 +322,27 @@ class RooflinePanel(StatePanel):
         plot.getAxis("left").setTicks([decade_ticks(*y, "")])
 
     def _draw_roof(self) -> None:
-        peaks = self._state.peaks
-        key = (peaks, self._range)
+        peaks, read = self._state.peaks, self._read_bandwidth()
+        key = (peaks, self._range, read)
         if key == self._roof_key:
             return
         self._roof_key = key
+        self.read_key.setVisible(read > 0)
         if peaks is None or self._range is None:
-            self.bandwidth_line.setData([], [])
-            self.compute_line.setData([], [])
+            for line in (self.bandwidth_line, self.compute_line, self.read_line):
+                line.setData([], [])
             return
         (x_low, x_high), _y = self._range
-        ridge = peaks.peak_flops_per_s / peaks.peak_bytes_per_s
         left, right = 10.0**x_low, 10.0**x_high
-        self.bandwidth_line.setData(
-            [left, ridge], [peaks.peak_bytes_per_s * left, ridge * peaks.peak_bytes_per_s]
-        )
+        ridge = peaks.peak_flops_per_s / peaks.peak_bytes_per_s
+        self.bandwidth_line.setData(*slope(left, ridge, peaks.peak_bytes_per_s))
         self.compute_line.setData([ridge, right], [peaks.peak_flops_per_s] * 2)
+        if read > 0:  # the lower roof a placed model's step meets: as far as the ceiling
+            self.read_line.setData(*slope(left, peaks.peak_flops_per_s / read, read))
+        else:
+            self.read_line.setData([], [])
+
+
+def slope(left: float, right: float, bytes_per_s: float) -> tuple[list[float], list[float]]:
+    """A bandwidth roof from intensity `left` to `right`: FLOP/s = bandwidth × intensity."""
+    return [left, right], [bytes_per_s * left, bytes_per_s * right]

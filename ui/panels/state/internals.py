@@ -201,7 +201,7 @@ class InternalsState:
         reply = self.reply if self._open and self.reply else self._begin_reply()
         reply.add_token(event)
         if event.roofline is not None:  # None for token 0: the prefill pass made its logits
-            self.roofline.add_decode(event.roofline)
+            self.roofline.add_decode(event.roofline, event.transfer)
             self._bump(ROOFLINE)
         # Token i was sampled after the cache held the prompt and the i tokens before it.
         self._add_kv_point(
