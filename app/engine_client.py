@@ -108,6 +108,8 @@ class EngineClient(QObject):
       loaded(ModelInfo)     a model finished loading and replaced the previous one
       load_progress(str, float)  stage name and fraction 0..1 of a load in progress
       load_failed(str)      a load failed; the previous model (if any) is still loaded
+      load_proposed(LoadRequest)  just before load_failed, for a model too big for where it
+                            was asked to run: the same request, placed so that it fits
       busy_changed(bool)    whether a load or a generation is queued or running
       engine_stopped(str)   the engine died (its process was killed or crashed); one line why
       decode_step(str)      after `loaded`, once a fast model's compiled decode step is in use
@@ -121,6 +123,7 @@ class EngineClient(QObject):
     loaded = Signal(object)
     load_progress = Signal(str, float)
     load_failed = Signal(str)
+    load_proposed = Signal(object)
     busy_changed = Signal(bool)
     engine_stopped = Signal(str)
     decode_step = Signal(str)
@@ -311,7 +314,9 @@ class EngineClient(QObject):
                 self.load_progress.emit(stage, fraction)
             case wire.Loaded(job=job, info=info):
                 self._on_loaded(job, info)
-            case wire.LoadFailed(message=message):
+            case wire.LoadFailed(message=message, fits_as=fits_as):
+                if fits_as is not None:
+                    self.load_proposed.emit(fits_as)
                 self.load_failed.emit(message)
             case wire.DecodeStep(state=state):
                 self.decode_step_state = state

@@ -40,6 +40,7 @@ from app.jobs import (
     describe_error,
     event_weight,
     load_session,
+    proposed_request,
     run_generation,
 )
 from app.pipe import send_message, widen_pipe
@@ -356,7 +357,8 @@ class EngineServer:
                 session = load_session(self._loader, self._session_factory, request, progress)
         except Exception as error:
             log.exception("loading %r failed", request.spec)
-            self.outbox.put(LoadFailed(job, describe_error(error)))
+            fits_as = proposed_request(request, error)
+            self.outbox.put(LoadFailed(job, describe_error(error), fits_as))
             return
         with self._lock:
             self.session = session

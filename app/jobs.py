@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from engine.events import (
@@ -75,6 +76,21 @@ def event_weight(event: Event) -> int:
     """Roughly what an event costs its listeners: attention rows dominate at long contexts."""
     attention = getattr(event, "attention", None)
     return EVENT_WEIGHT + (sum(a.nbytes for a in attention.values()) if attention else 0)
+
+
+def proposed_request(request: LoadRequest, error: BaseException) -> LoadRequest | None:
+    """The load `request` placed as a failed load's error proposes (ModelLoadError.fits_as),
+    or None. A proposal is a placement, which the exact path takes."""
+    fits_as = getattr(error, "fits_as", None)
+    if fits_as is None or not fits_as.device_map:  # no placement would fit either
+        return None
+    precision = "auto" if request.precision == "fast" else request.precision
+    return replace(
+        request,
+        device_map=fits_as.device_map,
+        max_memory=fits_as.max_memory,
+        precision=precision,
+    )
 
 
 def describe_error(error: BaseException) -> str:

@@ -8,7 +8,8 @@ only remembers what it asked for, by id, to match the replies.
   requests, client -> server            replies, server -> client
   Load(job, request)                    Ready()                      the server is up
   Generate(job, messages, settings,     Progress(job, stage, fraction) throttled
-      probes, stream)                   Loaded(job, info) / LoadFailed(job, message)
+      probes, stream)                   Loaded(job, info) / LoadFailed(job, message,
+                                            fits_as)  fits_as: the request placed so it fits
   Cancel(job)    all jobs up to `job`   Events(job, events, queued_at) engine events, unchanged
   Pace(action, rate)  pause / step /    Held(job, held)  the reply is held by a pause (True)
       resume / play at `rate` tokens a second              or goes on (False), after the
@@ -125,6 +126,9 @@ class Loaded:
 class LoadFailed:
     job: int
     message: str  # one line for the user; the previous model stays loaded
+    # For a model too big for where it was asked to run: the same request, placed so that it
+    # fits (engine/placement/plan.py's proposal); None for any other failure.
+    fits_as: LoadRequest | None = None
 
 
 @dataclass(frozen=True)

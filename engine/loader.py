@@ -62,7 +62,7 @@ from engine.placement.dispatch import (
     place_in_memory,
 )
 from engine.placement.plan import DeviceMapDict, fit_proposal
-from engine.placement.spec import PlacementError, parse_device_map
+from engine.placement.spec import PlacementError, Proposal, parse_device_map
 from engine.placement.transfer import TransferMeter
 from engine.settings import LoadRequest
 from engine.static_decode import StepState
@@ -92,7 +92,12 @@ ENCODER_HEADS = (
 
 
 class ModelLoadError(Exception):
-    """The model could not be loaded; the message says why in the user's terms."""
+    """The model could not be loaded; the message says why in the user's terms. `fits_as`:
+    the placement that would fit, for a model too big for where it was asked to run."""
+
+    def __init__(self, message: str, fits_as: Proposal | None = None) -> None:
+        super().__init__(message)
+        self.fits_as = fits_as
 
 
 @dataclass
@@ -267,7 +272,7 @@ def _load_gguf(
             return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
         model = _dequantise(file, dtype, report, writer)
     except (torch.OutOfMemoryError, MemoryError):
-        raise ModelLoadError(_out_of_memory(name, exact_bytes(file, dtype), device)) from None
+        raise _out_of_memory(name, exact_bytes(file, dtype), device) from None
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
         raise ModelLoadError(f"{path} could not be loaded: {_short(error)}") from None
     if mapping is not None:
@@ -308,11 +313,14 @@ def _fit_or_plan(
     check that the dequantised weights fit on the device (else the placement that would)."""
     if request.placed:
         return _plan(exact_skeleton(file, dtype), request, device)
-    layers = read_shape(file).layers
-    proposal = fit_proposal(name, exact_bytes(file, dtype), device, layers)
-    if proposal is not None:
-        raise ModelLoadError(proposal)
-    return None
+    needed, layers = exact_bytes(file, dtype), read_shape(file).layers
+    if fit_proposal(name, needed, device, layers) is None:
+        return None
+    largest = max(unit.bytes for unit in placement_plan.units(exact_skeleton(file, dtype)))
+    proposal = fit_proposal(name, needed, device, layers, largest)
+    if proposal is None:  # freed up in between
+        return None
+    raise ModelLoadError(proposal.line, proposal)
 
 
 def _plan(skeleton: torch.nn.Module, request: LoadRequest, device: torch.device) -> DeviceMapDict:
@@ -363,9 +371,11 @@ def place(
     return _with_placement(loaded, placed)
 
 
-def _out_of_memory(name: str, needed: int, device: torch.device) -> str:
+def _out_of_memory(name: str, needed: int, device: torch.device) -> ModelLoadError:
     proposal = fit_proposal(name, needed, device)
-    return proposal or f"{name} ran out of memory while loading on {device}."
+    if proposal is None:
+        return ModelLoadError(f"{name} ran out of memory while loading on {device}.")
+    return ModelLoadError(proposal.line, proposal)
 
 
 def _compile_in_background(
@@ -680,7 +690,7 @@ def _load_pretrained(
     except (torch.OutOfMemoryError, MemoryError):
         skeleton = skeleton or _pretrained_skeleton(location, dtype, local)
         needed = sum(unit.bytes for unit in placement_plan.units(skeleton))
-        raise ModelLoadError(_out_of_memory(location, needed, device)) from None
+        raise _out_of_memory(location, needed, device) from None
     except Exception as error:
         raise ModelLoadError(f"Could not load {location}: {_short(error)}") from None
     if mapping is None or skeleton is None:

@@ -54,6 +54,7 @@ class Backend(Protocol):
     loaded: Any  # Signal(ModelInfo)
     load_progress: Any  # Signal(str, float)
     load_failed: Any  # Signal(str)
+    load_proposed: Any  # Signal(LoadRequest): before load_failed, the request placed to fit
     busy_changed: Any  # Signal(bool)
     decode_step: Any  # Signal(str): "compiled", or "eager: why"
     held_changed: Any  # Signal(bool): the reply is held by a pause, or goes on
@@ -139,6 +140,7 @@ class MainWindow(QMainWindow):
         self._info: ModelInfo | None = backend.info
         self._last_request = LoadRequest()
         self._picker: ModelPicker | None = None
+        self._proposal: LoadRequest | None = None  # the failing load's placement that fits
         self._closed = False
         self._last_step: int | None = None  # the latest token's step in the reply under way
 
@@ -268,6 +270,7 @@ class MainWindow(QMainWindow):
         self.backend.loaded.connect(self._on_loaded)
         self.backend.load_progress.connect(self._on_load_progress)
         self.backend.load_failed.connect(self._on_load_failed)
+        self.backend.load_proposed.connect(self._on_load_proposed)
         self.backend.busy_changed.connect(self._on_busy_changed)
         self.backend.decode_step.connect(self._on_decode_step)
         self.backend.held_changed.connect(lambda held: self.pace.set_held(held, self._last_step))
@@ -387,6 +390,11 @@ class MainWindow(QMainWindow):
         self._update_actions()
         self.show_status("New chat.")
         self.input.setFocus()
+
+    @property
+    def picker(self) -> ModelPicker | None:
+        """The model picker while it is open."""
+        return self._picker
 
     def open_model_picker(self) -> ModelPicker:
         if self._picker is None:
@@ -554,11 +562,17 @@ class MainWindow(QMainWindow):
         if self._info is None and self.conversation_model.stop_waiting() is not None:
             kept += " The message waiting for it was not answered."
         self.show_status(f"Could not load the model: {message}{kept}", 20000)
-        if self._picker is not None:
-            self._picker.set_failed(message)
-        else:
+        proposal, self._proposal = self._proposal, None
+        if self._picker is None:
             self.chat.add_note(f"Could not load the model: {message}{kept}", error=True)
+        if proposal is not None:  # offered where placements are chosen, one click away
+            self.open_model_picker()
+        if self._picker is not None:
+            self._picker.set_failed(message, proposal)
         self._update_actions()
+
+    def _on_load_proposed(self, request: LoadRequest) -> None:
+        self._proposal = request
 
     def _show_model(self, info: ModelInfo) -> None:
         self.model_label.setText(model_line(info))

@@ -43,6 +43,18 @@ PLACEMENTS = (
 ERROR_STYLE = "color: #c62828;"
 
 
+def placement_words(request: LoadRequest) -> str:
+    """A request's placement as a button says it, e.g. "automatic placement, 2.0 GiB RAM cap"."""
+    choice = parse_device_map(request.device_map)
+    where = (
+        f"{choice.gpu_layers} layers on the GPU"
+        if choice.strategy == "gpu-layers"
+        else f"{'automatic' if choice.strategy in ('', 'auto') else choice.strategy} placement"
+    )
+    cap = parse_max_memory(request.max_memory).get("cpu")
+    return where + (f", a RAM cap of {cap >> 20} MiB (the rest on disk)" if cap is not None else "")
+
+
 def choices(items: Sequence[str], tip: str = "") -> QComboBox:
     box = QComboBox()
     box.addItems(list(items))
@@ -97,6 +109,10 @@ class ModelPicker(QDialog):
         self._status = QLabel()
         self._status.setWordWrap(True)
         self._status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._fits_as: LoadRequest | None = None  # a failed load's placement that would fit
+        self.fit_button = QPushButton()
+        self.fit_button.setVisible(False)
+        self.fit_button.clicked.connect(self._load_fitting)
         self._buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         self.load_button = self._buttons.addButton("Load", QDialogButtonBox.ButtonRole.AcceptRole)
         self._build()
@@ -154,6 +170,7 @@ class ModelPicker(QDialog):
         layout.addLayout(placement)
         layout.addWidget(self._progress)
         layout.addWidget(self._status)
+        layout.addWidget(self.fit_button, 0, Qt.AlignmentFlag.AlignLeft)
         layout.addWidget(self._buttons)
         self.load_button.clicked.connect(self._on_load)
         self._buttons.rejected.connect(self.reject)
@@ -267,6 +284,7 @@ class ModelPicker(QDialog):
             self.set_failed(problem)
             return
         self.load_button.setEnabled(False)
+        self.fit_button.setVisible(False)
         self._progress.setValue(0)
         self._progress.setVisible(True)
         self._status.setText("Loading…")
@@ -279,11 +297,22 @@ class ModelPicker(QDialog):
         self._status.setText(stage)
         self._status.setStyleSheet("")
 
-    def set_failed(self, message: str) -> None:
+    def set_failed(self, message: str, fits_as: LoadRequest | None = None) -> None:
+        """Show why a load failed; `fits_as`, the same model placed so that it fits, is
+        offered as one button that loads it."""
         self.load_button.setEnabled(True)
         self._progress.setVisible(False)
         self._status.setText(message)
         self._status.setStyleSheet(ERROR_STYLE)
+        self._fits_as = fits_as
+        self.fit_button.setVisible(fits_as is not None)
+        if fits_as is not None:
+            self.fit_button.setText(f"Load with {placement_words(fits_as)}")
+
+    def _load_fitting(self) -> None:
+        if self._fits_as is not None:
+            self.set_request(self._fits_as)
+            self._on_load()
 
     def set_loaded(self, info: ModelInfo) -> None:
         self._status.setText(f"Loaded {info.name}.")

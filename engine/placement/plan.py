@@ -17,7 +17,13 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from engine.placement.spec import DeviceMap, PlacementError, format_bytes, parse_max_memory
+from engine.placement.spec import (
+    DeviceMap,
+    PlacementError,
+    Proposal,
+    format_bytes,
+    parse_max_memory,
+)
 
 # What "auto" leaves free: a tenth of the GPU's free memory, and a fifth of the RAM available
 # plus 1 GiB (the process itself, the tokenizer, the window's copy of the panels' data).
@@ -211,25 +217,39 @@ def place_of(name: str, mapping: DeviceMapDict) -> str:
         name = name.rpartition(".")[0]
 
 
-def fit_proposal(name: str, needed: int, main: torch.device, layers: int = 0) -> str | None:
-    """None when `needed` bytes fit on `main` now; else one line: how much is missing and
-    the placement that would fit."""
+def fit_proposal(
+    name: str, needed: int, main: torch.device, layers: int = 0, largest: int = 0
+) -> Proposal | None:
+    """None when `needed` bytes fit on `main` now; else how much is missing and the placement
+    that would fit. `largest`: the biggest unit's bytes, when known: a RAM cap below it cannot
+    work, and then no placement is proposed (the Proposal's device_map is "")."""
     place = "cpu" if main.type != "cuda" else f"cuda:{main.index or 0}"
     free = free_memory(place)
     if needed <= free:
         return None
-    missing = needed - free
+    short = (
+        f"{name} needs {format_bytes(needed)} on {place} but only {format_bytes(free)} is"
+        f" free: {format_bytes(needed - free)} missing."
+    )
     if place == "cpu":
-        cap = max(int(free * (1 - RAM_KEEP)) - RAM_KEEP_BYTES, 0)
-        fix = (
-            f"--device-map auto --max-memory cpu={cap >> 20}MiB (about"
-            f" {format_bytes(needed - cap)} of weights read from disk on every token)"
-        )
+        # What "auto" would leave free; on a small machine, half of what is free (the other
+        # half to run in).
+        cap = int(free * (1 - RAM_KEEP)) - RAM_KEEP_BYTES
+        cap = cap if cap > 0 else free // 2
+        if cap < largest:
+            return Proposal(
+                f"{short} Placed, it would not run either: its largest piece"
+                f" ({format_bytes(largest)}) must fit in RAM whole while it runs, and only"
+                f" {format_bytes(cap)} can be spared. Free some memory or choose a smaller model.",
+                "",
+                "",
+            )
+        device_map, max_memory = "auto", f"cpu={cap >> 20}MiB"
+        cost = f"about {format_bytes(needed - cap)} of weights read from disk on every token"
     else:
         per_layer = needed / max(layers, 1)
         fitting = max(min(int(free * (1 - GPU_KEEP) / per_layer) - 1, layers), 0)
-        fix = f"--device-map gpu-layers={fitting} (the other layers in RAM, then on disk)"
-    return (
-        f"{name} needs {format_bytes(needed)} on {place} but only {format_bytes(free)} is"
-        f" free: {format_bytes(missing)} missing. It would fit as {fix}."
-    )
+        device_map, max_memory = f"gpu-layers={fitting}", ""
+        cost = "the other layers in RAM, then on disk"
+    fix = f"--device-map {device_map}" + (f" --max-memory {max_memory}" if max_memory else "")
+    return Proposal(f"{short} It would fit as {fix} ({cost}).", device_map, max_memory)

@@ -35,6 +35,15 @@ class DeviceMap:
     gpu_layers: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A placement that would fit, for a model that does not fit where it was asked to run."""
+
+    line: str  # for the user: how much is missing, and the placement that fits
+    device_map: str  # as --device-map takes it; "" when no placement would fit either
+    max_memory: str  # as --max-memory takes it; "" for no cap
+
+
 def parse_device_map(text: str) -> DeviceMap:
     text = text.strip().lower()
     if text in ("", "none"):

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from PySide6.QtCore import QCoreApplication, QThread
 
 from app.engine_client import EngineClient
+from app.jobs import proposed_request
 from engine.events import Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, LoadRequest, Message
 from engine.synthetic import BROKEN, SyntheticSession
 from tests.engines import in_memory
-from tests.ui.fakes import REPLY, FakeBackend, fake_info
+from tests.ui.fakes import REPLY, TOO_BIG, FakeBackend, ModelLoadError, fake_info
 
 HELLO = (Message("user", "hello"),)
 SETTINGS = GenerationSettings(greedy=True)
@@ -176,6 +178,38 @@ def test_a_failed_load_keeps_the_previous_model(qtbot, backend, worker):
     assert len(first.calls) == 1
     assert rec.finished[-1].reason == "eos"
     assert ("Ready", 1.0) in rec.progress
+
+
+def test_a_model_too_big_comes_back_with_the_placement_that_fits(qtbot, backend, worker):
+    rec = Recorder(worker)
+    proposals: list[LoadRequest] = []
+    worker.load_proposed.connect(proposals.append)
+    asked = LoadRequest(spec="too-big", dtype="bfloat16", precision="fast")
+    with qtbot.waitSignal(worker.load_failed, timeout=5000):
+        worker.load(asked)
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+
+    assert rec.failures == [TOO_BIG.line]
+    # The same request, placed as proposed; a placement runs on the exact path, so no "fast".
+    assert proposals == [
+        LoadRequest(
+            spec="too-big", dtype="bfloat16", precision="auto",
+            device_map="auto", max_memory="cpu=2048MiB",
+        )
+    ]  # fmt: skip
+    with qtbot.waitSignal(worker.loaded, timeout=5000):
+        worker.load(proposals[0])
+    assert worker.info.name == "too-big"
+
+
+def test_a_proposal_that_places_nothing_is_not_offered():
+    no_room = ModelLoadError("big needs 9 GB; placed, it would not run either.", replace(
+        TOO_BIG, device_map="", max_memory=""
+    ))  # fmt: skip
+    assert proposed_request(LoadRequest(spec="big"), no_room) is None
+    assert proposed_request(LoadRequest(spec="big"), ValueError("damaged")) is None
+    placed = proposed_request(LoadRequest(spec="big"), ModelLoadError(TOO_BIG.line, TOO_BIG))
+    assert placed == LoadRequest(spec="big", device_map="auto", max_memory="cpu=2048MiB")
 
 
 def test_an_unexpected_loader_error_is_reported_with_its_type(qtbot, caplog):

@@ -107,11 +107,18 @@ def test_gpu_layers_fill_ram_then_disk(tokenizer):
 def test_out_of_memory_becomes_a_proposal(monkeypatch):
     monkeypatch.setattr(plan, "free_memory", lambda device: 1 << 30)
     assert plan.fit_proposal("big", 1 << 29, CPU) is None
-    line = plan.fit_proposal("big", 3 << 30, CPU)
-    assert line is not None and "\n" not in line
-    assert "2.1 GB missing" in line and "--device-map auto --max-memory cpu=" in line
+    proposal = plan.fit_proposal("big", 3 << 30, CPU)
+    assert proposal is not None and "\n" not in proposal.line
+    assert (
+        "2.1 GB missing" in proposal.line and "--device-map auto --max-memory cpu=" in proposal.line
+    )
+    # The same placement as fields, for the window to offer: a cap below what is free now.
+    assert proposal.device_map == "auto" and proposal.max_memory.startswith("cpu=")
+    assert parse_max_memory(proposal.max_memory)["cpu"] < 1 << 30
+    assert f"--max-memory {proposal.max_memory} " in proposal.line
     gpu = plan.fit_proposal("big", 3 << 30, torch.device("cuda:0"), layers=30)
-    assert gpu is not None and "--device-map gpu-layers=8 " in gpu
+    assert gpu is not None and "--device-map gpu-layers=8 " in gpu.line
+    assert (gpu.device_map, gpu.max_memory) == ("gpu-layers=8", "")
 
 
 def skeleton() -> torch.nn.Module:
@@ -287,10 +294,20 @@ def test_bundled_refuses_a_cap_below_one_layer_before_dequantising(monkeypatch, 
 @pytest.mark.bundled
 def test_bundled_too_big_for_free_memory_gets_a_proposal(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "build_exact", lambda *a, **k: pytest.fail("loaded anyway"))
-    monkeypatch.setattr(plan, "free_memory", lambda device: 100 << 20)
+    monkeypatch.setattr(plan, "free_memory", lambda device: 400 << 20)
     request = LoadRequest(spec="bundled", device="cpu", precision="exact")
-    with pytest.raises(ModelLoadError, match=r"missing\. It would fit as --device-map auto"):
+    with pytest.raises(
+        ModelLoadError, match=r"missing\. It would fit as --device-map auto"
+    ) as error:
         loader.load_model(request, cache_dir=tmp_path)
+    # Half of what is free on a small machine, above the largest unit (the 113 MB embedding).
+    assert error.value.fits_as == plan.Proposal(str(error.value), "auto", "cpu=200MiB")
+
+    # With less free than the largest unit needs, no placement is proposed: it would not run.
+    monkeypatch.setattr(plan, "free_memory", lambda device: 100 << 20)
+    with pytest.raises(ModelLoadError, match=r"largest piece \(113 MB\)") as error:
+        loader.load_model(request, cache_dir=tmp_path)
+    assert error.value.fits_as is not None and error.value.fits_as.device_map == ""
 
 
 @pytest.mark.bundled

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.events import ModelInfo
+from engine.placement.spec import Proposal
 from engine.settings import LoadRequest
 from engine.synthetic import SyntheticSession, model_info
 
@@ -39,6 +40,20 @@ def fake_session(
 class ModelLoadError(Exception):
     """Named like engine.loader's error, whose message the worker shows as it is."""
 
+    def __init__(self, message: str, fits_as: Proposal | None = None) -> None:
+        super().__init__(message)
+        self.fits_as = fits_as
+
+
+# What loading "too-big" without a placement says, and the placement it proposes.
+TOO_BIG = Proposal(
+    "too-big needs 9.0 GB on cpu but only 4.0 GB is free: 5.0 GB missing. It would fit as"
+    " --device-map auto --max-memory cpu=2048MiB (about 6.9 GB of weights read from disk"
+    " on every token).",
+    "auto",
+    "cpu=2048MiB",
+)
+
 
 @dataclass
 class FakeLoaded:
@@ -51,7 +66,8 @@ class FakeLoaded:
 class FakeBackend:
     """A loader and session factory for an engine server, with a session per model name.
 
-    Loading the spec "broken" fails; any other spec loads a fake session.
+    Loading the spec "broken" fails; "too-big" fails with a proposal (TOO_BIG) unless placed;
+    any other spec loads a fake session.
     """
 
     delay: float = 0.0
@@ -65,6 +81,8 @@ class FakeBackend:
         progress("Finding the model", 0.1)
         if request.spec == "broken":
             raise ModelLoadError(f"No model at {request.spec}: that file or folder does not exist.")
+        if request.spec == "too-big" and not request.placed:
+            raise ModelLoadError(TOO_BIG.line, TOO_BIG)
         progress("Ready", 1.0)
         dtype = "float32" if request.dtype == "auto" else request.dtype
         device = "cpu" if request.device == "auto" else request.device

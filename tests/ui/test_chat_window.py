@@ -222,6 +222,35 @@ def test_a_failed_load_keeps_the_previous_model_and_says_why(qtbot, backend, win
     assert window.conversation()[-1] == Message("assistant", "".join(REPLY))
 
 
+def test_a_model_too_big_is_offered_the_placement_that_fits(qtbot, backend, window):
+    # Loaded from outside the picker (as from the command line): the picker opens to offer it.
+    window.load_model(LoadRequest(spec="too-big"))
+    qtbot.waitUntil(lambda: window.picker is not None and window.picker.fit_button.isVisible())
+    picker = window.picker
+    assert "5.0 GB missing" in picker.status_text()
+    assert picker.fit_button.text() == (
+        "Load with automatic placement, a RAM cap of 2048 MiB (the rest on disk)"
+    )
+    assert "Could not load the model: too-big needs" in window.chat.toPlainText()
+    assert window.model_label.text().startswith("fake-135M ·")
+
+    with qtbot.waitSignal(window.backend.loaded, timeout=5000):
+        qtbot.mouseClick(picker.fit_button, Qt.MouseButton.LeftButton)
+    assert backend.requests[-1].device_map == "auto"
+    assert backend.requests[-1].max_memory == "cpu=2048MiB"
+    assert window.model_label.text().startswith("too-big ·")
+    qtbot.waitUntil(lambda: window.picker is None or not window.picker.isVisible())
+
+
+def test_a_failed_load_offers_no_placement_when_none_would_help(qtbot, backend, window):
+    picker = window.open_model_picker()
+    picker.set_location("hub", "broken")
+    with qtbot.waitSignal(window.backend.load_failed, timeout=5000):
+        qtbot.mouseClick(picker.load_button, Qt.MouseButton.LeftButton)
+    assert not picker.fit_button.isVisible()
+    picker.reject()
+
+
 def test_the_picker_loads_a_hub_model_on_the_chosen_device(qtbot, backend, window):
     picker = window.open_model_picker()
     picker.set_location("hub", "org/other-model")
