@@ -301,8 +301,8 @@ def _dequantise(
 
 # Why Glassbox's own model takes no placement (README: "Models bigger than memory").
 FAST_UNPLACED = (
-    "the fast model's weights are the memory-mapped GGUF itself, paged in and out by the OS;"
-    " it has no layers to place and no RAM cap to hold"
+    "the fast model places no layers yet: the GGML kernels' weights are read into memory"
+    " whole, the repacked 4-bit ones mapped from the cache folder, with no RAM cap to hold"
 )
 
 
