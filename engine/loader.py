@@ -272,7 +272,8 @@ def _load_gguf(
             return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
         model = _dequantise(file, dtype, report, writer)
     except (torch.OutOfMemoryError, MemoryError):
-        raise _out_of_memory(name, exact_bytes(file, dtype), device) from None
+        skeleton = exact_skeleton(file, dtype)
+        raise _out_of_memory(name, exact_bytes(file, dtype), device, skeleton) from None
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
         raise ModelLoadError(f"{path} could not be loaded: {_short(error)}") from None
     if mapping is not None:
@@ -316,8 +317,7 @@ def _fit_or_plan(
     needed, layers = exact_bytes(file, dtype), read_shape(file).layers
     if fit_proposal(name, needed, device, layers) is None:
         return None
-    largest = max(unit.bytes for unit in placement_plan.units(exact_skeleton(file, dtype)))
-    proposal = fit_proposal(name, needed, device, layers, largest)
+    proposal = fit_proposal(name, needed, device, layers, exact_skeleton(file, dtype))
     if proposal is None:  # freed up in between
         return None
     raise ModelLoadError(proposal.line, proposal)
@@ -371,8 +371,10 @@ def place(
     return _with_placement(loaded, placed)
 
 
-def _out_of_memory(name: str, needed: int, device: torch.device) -> ModelLoadError:
-    proposal = fit_proposal(name, needed, device)
+def _out_of_memory(
+    name: str, needed: int, device: torch.device, skeleton: torch.nn.Module
+) -> ModelLoadError:
+    proposal = fit_proposal(name, needed, device, skeleton=skeleton)
     if proposal is None:
         return ModelLoadError(f"{name} ran out of memory while loading on {device}.")
     return ModelLoadError(proposal.line, proposal)
@@ -690,7 +692,7 @@ def _load_pretrained(
     except (torch.OutOfMemoryError, MemoryError):
         skeleton = skeleton or _pretrained_skeleton(location, dtype, local)
         needed = sum(unit.bytes for unit in placement_plan.units(skeleton))
-        raise _out_of_memory(location, needed, device) from None
+        raise _out_of_memory(location, needed, device, skeleton) from None
     except Exception as error:
         raise ModelLoadError(f"Could not load {location}: {_short(error)}") from None
     if mapping is None or skeleton is None:

@@ -218,11 +218,16 @@ def place_of(name: str, mapping: DeviceMapDict) -> str:
 
 
 def fit_proposal(
-    name: str, needed: int, main: torch.device, layers: int = 0, largest: int = 0
+    name: str,
+    needed: int,
+    main: torch.device,
+    layers: int = 0,
+    skeleton: torch.nn.Module | None = None,
 ) -> Proposal | None:
     """None when `needed` bytes fit on `main` now; else how much is missing and the placement
-    that would fit. `largest`: the biggest unit's bytes, when known: a RAM cap below it cannot
-    work, and then no placement is proposed (the Proposal's device_map is "")."""
+    that would fit. With the model's `skeleton`, a RAM cap is planned as a load with it would
+    be, so the bytes it says go to disk are the plan's, and a cap that cannot work (below the
+    largest unit) proposes nothing (the Proposal's device_map is "")."""
     place = "cpu" if main.type != "cuda" else f"cuda:{main.index or 0}"
     free = free_memory(place)
     if needed <= free:
@@ -236,16 +241,13 @@ def fit_proposal(
         # half to run in).
         cap = int(free * (1 - RAM_KEEP)) - RAM_KEEP_BYTES
         cap = cap if cap > 0 else free // 2
-        if cap < largest:
-            return Proposal(
-                f"{short} Placed, it would not run either: its largest piece"
-                f" ({format_bytes(largest)}) must fit in RAM whole while it runs, and only"
-                f" {format_bytes(cap)} can be spared. Free some memory or choose a smaller model.",
-                "",
-                "",
-            )
         device_map, max_memory = "auto", f"cpu={cap >> 20}MiB"
-        cost = f"about {format_bytes(needed - cap)} of weights read from disk on every token"
+        try:
+            disk = needed - cap if skeleton is None else _disk_bytes(skeleton, max_memory, main)
+        except PlacementError as error:
+            line = f"{short} Placed, it would not run either: {error}."
+            return Proposal(f"{line} Free some memory or choose a smaller model.", "", "")
+        cost = f"{format_bytes(disk)} of weights read from disk on every token"
     else:
         per_layer = needed / max(layers, 1)
         fitting = max(min(int(free * (1 - GPU_KEEP) / per_layer) - 1, layers), 0)
@@ -253,3 +255,10 @@ def fit_proposal(
         cost = "the other layers in RAM, then on disk"
     fix = f"--device-map {device_map}" + (f" --max-memory {max_memory}" if max_memory else "")
     return Proposal(f"{short} It would fit as {fix} ({cost}).", device_map, max_memory)
+
+
+def _disk_bytes(skeleton: torch.nn.Module, max_memory: str, main: torch.device) -> int:
+    """The bytes `auto` under `max_memory` puts on disk (accelerate keeps room in RAM for the
+    largest unit it brings in, so this can be more than what exceeds the cap)."""
+    mapping = device_map(skeleton, DeviceMap("auto"), max_memory, main)
+    return sum(unit.bytes for unit in units(skeleton) if mapping[unit.name] == "disk")

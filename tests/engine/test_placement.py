@@ -3,6 +3,7 @@ same model in memory, and the weights its hooks move per step against what is on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -305,9 +306,30 @@ def test_bundled_too_big_for_free_memory_gets_a_proposal(monkeypatch, tmp_path):
 
     # With less free than the largest unit needs, no placement is proposed: it would not run.
     monkeypatch.setattr(plan, "free_memory", lambda device: 100 << 20)
-    with pytest.raises(ModelLoadError, match=r"largest piece \(113 MB\)") as error:
+    with pytest.raises(ModelLoadError, match=r"not run either: .*embed_tokens \(113 MB\)") as error:
         loader.load_model(request, cache_dir=tmp_path)
     assert error.value.fits_as is not None and error.value.fits_as.device_map == ""
+
+
+@pytest.mark.bundled
+def test_a_proposal_says_what_its_load_puts_on_disk(monkeypatch, tmp_path):
+    # accelerate keeps room in RAM for the largest unit it brings in, so more than what
+    # exceeds the cap goes to disk: the line says what the load it proposes really does.
+    free_now = plan.free_memory
+    monkeypatch.setattr(plan, "free_memory", lambda device: 400 << 20)
+    request = LoadRequest(spec="bundled", device="cpu", precision="exact")
+    with pytest.raises(ModelLoadError) as error:
+        loader.load_model(request, cache_dir=tmp_path)
+    fits = error.value.fits_as
+    assert fits is not None and fits.max_memory == "cpu=200MiB"
+
+    monkeypatch.setattr(plan, "free_memory", free_now)
+    placed = dataclasses.replace(request, device_map=fits.device_map, max_memory=fits.max_memory)
+    loaded = loader.load_model(placed, cache_dir=tmp_path)
+    assert loaded.info.placement is not None
+    disk = dict(loaded.info.placement.place_bytes)["disk"]
+    assert disk > 538_000_000 - (200 << 20)  # more than the naive excess over the cap
+    assert f"({format_bytes(disk)} of weights read from disk on every token)" in fits.line
 
 
 @pytest.mark.bundled
