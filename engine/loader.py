@@ -272,8 +272,8 @@ def _load_gguf(
             return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
         model = _dequantise(file, dtype, report, writer)
     except (torch.OutOfMemoryError, MemoryError):
-        skeleton = exact_skeleton(file, dtype)
-        raise _out_of_memory(name, exact_bytes(file, dtype), device, skeleton) from None
+        needed = exact_bytes(file, dtype)
+        raise _out_of_memory(name, needed, device, lambda: exact_skeleton(file, dtype)) from None
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
         raise ModelLoadError(f"{path} could not be loaded: {_short(error)}") from None
     if mapping is not None:
@@ -315,12 +315,10 @@ def _fit_or_plan(
     if request.placed:
         return _plan(exact_skeleton(file, dtype), request, device)
     needed, layers = exact_bytes(file, dtype), read_shape(file).layers
-    if fit_proposal(name, needed, device, layers) is None:
-        return None
-    proposal = fit_proposal(name, needed, device, layers, exact_skeleton(file, dtype))
-    if proposal is None:  # freed up in between
-        return None
-    raise ModelLoadError(proposal.line, proposal)
+    proposal = fit_proposal(name, needed, device, layers, lambda: exact_skeleton(file, dtype))
+    if proposal is not None:
+        raise ModelLoadError(proposal.line, proposal)
+    return None
 
 
 def _plan(skeleton: torch.nn.Module, request: LoadRequest, device: torch.device) -> DeviceMapDict:
@@ -372,7 +370,7 @@ def place(
 
 
 def _out_of_memory(
-    name: str, needed: int, device: torch.device, skeleton: torch.nn.Module
+    name: str, needed: int, device: torch.device, skeleton: Callable[[], torch.nn.Module]
 ) -> ModelLoadError:
     proposal = fit_proposal(name, needed, device, skeleton=skeleton)
     if proposal is None:
@@ -692,7 +690,7 @@ def _load_pretrained(
     except (torch.OutOfMemoryError, MemoryError):
         skeleton = skeleton or _pretrained_skeleton(location, dtype, local)
         needed = sum(unit.bytes for unit in placement_plan.units(skeleton))
-        raise _out_of_memory(location, needed, device, skeleton) from None
+        raise _out_of_memory(location, needed, device, lambda: skeleton) from None
     except Exception as error:
         raise ModelLoadError(f"Could not load {location}: {_short(error)}") from None
     if mapping is None or skeleton is None:

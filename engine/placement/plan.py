@@ -12,6 +12,7 @@ RAM goes to "disk": memory-mapped files that accelerate's hooks read in before e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -222,12 +223,12 @@ def fit_proposal(
     needed: int,
     main: torch.device,
     layers: int = 0,
-    skeleton: torch.nn.Module | None = None,
+    skeleton: Callable[[], torch.nn.Module] | None = None,
 ) -> Proposal | None:
     """None when `needed` bytes fit on `main` now; else how much is missing and the placement
-    that would fit. With the model's `skeleton`, a RAM cap is planned as a load with it would
-    be, so the bytes it says go to disk are the plan's, and a cap that cannot work (below the
-    largest unit) proposes nothing (the Proposal's device_map is "")."""
+    that would fit. With `skeleton` (made only when needed: the model's shapes), a RAM cap is
+    planned as a load with it would be, so the bytes it says go to disk are the plan's, and a
+    cap that cannot work (below the largest unit) proposes nothing (device_map "")."""
     place = "cpu" if main.type != "cuda" else f"cuda:{main.index or 0}"
     free = free_memory(place)
     if needed <= free:
@@ -243,7 +244,7 @@ def fit_proposal(
         cap = cap if cap > 0 else free // 2
         device_map, max_memory = "auto", f"cpu={cap >> 20}MiB"
         try:
-            disk = needed - cap if skeleton is None else _disk_bytes(skeleton, max_memory, main)
+            disk = needed - cap if skeleton is None else _disk_bytes(skeleton(), max_memory, main)
         except PlacementError as error:
             line = f"{short} Placed, it would not run either: {error}."
             return Proposal(f"{line} Free some memory or choose a smaller model.", "", "")
