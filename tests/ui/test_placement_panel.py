@@ -64,7 +64,7 @@ def test_state_keeps_each_steps_transfer_and_says_what_bounds_it(rng):
 def test_an_unplaced_model_says_why_nothing_moves():
     state = InternalsState()
     state.set_model(model_info(precision="fast"))
-    assert "maps the GGUF file itself" in state.placement.sentence()
+    assert "own model places no layers yet" in state.placement.sentence()
     state.set_model(model_info())
     assert "nothing moves per token" in state.placement.sentence()
 

@@ -94,9 +94,10 @@ class PlacementTrace:
             return ""
         if self.info.precision == "fast":
             return (
-                "Glassbox's own model maps the GGUF file itself: the OS pages its weights in"
-                " as they are used. A placement (--device-map, --max-memory, or Placement in"
-                " Load model…) runs the exact path instead."
+                "Glassbox's own model places no layers yet: its weights are in memory (the"
+                " 4-bit repacks mapped from the cache folder), nothing moves per token. A"
+                " placement (--device-map, --max-memory, or Placement in Load model…) runs"
+                " the exact path instead."
             )
         return (
             f"The whole model is on {self.info.device}: nothing moves per token. Load with a"
