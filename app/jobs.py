@@ -80,11 +80,14 @@ def event_weight(event: Event) -> int:
 
 def proposed_request(request: LoadRequest, error: BaseException) -> LoadRequest | None:
     """The load `request` placed as a failed load's error proposes (ModelLoadError.fits_as),
-    or None. A proposal is a placement, which the exact path takes."""
+    or None. The fast model places layers between RAM and disk only: a proposal of layers on
+    a GPU goes to the exact path."""
     fits_as = getattr(error, "fits_as", None)
     if fits_as is None or not fits_as.device_map:  # no placement would fit either
         return None
-    precision = "auto" if request.precision == "fast" else request.precision
+    precision = request.precision
+    if precision == "fast" and fits_as.device_map.startswith("gpu-layers"):
+        precision = "auto"
     return replace(
         request,
         device_map=fits_as.device_map,

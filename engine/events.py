@@ -78,6 +78,10 @@ class Placement:
     execution_device: str
     note: str = ""  # how the map was chosen, in words
     compute_s: float = 0.0
+    # Glassbox's own model: "disk" is the mapped GGUF (or pack) file, read through the OS's
+    # page cache only where it lacks pages (engine/placement/mapped.py); moved_bytes is then
+    # what a step reads at most, when none of it is cached.
+    mapped: bool = False
 
     @property
     def predicted_transfer_s(self) -> float:

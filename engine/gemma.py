@@ -180,6 +180,9 @@ class GGUFGemma(llama.GGUFLlama):
         the pass's rope, sliding ones with the local base."""
         local_rope = Rope(self.local_inv_freq, where.start, x.shape[0], self.rope_matrix_rows)
         local = dataclasses.replace(where, rope=local_rope)
+        read_in = self.read_in
         for layer, block in enumerate(self.blocks):
+            if read_in is not None:
+                read_in(layer)
             x = block.forward(x, layer, local if layer in self.sliding else where)
         return x

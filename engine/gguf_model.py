@@ -138,11 +138,14 @@ def build_fast(
     progress: TensorProgress | None = None,
     packs: PackCache | None = None,
     kernels: bool = True,
+    mapped_layers: frozenset[int] = frozenset(),
 ) -> GGUFLlama:
     """GGUFLlama on the file's quantised weights: the file's blocks in the GGML kernels where
     they run and `kernels` allows (a GPU's form is made from the int4 layouts instead), else
     int4 weights repacked (others dequantised to bf16); with `packs`, what is repacked comes
-    from (and goes to) the cache folder's pack."""
+    from (and goes to) the cache folder's pack. The GGML weights of `mapped_layers` (placed
+    on disk) are views of the mapped file, one product per tensor, instead of copies read in
+    (llama's q/k, whose rows are reordered, are copied all the same)."""
     shape = read_shape(file)
     ggml = kernels and ggml_kernel.in_use()
     names = list(file.tensors)
@@ -159,17 +162,28 @@ def build_fast(
         rows = [raw_rows(file, shape, p) for p in parts]
         return rows[0] if len(rows) == 1 else torch.cat(rows)  # a lone part: not copied again
 
-    def linear(*parts: str) -> quant.Linear:
-        """The fused weight of `parts`: each run of parts of one layout is one product."""
-        built = [layout_linear(layout, run) for layout, run in _runs(file, parts, ggml)]
+    def mapped(name: str) -> torch.Tensor:
+        advance(1)
+        if shape.architecture == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            return raw_rows(file, shape, name)  # reordered: a copy
+        return torch.from_numpy(file.raw(name))
+
+    def linear(*parts: str, in_file: bool = False) -> quant.Linear:
+        """The fused weight of `parts`: each run of parts of one layout is one product (with
+        `in_file`, each GGML part is its own product on the mapped file's blocks)."""
+        runs = _runs(file, parts, ggml)
+        if in_file:
+            runs = _ggml_apart(runs)
+        built = [layout_linear(layout, run, in_file) for layout, run in runs]
         return built[0] if len(built) == 1 else quant.PartsLinear(built)
 
-    def layout_linear(layout: str, parts: list[str]) -> quant.Part:
+    def layout_linear(layout: str, parts: list[str], in_file: bool = False) -> quant.Part:
         rows = sum(file.tensors[p].shape[0] for p in parts)
         columns = file.tensors[parts[0]].shape[-1]
 
         if layout.startswith(GGML):  # the file's own blocks: nothing to repack or keep
-            return quant.GGMLLinear(take(*parts), file.tensors[parts[0]].type, columns)
+            weight = mapped(parts[0]) if in_file else take(*parts)
+            return quant.GGMLLinear(weight, file.tensors[parts[0]].type, columns)
 
         def build() -> quant.Part:
             if layout == BF16:
@@ -195,11 +209,11 @@ def build_fast(
     gemma = shape.architecture == "gemma3"
     blocks: list[Block] = []
     for i in range(shape.layers):
-        p = f"blk.{i}."
-        qkv = linear(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
-        out = linear(p + "attn_output.weight")
-        gate_up = linear(p + "ffn_gate.weight", p + "ffn_up.weight")
-        down = linear(p + "ffn_down.weight")
+        p, in_file = f"blk.{i}.", i in mapped_layers
+        qkv = linear(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight", in_file=in_file)
+        out = linear(p + "attn_output.weight", in_file=in_file)
+        gate_up = linear(p + "ffn_gate.weight", p + "ffn_up.weight", in_file=in_file)
+        down = linear(p + "ffn_down.weight", in_file=in_file)
         if gemma:
             blocks.append(_gemma_block(shape, i, (qkv, out, gate_up, down), p, vector))
             release_freed_memory()
@@ -320,6 +334,17 @@ def _runs(file: GGUFFile, parts: Iterable[str], ggml: bool) -> list[tuple[str, l
         else:
             runs.append((layout, [name]))
     return runs
+
+
+def _ggml_apart(runs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """The runs with each GGML one cut into single parts (each a view of its own tensor)."""
+    apart: list[tuple[str, list[str]]] = []
+    for layout, run in runs:
+        if layout.startswith(GGML):
+            apart.extend((layout, [part]) for part in run)
+        else:
+            apart.append((layout, run))
+    return apart
 
 
 def _dense_note(file: GGUFFile, names: list[str]) -> str:
@@ -480,6 +505,38 @@ def _dense(file: GGUFFile, shape: LlamaShape, names: Iterable[str]) -> torch.Ten
         info = file.tensors[name]
         parts.append(quant.dense(raw_rows(file, shape, name), info.type, info.shape[-1]))
     return torch.cat(parts)
+
+
+class _Sized(torch.nn.Module):
+    """A unit of the fast model's plan: its bytes, as a weight on the meta device."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(
+            torch.empty(size, dtype=torch.uint8, device="meta"), requires_grad=False
+        )
+
+
+def fast_skeleton(file: GGUFFile) -> torch.nn.Module:
+    """The fast model as a placement plans it: each decoder layer ("model.layers.N") and the
+    head ("lm_head") with the bytes the file gives its weights. The embedding is left out:
+    its rows are always read from the mapped file, the few a token looks up."""
+    shape = read_shape(file)
+    by_layer = [0] * shape.layers
+    for name, info in file.tensors.items():
+        if name.startswith("blk."):
+            by_layer[int(name.split(".")[1])] += info.nbytes
+    head = file.tensors.get("output.weight") or file.tensors["token_embd.weight"]
+    skeleton = torch.nn.Module()
+    skeleton.model = torch.nn.Module()
+    skeleton.model.layers = torch.nn.ModuleList(_Sized(size) for size in by_layer)
+    skeleton.lm_head = _Sized(head.nbytes)
+    return skeleton
+
+
+def fast_bytes(file: GGUFFile) -> int:
+    """What the fast model holds in memory, about: the file's weights but the embedding."""
+    return sum(info.nbytes for name, info in file.tensors.items() if name != "token_embd.weight")
 
 
 # -- the transformers reference ------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -357,6 +358,9 @@ class GGUFLlama(nn.Module):
         self.decode_step: DecodeStep | None = None
         # one-token passes on a GPU go through a static step instead (engine/static_decode.py)
         self.static_step: StaticStep | None = None
+        # called with a layer's index (the head's: the layer count) before it runs, when some
+        # are placed on disk (engine/placement/mapped.py); the compiled step is then refused
+        self.read_in: Callable[[int], None] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -394,6 +398,8 @@ class GGUFLlama(nn.Module):
             cache.length = start + n
         if not every_position:
             x = x[-1:]
+        if self.read_in is not None:
+            self.read_in(self.shape.layers)
         logits = self.output.forward(rms_norm(x, self.norm, self.shape.eps))
         return logits if every_position else logits[-1]
 
@@ -407,7 +413,10 @@ class GGUFLlama(nn.Module):
             except RuntimeError as error:  # inputs it was not compiled for: eager from now on
                 log.warning("the compiled decode step failed, decoding eagerly: %s", error)
                 self.decode_step = None
+        read_in = self.read_in
         for layer, block in enumerate(self.blocks):
+            if read_in is not None:
+                read_in(layer)
             x = block.forward(x, layer, where)
         return x
 

@@ -19,6 +19,7 @@ Every failure becomes a `ModelLoadError` whose message a user can act on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -47,6 +48,8 @@ from engine.gguf_model import (
     build_fast,
     exact_bytes,
     exact_skeleton,
+    fast_bytes,
+    fast_skeleton,
     read_shape,
     release_freed_memory,
 )
@@ -61,6 +64,8 @@ from engine.placement.dispatch import (
     offload_folder,
     place_in_memory,
 )
+from engine.placement.mapped import MappedMeter, MappedPlacement
+from engine.placement.mapped import place as place_mapped
 from engine.placement.plan import DeviceMapDict, fit_proposal
 from engine.placement.spec import PlacementError, Proposal, parse_device_map
 from engine.placement.transfer import TransferMeter
@@ -107,7 +112,8 @@ class LoadedModel:
     info: ModelInfo
     # a fast model's compiled decode step on its way (CPU), or its static step's state (CUDA)
     compiling: Attacher | StepState | None = None
-    transfers: TransferMeter | None = None  # what a placed model's hooks move, per pass
+    # what a placed model moves per pass: accelerate's hooks, or the fast model's read-ins
+    transfers: TransferMeter | MappedMeter | None = None
 
 
 def bundled_gguf_path() -> Path:
@@ -231,13 +237,13 @@ def _load_gguf(
     refusal = unsupported
     if refusal is None and device.type not in ("cpu", "cuda"):
         refusal = f"its weights run on the CPU or CUDA, not on {device.type}"
-    if refusal is None and request.placed:
+    if refusal is None and request.placed and device.type != "cpu":
         refusal = FAST_UNPLACED
     precision = request.precision
     if precision == "auto":
         precision = "fast" if refusal is None and device.type == "cpu" else "exact"
         if refusal == FAST_UNPLACED:
-            log.info("a placed load takes the exact path: %s", FAST_UNPLACED)
+            log.info("a placed load on %s takes the exact path: %s", device, FAST_UNPLACED)
         elif refusal is None and device.type == "cuda":
             # The static step's capture has not run on a GPU yet (engine/static_decode.py):
             # until it is measured there, a GPU user gets the tested transformers path.
@@ -251,6 +257,11 @@ def _load_gguf(
         if request.placed:
             return _finish_placed(model, tokenizer, name, source, request, device, cache, report)
         return _finish(model, tokenizer, name, source, device, report)
+    fast_places = None  # a placed fast load's plan, refused before anything is read
+    if precision == "fast" and request.placed:
+        fast_places = _plan(fast_skeleton(file), request, device)
+    elif precision == "fast" and device.type == "cpu":
+        _check_fast_fits(file, name, device)
     tokenizer = gguf_tokenizer(path, cache, report, lean=precision == "fast")
     mapping: DeviceMapDict | None = None
     writer: DiskWriter | None = None
@@ -260,18 +271,18 @@ def _load_gguf(
         if mapping is not None:  # disk-placed weights go to disk as they are dequantised
             writer = DiskWriter(mapping, offload_folder(cache))
         if precision == "fast":
-            packs = PackCache(pack_path(cache / "packed", path.stem, _file_key(path)), path.stem)
-            progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
-            fast = build_fast(file, progress, packs, kernels=device.type == "cpu")
-            compiling: Attacher | StepState | None
-            if device.type == "cpu":
-                compiling = _compile_in_background(fast, path, cache, request)
-            else:  # the GPU form of the weights, and its static step (engine/static_decode.py)
-                compiling = static_decode.attach(to_device(fast, device))
+            fast, fast_placed, compiling = _load_fast(
+                file, path, fast_places, request, device, cache, report
+            )
             info = describe_fast(fast, name, source)
-            return LoadedModel(fast, _with_pad(tokenizer), info, compiling)
+            meter = None
+            if fast_placed is not None:
+                info, meter = replace(info, placement=fast_placed.placement), fast_placed.meter
+            return LoadedModel(fast, _with_pad(tokenizer), info, compiling, meter)
         model = _dequantise(file, dtype, report, writer)
     except (torch.OutOfMemoryError, MemoryError):
+        if precision == "fast" and device.type == "cpu":
+            _check_fast_fits(file, name, device)  # says what would fit, if it can
         needed = exact_bytes(file, dtype)
         raise _out_of_memory(name, needed, device, lambda: exact_skeleton(file, dtype)) from None
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
@@ -300,11 +311,63 @@ def _dequantise(
     return model
 
 
-# Why Glassbox's own model takes no placement (README: "Models bigger than memory").
+# Why Glassbox's own model takes no placement on a GPU (README: "Models bigger than memory").
 FAST_UNPLACED = (
-    "the fast model places no layers yet: the GGML kernels' weights are read into memory"
-    " whole, the repacked 4-bit ones mapped from the cache folder, with no RAM cap to hold"
+    "the fast model places its layers between RAM and disk only: its GPU form holds every"
+    " layer on the GPU"
 )
+
+
+def _load_fast(
+    file: GGUFFile, path: Path, places: DeviceMapDict | None, request: LoadRequest,
+    device: torch.device, cache: Path, report: Progress,
+) -> tuple[GGUFLlama, MappedPlacement | None, Attacher | StepState | None]:  # fmt: skip
+    """Glassbox's own model on the file's weights, and its decode step on the way; placed by
+    `places`, its disk-placed layers compute from the mapped file (engine/placement/mapped.py)."""
+    layers = range(read_shape(file).layers)
+    on_disk = frozenset(i for i in layers if places and places[f"model.layers.{i}"] == "disk")
+    packed = pack_path(cache / "packed", path.stem, _file_key(path))
+    packs = PackCache(packed, path.stem)
+    progress = _per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
+    fast = build_fast(file, progress, packs, kernels=device.type == "cpu", mapped_layers=on_disk)
+    if on_disk and packs.missed:  # its repacks were just made, in memory: map them instead
+        del fast
+        release_freed_memory()
+        fast = build_fast(file, None, PackCache(packed, path.stem), mapped_layers=on_disk)
+    placed = None
+    if places is not None:
+        report("Placing the layers", 0.97)
+        placed = place_fast(fast, places, _placement_note(request))
+    compiling: Attacher | StepState | None
+    if device.type == "cpu":
+        compiling = _compile_in_background(fast, path, cache, request)
+    else:  # the GPU form of the weights, and its static step (engine/static_decode.py)
+        compiling = static_decode.attach(to_device(fast, device))
+    return fast, placed, compiling
+
+
+def _check_fast_fits(file: GGUFFile, name: str, device: torch.device) -> None:
+    """Refuse a fast load its RAM cannot hold, proposing the RAM cap that would fit."""
+    layers = read_shape(file).layers
+    skeleton = functools.partial(fast_skeleton, file)
+    proposal = fit_proposal(name, fast_bytes(file), device, layers, skeleton, mapped=True)
+    if proposal is not None:
+        raise ModelLoadError(proposal.line, proposal)
+
+
+def place_fast(model: GGUFLlama, mapping: DeviceMapDict, note: str) -> MappedPlacement:
+    """Place the fast model's layers and head as `mapping` says (built with its disk-placed
+    layers on the mapped file); with any on disk, its decode step stays eager, so each one's
+    reading in is timed before it runs."""
+    units = [(f"model.layers.{i}", block) for i, block in enumerate(model.blocks)]
+    units.append(("lm_head", model.output))
+    placed = place_mapped(model, units, mapping, note)
+    if placed.meter is not None:
+        model.compile_refusal = (
+            "layers placed on disk are read in one by one before they run, which the"
+            " compiled step (one function for every layer) cannot stop for"
+        )
+    return placed
 
 
 def _fit_or_plan(

@@ -251,7 +251,12 @@ class ChatSession(PacedGeneration):
             return None
         moved, seconds = self.transfers.take()
         placement = self.info.placement
-        return Transfer(moved, seconds, placement.predicted_transfer_s, placement.predicted_step_s)
+        predicted = self.transfers.predicted_s()  # the fast model's, from what was missing
+        if predicted is None:  # accelerate's hooks move the same bytes every pass
+            return Transfer(
+                moved, seconds, placement.predicted_transfer_s, placement.predicted_step_s
+            )
+        return Transfer(moved, seconds, predicted, placement.compute_s + predicted)
 
     def _roofline(self, forward: Forward, seconds: float) -> Roofline:
         return self.meter.measure(forward.new, forward.cached, seconds, forward.with_cache)

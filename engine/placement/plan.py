@@ -224,11 +224,13 @@ def fit_proposal(
     main: torch.device,
     layers: int = 0,
     skeleton: Callable[[], torch.nn.Module] | None = None,
+    mapped: bool = False,
 ) -> Proposal | None:
     """None when `needed` bytes fit on `main` now; else how much is missing and the placement
     that would fit. With `skeleton` (made only when needed: the model's shapes), a RAM cap is
     planned as a load with it would be, so the bytes it says go to disk are the plan's, and a
-    cap that cannot work (below the largest unit) proposes nothing (device_map "")."""
+    cap that cannot work (below the largest unit) proposes nothing (device_map ""). `mapped`:
+    the fast model's disk is its mapped file, read back only where the OS dropped it."""
     place = "cpu" if main.type != "cuda" else f"cuda:{main.index or 0}"
     free = free_memory(place)
     if needed <= free:
@@ -249,6 +251,11 @@ def fit_proposal(
             line = f"{short} Placed, it would not run either: {error}."
             return Proposal(f"{line} Free some memory or choose a smaller model.", "", "")
         cost = f"{format_bytes(disk)} of weights read from disk on every token"
+        if mapped:
+            cost = (
+                f"{format_bytes(disk)} of layers left in the mapped file, read from disk where"
+                " the OS has dropped them"
+            )
     else:
         per_layer = needed / max(layers, 1)
         fitting = max(min(int(free * (1 - GPU_KEEP) / per_layer) - 1, layers), 0)

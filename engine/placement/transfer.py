@@ -90,6 +90,10 @@ class TransferMeter:
             self._events = []
         return self.bytes, self.seconds
 
+    def predicted_s(self) -> None:
+        """None: every pass moves the same bytes (the placement's prediction holds)."""
+        return None
+
     def _timed(self, pre_forward: Callable[..., Any]) -> Callable[..., Any]:
         if self.device.type == "cuda":
             return self._cuda_timed(pre_forward)

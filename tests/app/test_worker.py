@@ -190,10 +190,10 @@ def test_a_model_too_big_comes_back_with_the_placement_that_fits(qtbot, backend,
     qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
 
     assert rec.failures == [TOO_BIG.line]
-    # The same request, placed as proposed; a placement runs on the exact path, so no "fast".
+    # The same request, placed as proposed (the fast model places layers in RAM and on disk)
     assert proposals == [
         LoadRequest(
-            spec="too-big", dtype="bfloat16", precision="auto",
+            spec="too-big", dtype="bfloat16", precision="fast",
             device_map="auto", max_memory="cpu=2048MiB",
         )
     ]  # fmt: skip
@@ -210,6 +210,12 @@ def test_a_proposal_that_places_nothing_is_not_offered():
     assert proposed_request(LoadRequest(spec="big"), ValueError("damaged")) is None
     placed = proposed_request(LoadRequest(spec="big"), ModelLoadError(TOO_BIG.line, TOO_BIG))
     assert placed == LoadRequest(spec="big", device_map="auto", max_memory="cpu=2048MiB")
+    on_gpu = ModelLoadError("big", replace(TOO_BIG, device_map="gpu-layers=3", max_memory=""))
+    fast = LoadRequest(spec="big", precision="fast")
+    # the fast model places no layers on a GPU: that proposal goes to the exact path
+    assert proposed_request(fast, on_gpu) == replace(
+        fast, device_map="gpu-layers=3", precision="auto"
+    )
 
 
 def test_an_unexpected_loader_error_is_reported_with_its_type(qtbot, caplog):

@@ -61,10 +61,28 @@ def test_state_keeps_each_steps_transfer_and_says_what_bounds_it(rng):
     assert "compute bounds it" in state.placement.sentence()
 
 
+def test_the_fast_models_disk_is_the_mapped_file_and_its_page_cache(rng):
+    state = InternalsState()
+    state.set_model(model_info(placement=replace(PLACED, mapped=True)))
+    assert "compute from the mapped file" in state.placement.sentence()
+    assert "5.0 GB/s measured at load" in state.placement.sentence()
+    state.ingest(prefill(rng))
+    cached = Transfer(0, 0.0004, 0.0, 0.041)
+    state.ingest(dataclasses.replace(token(rng, 1), seconds=0.043, transfer=cached))
+    sentence = state.placement.sentence()
+    assert sentence.startswith("This step (43 ms) read nothing from disk")
+    assert "all 297 MB" in sentence and "compute bounds it (predicted 41 ms)" in sentence
+    dropped = Transfer(290 * MB, 0.060, 0.058, 0.099)
+    state.ingest(dataclasses.replace(token(rng, 2), seconds=0.100, transfer=dropped))
+    sentence = state.placement.sentence()
+    assert sentence.startswith("60% of this step (100 ms) read 290 MB of the 297 MB placed on")
+    assert "predicted 58 ms" in sentence and "reading the file bounds it" in sentence
+
+
 def test_an_unplaced_model_says_why_nothing_moves():
     state = InternalsState()
     state.set_model(model_info(precision="fast"))
-    assert "own model places no layers yet" in state.placement.sentence()
+    assert "compute from the mapped file instead" in state.placement.sentence()
     state.set_model(model_info())
     assert "nothing moves per token" in state.placement.sentence()
 

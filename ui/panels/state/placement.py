@@ -62,6 +62,8 @@ class PlacementTrace:
             return self._unplaced()
         if not placement.moved_bytes:
             return self._resident(placement)
+        if placement.mapped:
+            return self._mapped(placement)
         if not len(self.steps):
             return (
                 f"Each step will read {format_bytes(placement.moved_bytes)} of weights in"
@@ -79,6 +81,32 @@ class PlacementTrace:
             f" the step predicted {predicted_step * 1000:.0f} ms): {bound}."
         )
 
+    def _mapped(self, placement: Placement) -> str:
+        """Glassbox's own model: its disk is the mapped file, read only where the OS's page
+        cache has dropped it."""
+        held = format_bytes(placement.moved_bytes)
+        if not len(self.steps):
+            return (
+                f"The layers placed on disk ({held}) compute from the mapped file: storage is"
+                " read only for what the OS has not kept in its page cache (at the"
+                f" {format_bytes(placement.read_bytes_per_s)}/s measured at load)."
+            )
+        step, transfer, predicted, predicted_step, moved = (float(v) for v in self.steps.last())  # type: ignore[union-attr]
+        if not moved:
+            return (
+                f"This step ({step * 1000:.0f} ms) read nothing from disk: the OS kept all"
+                f" {held} of the disk-placed layers in its page cache, so compute bounds it"
+                f" (predicted {predicted_step * 1000:.0f} ms)."
+            )
+        share = transfer / step if step > 0 else 0.0
+        bound = "reading the file bounds it" if share >= 0.5 else "compute bounds it"
+        return (
+            f"{share:.0%} of this step ({step * 1000:.0f} ms) read {format_bytes(moved)} of the"
+            f" {held} placed on disk back from the file, which the OS had dropped from its page"
+            f" cache ({transfer * 1000:.0f} ms, predicted {predicted * 1000:.0f} ms; the step"
+            f" predicted {predicted_step * 1000:.0f} ms): {bound}."
+        )
+
     @staticmethod
     def _resident(placement: Placement) -> str:
         places = [place for place, _ in placement.place_bytes]
@@ -94,10 +122,10 @@ class PlacementTrace:
             return ""
         if self.info.precision == "fast":
             return (
-                "Glassbox's own model places no layers yet: its weights are in memory (the"
-                " 4-bit repacks mapped from the cache folder), nothing moves per token. A"
-                " placement (--device-map, --max-memory, or Placement in Load model…) runs"
-                " the exact path instead."
+                "The whole model is in memory (its 4-bit repacks mapped from the cache"
+                " folder): nothing moves per token. Load it with a RAM cap (--max-memory, or"
+                " Placement in Load model…) and the layers past the cap compute from the"
+                " mapped file instead."
             )
         return (
             f"The whole model is on {self.info.device}: nothing moves per token. Load with a"

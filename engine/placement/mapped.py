@@ -1,0 +1,313 @@
+"""Placement of Glassbox's own GGUF model: its "disk" is the mapped file, read through the OS.
+
+accelerate's exact path copies each offloaded layer from its offload folder into fresh
+memory before every pass, cached or not. The fast model's disk-placed layers instead compute
+straight from views of mapped files: the GGUF's own blocks where the GGML kernels read them,
+the pack cache's 4-bit repacks otherwise (engine/pack_cache.py). Nothing is copied and
+nothing is written: storage is read only for pages the OS does not hold in its page cache,
+and while RAM is spare it holds them all, so such a step costs what an in-memory one does.
+The RAM cap bounds what Glassbox itself holds (the RAM-placed layers, copied in whole); the
+OS decides what of the file stays cached, and takes it back first when memory runs short.
+
+Before a disk-placed layer runs, its pages are checked (mincore) and those the cache lacks
+are read in at once (madvise MADV_POPULATE_READ), timed: what a step's transfer is here. Its
+bytes are the kernel's own count of what storage gave those read-ins (/proc/self/io), and
+each step is predicted from the pages found missing and the read bandwidth measured at load.
+(The embedding's and the head's rows that a token looks up come from the mapped GGUF too,
+wherever the layers are: those reads are no placement's, and are not counted.)
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import functools
+import logging
+import mmap
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.events import Placement
+from engine.placement.spec import format_bytes
+
+log = logging.getLogger(__name__)
+
+PAGE = mmap.PAGESIZE
+MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in now, reading what is missing
+MADV_DONTNEED = 4
+PROBE_SAMPLE_BYTES = 64 << 20  # dropped from the page cache at load to time a real read
+
+# A range of mapped memory: (page-aligned address, length in bytes).
+Span = tuple[int, int]
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def file_backed(spans: Iterable[Span]) -> list[bool]:
+    """For each span, whether it lies in a mapping of a file (not anonymous memory)."""
+    starts, ends = [], []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) > 5 else ""
+            if path.startswith("/") and not path.endswith(" (deleted)"):
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                starts.append(low)
+                ends.append(high)
+    result = []
+    for address, length in spans:
+        index = bisect.bisect_right(starts, address) - 1
+        result.append(index >= 0 and address + length <= ends[index])
+    return result
+
+
+def span(tensor: torch.Tensor) -> Span:
+    """The pages a contiguous tensor's bytes lie on."""
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    low = start - start % PAGE
+    return low, -(-(end - low) // PAGE) * PAGE
+
+
+def weights(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The module's buffers and parameters, each storage once."""
+    seen: set[int] = set()
+    found = []
+    for tensor in (*module.buffers(), *module.parameters()):
+        if tensor.numel() and tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            found.append(tensor)
+    return found
+
+
+def hold(module: torch.nn.Module) -> int:
+    """Copy the module's file-backed weights into memory of its own (a RAM-placed layer whose
+    repacks were mapped from the pack cache); returns the bytes copied."""
+    copied = 0
+    for owner in module.modules():
+        for name, buffer in list(owner._buffers.items()):
+            if buffer is None or not buffer.numel() or not file_backed([span(buffer)])[0]:
+                continue
+            owner._buffers[name] = buffer.clone()
+            copied += buffer.numel() * buffer.element_size()
+    return copied
+
+
+def mapped_spans(module: torch.nn.Module) -> tuple[list[Span], int]:
+    """The file-backed pages of the module's weights (merged), and the bytes it holds in
+    memory of its own (copies: llama's reordered q/k rows, norms, bf16 fallbacks)."""
+    tensors = weights(module)
+    backed = file_backed(span(t) for t in tensors)
+    spans = sorted(span(t) for t, b in zip(tensors, backed, strict=True) if b)
+    held = sum(t.numel() * t.element_size() for t, b in zip(tensors, backed, strict=True) if not b)
+    merged: list[Span] = []
+    for address, length in spans:
+        if merged and address <= merged[-1][0] + merged[-1][1]:
+            low, size = merged[-1]
+            merged[-1] = (low, max(size, address + length - low))
+        else:
+            merged.append((address, length))
+    return merged, held
+
+
+def storage_read_bytes() -> int:
+    """Bytes this process has had read from storage (page faults and reads alike)."""
+    with open("/proc/self/io") as counters:
+        for line in counters:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def missing_bytes(address: int, length: int) -> int:
+    """Bytes of the range whose pages the page cache does not hold (mincore)."""
+    pages = length // PAGE
+    vector = np.empty(pages, np.uint8)
+    result = _libc().mincore(
+        ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_void_p(vector.ctypes.data)
+    )
+    if result:  # not answerable (never for a live mapping): read nothing ahead
+        return 0
+    return int(pages - np.count_nonzero(vector & 1)) * PAGE
+
+
+def read_in(address: int, length: int) -> None:
+    """Fault the range's pages in now; without MADV_POPULATE_READ (Linux < 5.14), by touching
+    a byte of each page."""
+    if _libc().madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), MADV_POPULATE_READ):
+        pages = np.ctypeslib.as_array((ctypes.c_ubyte * length).from_address(address))
+        pages[::PAGE].sum()
+
+
+def drop(address: int, length: int) -> None:
+    """Take the range out of this process and out of the page cache (to time a real read)."""
+    _libc().madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), MADV_DONTNEED)
+    located = file_offset(address)
+    if located is None:
+        return
+    path, offset = located.rsplit("@", 1)
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(descriptor, int(offset), length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(descriptor)
+
+
+def file_offset(address: int) -> str | None:
+    """ "path@offset" of the file byte mapped at `address`, or None."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low <= address < high and len(fields) > 5 and fields[5].startswith("/"):
+                return f"{fields[5].strip()}@{int(fields[2], 16) + address - low}"
+    return None
+
+
+class MappedMeter:
+    """Reads each disk-placed unit's missing pages in before it runs, timed; per pass, what
+    storage gave (`begin()`, then `take()` -> (bytes, seconds)) and what was predicted."""
+
+    def __init__(self, spans: dict[int, list[Span]]) -> None:
+        self.spans = spans
+        self.bytes = self.missing = 0
+        self.seconds = 0.0
+        self.read_bytes_per_s = 0.0  # measured at load; 0 until then
+
+    def __call__(self, unit: int) -> None:
+        """Before unit `unit` (a layer's index; the head's is the layer count) runs."""
+        spans = self.spans.get(unit)
+        if not spans:
+            return
+        start = time.perf_counter()
+        for address, length in spans:
+            if missing_bytes(address, length):
+                before = storage_read_bytes()
+                read_in(address, length)
+                self.bytes += storage_read_bytes() - before
+        self.seconds += time.perf_counter() - start
+
+    def begin(self) -> None:
+        """Before a pass: what it will find missing, checked before any read-in (whose
+        read-ahead would hide the next unit's pages from a later check)."""
+        start = time.perf_counter()
+        self.bytes = 0
+        self.missing = sum(missing_bytes(*s) for spans in self.spans.values() for s in spans)
+        self.seconds = time.perf_counter() - start
+
+    def take(self) -> tuple[int, float]:
+        """The bytes storage gave the read-ins, and the seconds they took, since `begin()`."""
+        return self.bytes, self.seconds
+
+    def predicted_s(self) -> float | None:
+        """The last pass's read, predicted from the pages missing when it began."""
+        if self.read_bytes_per_s <= 0:
+            return 0.0
+        return self.missing / self.read_bytes_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class MappedPlacement:
+    """A fast model's placement: its event, and the meter its disk-placed units run behind
+    (None when every unit is in RAM: nothing to read in, nothing on the decode path)."""
+
+    placement: Placement
+    meter: MappedMeter | None
+
+
+def place(
+    model: torch.nn.Module, units: list[tuple[str, torch.nn.Module]], places: dict[str, str],
+    note: str,
+) -> MappedPlacement:  # fmt: skip
+    """Hold the RAM-placed units in memory, meter the disk-placed ones, and measure what a
+    pass costs. `units`: (name, module) in the order a pass runs them, the decoder layers
+    ("model.layers.N") then the head; the model calls its `read_in` with each one's index."""
+    disk_spans: dict[int, list[Span]] = {}
+    per_place = {"cpu": 0, "disk": 0}
+    unit_bytes: list[int] = []
+    for index, (name, module) in enumerate(units):
+        if places[name] == "disk":
+            spans, held = mapped_spans(module)
+            disk_spans[index] = spans
+            mapped = sum(length for _, length in spans)
+        else:
+            hold(module)
+            mapped, held = 0, sum(t.numel() * t.element_size() for t in weights(module))
+        per_place["disk"] += mapped
+        per_place["cpu"] += held
+        unit_bytes.append(mapped + held)
+    meter = MappedMeter(disk_spans) if disk_spans else None
+    compute_s = 0.0
+    if meter is not None:
+        model.read_in = meter  # type: ignore[assignment]
+        compute_s = _probe(model, meter)
+    layers = [i for i, (name, _) in enumerate(units) if name.startswith("model.layers.")]
+    placement = Placement(
+        layer_places=tuple(places[units[i][0]] for i in layers),
+        layer_bytes=tuple(unit_bytes[i] for i in layers),
+        place_bytes=tuple(sorted((p, b) for p, b in per_place.items() if b)),
+        moved_bytes=per_place["disk"],
+        read_bytes_per_s=meter.read_bytes_per_s if meter else 0.0,
+        execution_device="cpu",
+        note=note,
+        compute_s=compute_s,
+        mapped=True,
+    )
+    log.info("placement of the fast model: %s", _summary(placement))
+    return MappedPlacement(placement, meter)
+
+
+def _probe(model: torch.nn.Module, meter: MappedMeter, passes: int = 3) -> float:
+    """Measure the storage's read speed, then what a decode step computes: the fastest of
+    `passes` one-token passes through a cache, less their reading in."""
+    meter.read_bytes_per_s = read_speed([s for spans in meter.spans.values() for s in spans])
+    ids = torch.zeros((1, 1), dtype=torch.long)
+    cache = model.new_cache()  # type: ignore[operator]
+    compute = []
+    with torch.inference_mode():
+        model(ids, cache, None)  # decode steps run through a cache: so do the passes timed
+        for _ in range(passes):
+            meter.begin()
+            start = time.perf_counter()
+            model(ids, cache, None)
+            seconds = time.perf_counter() - start
+            compute.append(max(seconds - meter.take()[1], 0.0))
+    meter.begin()
+    return min(compute)
+
+
+def read_speed(spans: list[Span], sample: int = PROBE_SAMPLE_BYTES) -> float:
+    """Bytes a second storage gives these mapped pages: up to `sample` bytes of them dropped
+    from the page cache, then read back in, timed (0.0 where nothing was read: a file on
+    tmpfs, or pages another process holds)."""
+    taken, left = [], sample
+    for address, length in spans:
+        if left <= 0:
+            break
+        length = min(length, left)
+        drop(address, length)
+        taken.append((address, length))
+        left -= length
+    before, start = storage_read_bytes(), time.perf_counter()
+    for address, length in taken:
+        read_in(address, length)
+    seconds, read = time.perf_counter() - start, storage_read_bytes() - before
+    return read / seconds if read and seconds > 0 else 0.0
+
+
+def _summary(placement: Placement) -> str:
+    where = ", ".join(f"{format_bytes(b)} {p}" for p, b in placement.place_bytes)
+    if not placement.moved_bytes:
+        return f"{where}; nothing is mapped"
+    return (
+        f"{where}; the disk-placed layers compute from the mapped file, storage read at"
+        f" {format_bytes(placement.read_bytes_per_s)}/s measured when the OS has dropped them"
+    )

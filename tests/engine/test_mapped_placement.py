@@ -1,0 +1,165 @@
+"""Placement of Glassbox's own GGUF model: disk-placed layers compute from the mapped file,
+the RAM-placed ones are held in memory, the probes equal the unplaced model's, and a step
+whose pages the OS dropped reads them back, counted and timed against the prediction."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine import loader
+from engine.events import Token
+from engine.gguf_file import GGUFFile
+from engine.gguf_model import build_fast, fast_skeleton
+from engine.loader import LoadedModel, ModelLoadError, describe_fast
+from engine.placement import mapped, plan
+from engine.placement.spec import DeviceMap
+from engine.session import ChatSession
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+from tests.engine.test_fast import hf_model
+from tests.engine.test_placement import assert_same_probes
+from tests.gguf_files import Q4_1, Q8_0, write_gguf
+
+QUESTION = [Message("user", "Why is the sky blue? Answer briefly.")]
+SETTINGS = GenerationSettings(greedy=True, max_new_tokens=6, ignore_eos=True)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def tiny_gguf(request, tmp_path, monkeypatch):
+    """A tiny GGUF whose weights all go to the GGML kernels (views of the file when placed
+    on disk), whatever this CPU's kernel set."""
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
+    return write_gguf(tmp_path / f"{request.param}.gguf", hf_model(request.param), Q4_1, Q8_0)
+
+
+def load(path, tokenizer, max_memory: str = "") -> LoadedModel:
+    """The fast model of `path` placed as the loader places it under `max_memory` (a tiny
+    GGUF has no tokenizer of its own: the bundled one stands in)."""
+    file = GGUFFile(path)
+    places = None
+    if max_memory:
+        places = plan.device_map(fast_skeleton(file), DeviceMap("auto"), max_memory, CPU)
+    disk = frozenset(int(n.split(".")[2]) for n, p in (places or {}).items() if p == "disk"
+                     and n.startswith("model.layers."))  # fmt: skip
+    model = build_fast(file, mapped_layers=disk)
+    info = describe_fast(model, path.name, "gguf")
+    if places is None:
+        return LoadedModel(model, tokenizer, info)
+    placed = loader.place_fast(model, places, "test")
+    info = dataclasses.replace(info, placement=placed.placement)
+    return LoadedModel(model, tokenizer, info, transfers=placed.meter)
+
+
+def run(loaded: LoadedModel, layers: tuple[int, ...]):
+    probes = ProbeSettings(attention_layers=layers, top_k=5)
+    events = list(ChatSession(loaded).generate(QUESTION, SETTINGS, probes))
+    return events[0], [e for e in events if isinstance(e, Token)]
+
+
+def one_layer_cap(path) -> str:
+    """A RAM cap that holds the first layer and not the second (nor the head)."""
+    from engine.gguf_file import GGUFFile
+    from engine.gguf_model import fast_skeleton
+    from engine.placement.plan import units
+
+    found = units(fast_skeleton(GGUFFile(path)))
+    head = max(unit.bytes for unit in found)  # room kept for the largest unit, as accelerate
+    return f"cpu={found[0].bytes + head + 1}"
+
+
+def test_disk_placed_layers_are_views_of_the_file_and_compute_the_same(tiny_gguf, tokenizer):
+    reference = load(tiny_gguf, tokenizer)
+    placed = load(tiny_gguf, tokenizer, max_memory=one_layer_cap(tiny_gguf))
+    placement = placed.info.placement
+    assert placed.info.precision == "fast" and placement is not None and placement.mapped
+    layers = len(placed.model.blocks)
+    assert placement.layer_places == ("cpu",) + ("disk",) * (layers - 1)
+    first, second = placed.model.blocks[:2]
+    assert not any(mapped.file_backed(mapped.span(t) for t in mapped.weights(first)))
+    spans, held = mapped.mapped_spans(second)
+    assert spans and sum(n for _, n in spans) >= placement.layer_bytes[1] - held
+    assert placed.transfers is not None and placed.model.compile_refusal  # read in, eagerly
+    watched = tuple(range(layers))
+    assert_same_probes(run(reference, watched), run(placed, watched))
+
+
+def test_a_cap_that_holds_everything_adds_no_meter(tiny_gguf, tokenizer):
+    placed = load(tiny_gguf, tokenizer, max_memory="cpu=1GiB")
+    assert set(placed.info.placement.layer_places) == {"cpu"}
+    assert placed.transfers is None and placed.model.read_in is None
+    assert not placed.info.placement.moved_bytes
+
+
+def test_a_cap_below_one_layer_is_refused_before_loading(tiny_gguf, tmp_path):
+    request = LoadRequest(spec=str(tiny_gguf), device="cpu", max_memory="cpu=10")
+    with pytest.raises(loader.ModelLoadError, match="Placement refused: a cap of 10 B on cpu"):
+        loader.load_model(request, cache_dir=tmp_path / "cache")  # before its tokenizer
+
+
+def test_the_fast_model_places_nothing_on_a_gpu(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setattr(loader, "pick_device", lambda _: torch.device("cuda"))
+    request = LoadRequest(spec=str(tiny_gguf), precision="fast", max_memory="cpu=1GiB")
+    with pytest.raises(loader.ModelLoadError, match="between RAM and disk only"):
+        loader.load_model(request, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.bundled
+def test_bundled_capped_runs_fast_with_the_probes_of_it_in_memory(bundled_fast, tmp_path):
+    request = LoadRequest(spec="bundled", device="cpu", max_memory="cpu=40MiB", compiled=False)
+    placed = loader.load_model(request, cache_dir=tmp_path)
+    placement = placed.info.placement
+    assert placed.info.precision == "fast"  # auto: a capped load on the CPU stays fast
+    assert placement.mapped and placement.layer_places.count("disk") >= 20
+    assert dict(placement.place_bytes)["cpu"] <= 40 << 20
+    layers = (0, 15, 29)
+    assert_same_probes(run(bundled_fast, layers), run(placed, layers))
+
+
+@pytest.mark.bundled
+def test_a_step_reads_back_what_the_os_dropped(tmp_path):
+    """Every disk-placed page dropped before a step (as memory pressure would): the step
+    finds them missing, reads them back (the kernel's count within 20% of their bytes) and
+    the prediction is made from them."""
+    request = LoadRequest(spec="bundled", device="cpu", max_memory="cpu=40MiB", compiled=False)
+    placed = loader.load_model(request, cache_dir=tmp_path)
+    placement, meter = placed.info.placement, placed.transfers
+    if placement.read_bytes_per_s <= 0:
+        pytest.skip("the file system here gives no storage reads to count (tmpfs?)")
+    spans = [span for unit in meter.spans.values() for span in unit]
+    ids = torch.zeros((1, 1), dtype=torch.long)
+    cache = placed.model.new_cache()
+    with torch.inference_mode():
+        placed.model(ids, cache, None)
+        for address, length in spans:
+            mapped.drop(address, length)
+        # counted here: pages another mapping of the same file holds (another model of it
+        # in this process) are not dropped
+        dropped = sum(mapped.missing_bytes(address, length) for address, length in spans)
+        meter.begin()
+        placed.model(ids, cache, None)
+        moved, seconds = meter.take()
+    assert dropped > placement.moved_bytes / 2  # the test means nothing otherwise
+    assert meter.missing == dropped
+    assert moved == pytest.approx(dropped, rel=0.2)
+    assert seconds > 0 and meter.predicted_s() == pytest.approx(
+        meter.missing / placement.read_bytes_per_s
+    )
+    meter.begin()  # the pages are back: the next step reads nothing
+    with torch.inference_mode():
+        placed.model(ids, cache, None)
+    assert meter.take()[0] == 0 and meter.missing == 0
+
+
+@pytest.mark.bundled
+def test_a_fast_load_too_big_for_free_memory_proposes_a_ram_cap(monkeypatch, tmp_path):
+    monkeypatch.setattr(loader, "build_fast", lambda *a, **k: pytest.fail("loaded anyway"))
+    monkeypatch.setattr(plan, "free_memory", lambda device: 60 << 20)  # the weights: 66 MB
+    request = LoadRequest(spec="bundled", device="cpu", precision="fast")
+    with pytest.raises(ModelLoadError, match=r"It would fit as --device-map auto") as error:
+        loader.load_model(request, cache_dir=tmp_path)
+    # half of what is free: above the largest unit (the 30 MB head), so the plan can run
+    assert error.value.fits_as == plan.Proposal(str(error.value), "auto", "cpu=30MiB")
+    assert "of layers left in the mapped file, read from disk where the OS" in str(error.value)
