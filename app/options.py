@@ -215,6 +215,19 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         help="pace that reply at this many tokens/s (e.g. 1000, a GPU's rate; default: as fast"
         " as the window takes them)",
     )  # fmt: skip
+    switch(
+        parser,
+        "--placement",
+        "only what the placement given (--max-memory, --device-map) costs: the model placed"
+        " against it in memory, replies alternated, each step's transfer against the"
+        " prediction",
+    )
+    switch(
+        parser,
+        "--evict",
+        "with --placement on the fast model: drop its disk-placed pages from the page cache"
+        " between steps, as the OS does when memory runs short (the model runs alone)",
+    )
     switch(parser, "--window", "only the real window vs headless, real model")
     switch(
         parser,

@@ -5,7 +5,8 @@ Which path a model takes:
   precision (what `auto` picks on the CPU; on CUDA only when asked for): that model on the
   file's 4/8-bit weights (engine/llama.py, engine/gemma.py), built straight from the
   memory-mapped file, without importing transformers' modeling code; on CUDA in its GPU form
-  (engine/device_weights.py) with the static decode step (engine/static_decode.py);
+  (engine/device_weights.py) with the static decode step (engine/static_decode.py); placed
+  (CPU only), its disk-placed layers computing from the mapped file (engine/placement/mapped.py);
 - the same GGUF at `exact` precision: the transformers model with the weights dequantised to
   float32 from the file (nothing is written to disk);
 - a GGUF of another architecture: transformers' own GGUF loader, dequantised in memory to
@@ -360,7 +361,7 @@ def place_fast(model: GGUFLlama, mapping: DeviceMapDict, note: str) -> MappedPla
     layers on the mapped file); with any on disk, its decode step stays eager, so each one's
     reading in is timed before it runs."""
     units = [(f"model.layers.{i}", block) for i, block in enumerate(model.blocks)]
-    units.append(("lm_head", model.output))
+    units.append(("lm_head", model.output.bulk))  # its exact rows: a few looked up a step
     placed = place_mapped(model, units, mapping, note)
     if placed.meter is not None:
         model.compile_refusal = (

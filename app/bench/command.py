@@ -25,6 +25,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _finish(args, {"window": window_cost(args), "transport": transport_cost()})
     if args.stepping:
         return _finish(args, {"stepping": stepping_cost(args)})
+    if args.placement:
+        return placement_cost(args)
     if args.device.startswith("cuda") and not args.gui_only:
         return cuda_bench(args)
     if not args.gui_only:
@@ -68,6 +70,28 @@ def cuda_bench(args: argparse.Namespace) -> int:
         results["gui"] = gui_stall(args.gui_tokens, args.gui_rate)
     args.json = True  # its own shape: printed as JSON
     return _finish(args, results)
+
+
+def placement_cost(args: argparse.Namespace) -> int:
+    """The model placed as asked against it in memory (engine/placement_benchmark.py); with
+    --fast-only (a model that does not fit in memory) or --evict, placed alone."""
+    from engine import placement_benchmark as benchmark
+    from engine.loader import ModelLoadError, load_model
+
+    request = load_request(args)
+    if not request.placed:
+        print("glassbox bench --placement: give --max-memory or --device-map", file=sys.stderr)
+        return 1
+    try:
+        placed = load_model(replace(request, compiled=False))
+        unplaced = replace(request, device_map="", max_memory="")
+        # --evict: alone, as another model of the file would hold pages the OS cannot drop
+        in_memory = None if args.fast_only or args.evict else load_model(unplaced)
+        results = benchmark.run(placed, in_memory, args.new_tokens, args.repeats, args.evict)
+    except (ModelLoadError, ValueError) as error:
+        print(f"glassbox bench: {error}", file=sys.stderr)
+        return 1
+    return _finish(args, {"placement": results})
 
 
 def load_both(
@@ -173,6 +197,9 @@ def print_text(results: dict[str, Any]) -> None:
         if "llama_cpp" in results:
             print(f"  llama.cpp          {results['llama_cpp']}")
         print(f"  peak RSS           {results['peak_rss_mb']:.0f} MB")
+    placement = results.get("placement")
+    if placement:
+        _print_placement(placement)
     window = results.get("window")
     if window:
         print(
@@ -205,3 +232,17 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"  99th percentile    {gui['p99_stall_ms']:8.1f} ms")
         print(f"  redraws            {gui['redraws']:8d}")
         print(f"  streamed in        {gui['seconds']:8.1f} s")
+
+
+def _print_placement(report: dict[str, Any]) -> None:
+    places = ", ".join(f"{p} {b / 1e6:.0f} MB" for p, b in report["place_bytes"].items())
+    print(f"{report['model']} ({report['precision']}), {report['note']}: {places}")
+    for name, rate in report["decode_tokens_per_s"].items():
+        print(f"  {name:16} {rate:8.2f} tokens/s")
+    if "ratio_placed_vs_in_memory" in report:
+        print(f"  placed / in memory {report['ratio_placed_vs_in_memory']:.2f}")
+    if "ratio_placed_vs_in_memory_eager" in report:
+        print(f"  placed / eager     {report['ratio_placed_vs_in_memory_eager']:.2f}")
+    for key in ("step_vs_predicted", "transfer_vs_predicted", "bytes_read_vs_moved"):
+        value = report[key]
+        print(f"  {key:22} {'-' if value is None else f'{value:.2f}'}")

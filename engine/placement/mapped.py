@@ -10,11 +10,13 @@ The RAM cap bounds what Glassbox itself holds (the RAM-placed layers, copied in 
 OS decides what of the file stays cached, and takes it back first when memory runs short.
 
 Before a disk-placed layer runs, its pages are checked (mincore) and those the cache lacks
-are read in at once (madvise MADV_POPULATE_READ), timed: what a step's transfer is here. Its
-bytes are the kernel's own count of what storage gave those read-ins (/proc/self/io), and
-each step is predicted from the pages found missing and the read bandwidth measured at load.
-(The embedding's and the head's rows that a token looks up come from the mapped GGUF too,
-wherever the layers are: those reads are no placement's, and are not counted.)
+are read in at once (madvise MADV_POPULATE_READ), timed: what a step waits for here. The
+kernel reads ahead as it does for any mapped file, so the next layer's pages may arrive while
+this one computes: the wait is what the step lost to reading, the rest overlapped. A step's
+bytes are the kernel's own count of what the process read from storage meanwhile
+(/proc/self/io), which also takes in the embedding's and the head's rows a token looks up for
+the first time (the mapped GGUF, wherever the layers are); each step is predicted from the
+pages missing when it began and the read bandwidth measured at load.
 """
 
 from __future__ import annotations
@@ -127,48 +129,55 @@ def storage_read_bytes() -> int:
     return 0
 
 
-def missing_bytes(address: int, length: int) -> int:
-    """Bytes of the range whose pages the page cache does not hold (mincore)."""
+def missing_bytes(address: int, length: int, vector: np.ndarray | None = None) -> int:
+    """Bytes of the range whose pages the page cache does not hold (mincore); `vector`: room
+    for its answer, a byte a page (made when not given)."""
     pages = length // PAGE
-    vector = np.empty(pages, np.uint8)
+    vector = np.empty(pages, np.uint8) if vector is None else vector
     result = _libc().mincore(
         ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_void_p(vector.ctypes.data)
     )
     if result:  # not answerable (never for a live mapping): read nothing ahead
         return 0
-    return int(pages - np.count_nonzero(vector & 1)) * PAGE
+    return int(pages - np.count_nonzero(vector)) * PAGE  # bit 0 is residency; the rest 0
+
+
+def _advise(address: int, length: int, advice: int) -> int:
+    result: int = _libc().madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), advice)
+    return result
 
 
 def read_in(address: int, length: int) -> None:
-    """Fault the range's pages in now; without MADV_POPULATE_READ (Linux < 5.14), by touching
-    a byte of each page."""
-    if _libc().madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), MADV_POPULATE_READ):
+    """Fault the range's pages in now (MADV_POPULATE_READ: the kernel reads what is missing,
+    with its read-ahead); before Linux 5.14, by touching a byte of each page."""
+    if _advise(address, length, MADV_POPULATE_READ):
         pages = np.ctypeslib.as_array((ctypes.c_ubyte * length).from_address(address))
         pages[::PAGE].sum()
 
 
-def drop(address: int, length: int) -> None:
-    """Take the range out of this process and out of the page cache (to time a real read)."""
-    _libc().madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), MADV_DONTNEED)
-    located = file_offset(address)
+def drop(address: int, length: int, located: tuple[str, int] | None = None) -> None:
+    """Take the range out of this process and out of the page cache (to time a real read);
+    `located`: file_offset(address), when the caller has it already."""
+    _advise(address, length, MADV_DONTNEED)
+    located = located or file_offset(address)
     if located is None:
         return
-    path, offset = located.rsplit("@", 1)
+    path, offset = located
     descriptor = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(descriptor, int(offset), length, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(descriptor, offset, length, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(descriptor)
 
 
-def file_offset(address: int) -> str | None:
-    """ "path@offset" of the file byte mapped at `address`, or None."""
+def file_offset(address: int) -> tuple[str, int] | None:
+    """The file mapped at `address`, and the offset in it of the byte there; None: none."""
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
             low, high = (int(x, 16) for x in fields[0].split("-"))
             if low <= address < high and len(fields) > 5 and fields[5].startswith("/"):
-                return f"{fields[5].strip()}@{int(fields[2], 16) + address - low}"
+                return fields[5].strip(), int(fields[2], 16) + address - low
     return None
 
 
@@ -178,33 +187,41 @@ class MappedMeter:
 
     def __init__(self, spans: dict[int, list[Span]]) -> None:
         self.spans = spans
-        self.bytes = self.missing = 0
+        self.bytes = self.missing = self._read_before = 0
         self.seconds = 0.0
         self.read_bytes_per_s = 0.0  # measured at load; 0 until then
+        self._vectors = {s: np.empty(s[1] // PAGE, np.uint8) for u in spans.values() for s in u}
+        # the units a metered pass found pages missing in (None outside one: check them all)
+        self._short: set[int] | None = None
 
     def __call__(self, unit: int) -> None:
         """Before unit `unit` (a layer's index; the head's is the layer count) runs."""
         spans = self.spans.get(unit)
-        if not spans:
+        if not spans or (self._short is not None and unit not in self._short):
             return
         start = time.perf_counter()
-        for address, length in spans:
-            if missing_bytes(address, length):
-                before = storage_read_bytes()
-                read_in(address, length)
-                self.bytes += storage_read_bytes() - before
+        for span in spans:
+            if missing_bytes(*span, self._vectors[span]):
+                read_in(*span)
         self.seconds += time.perf_counter() - start
 
     def begin(self) -> None:
         """Before a pass: what it will find missing, checked before any read-in (whose
-        read-ahead would hide the next unit's pages from a later check)."""
+        read-ahead brings the next unit's pages in early: some while this one computes)."""
         start = time.perf_counter()
-        self.bytes = 0
-        self.missing = sum(missing_bytes(*s) for spans in self.spans.values() for s in spans)
+        self._read_before = storage_read_bytes()
+        self.missing, self._short = 0, set()
+        for unit, spans in self.spans.items():
+            missing = sum(missing_bytes(*span, self._vectors[span]) for span in spans)
+            if missing:
+                self.missing += missing
+                self._short.add(unit)
         self.seconds = time.perf_counter() - start
 
     def take(self) -> tuple[int, float]:
-        """The bytes storage gave the read-ins, and the seconds they took, since `begin()`."""
+        """The bytes this process read from storage since `begin()`, and the seconds the
+        read-ins waited for them."""
+        self.bytes, self._short = storage_read_bytes() - self._read_before, None
         return self.bytes, self.seconds
 
     def predicted_s(self) -> float | None:

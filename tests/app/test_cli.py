@@ -367,6 +367,20 @@ def test_bench_on_cuda_without_a_cuda_device_says_so_in_one_line():
     assert result.stdout == ""
 
 
+def test_bench_placement_needs_a_placement_and_measures_a_placed_model(tiny_folder):
+    result = run_app("bench", "--model", str(tiny_folder), "--placement", "--json")
+    assert result.returncode == 1
+    assert "give --max-memory or --device-map" in result.stderr
+    result = run_app(
+        "bench", "--model", str(tiny_folder), "--placement", "--device-map", "gpu-layers=0",
+        "--max-memory", "cpu=1GiB", "--json", "--new-tokens", "4", "--repeats", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json_lines(result.stdout)[-1]["placement"]
+    assert set(report["decode_tokens_per_s"]) == {"placed", "in_memory"}
+    assert report["layer_places"] and set(report["layer_places"]) == {"cpu"}
+
+
 def test_every_command_takes_a_placement():
     from app.options import load_request, parser
 

@@ -163,3 +163,20 @@ def test_a_fast_load_too_big_for_free_memory_proposes_a_ram_cap(monkeypatch, tmp
     # half of what is free: above the largest unit (the 30 MB head), so the plan can run
     assert error.value.fits_as == plan.Proposal(str(error.value), "auto", "cpu=30MiB")
     assert "of layers left in the mapped file, read from disk where the OS" in str(error.value)
+
+
+@pytest.mark.bundled
+def test_the_placement_bench_reports_steps_against_their_prediction(tmp_path):
+    from engine import placement_benchmark
+
+    request = LoadRequest(spec="bundled", device="cpu", max_memory="cpu=40MiB", compiled=False)
+    placed = loader.load_model(request, cache_dir=tmp_path)
+    report = placement_benchmark.run(placed, None, new_tokens=4, repeats=1, evict=True)
+    assert report["steps"] == 3 and report["evict"]  # token 0 comes from the prefill
+    assert report["place_bytes"] == dict(placed.info.placement.place_bytes)
+    assert report["decode_tokens_per_s"]["placed"] > 0 and report["step_vs_predicted"] > 0
+    if placed.info.placement.read_bytes_per_s > 0:  # storage reads to count here
+        assert report["bytes_read_vs_moved"] == pytest.approx(1, rel=0.2)
+    with pytest.raises(ValueError, match="needs a placed load"):
+        placement_benchmark.run(loader.load_model(LoadRequest(spec="bundled", device="cpu",
+                                                              compiled=False)), None)  # fmt: skip
