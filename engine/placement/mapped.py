@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 
 PAGE = mmap.PAGESIZE
 MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in now, reading what is missing
-MADV_DONTNEED = 4
+MADV_SEQUENTIAL, MADV_DONTNEED = 2, 4
 PROBE_SAMPLE_BYTES = 64 << 20  # dropped from the page cache at load to time a real read
+PROBE_PASSES = 8  # a pass that drops behind keeps its pages every this many: is RAM back?
 
 # A range of mapped memory: (page-aligned address, length in bytes).
 Span = tuple[int, int]
@@ -55,15 +56,21 @@ def _libc() -> ctypes.CDLL:
 
 def file_backed(spans: Iterable[Span]) -> list[bool]:
     """For each span, whether it lies in a mapping of a file (not anonymous memory)."""
-    starts, ends = [], []
+    starts: list[int] = []
+    ends: list[int] = []
+    last_path = ""
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
             path = fields[5].strip() if len(fields) > 5 else ""
             if path.startswith("/") and not path.endswith(" (deleted)"):
                 low, high = (int(x, 16) for x in fields[0].split("-"))
-                starts.append(low)
-                ends.append(high)
+                if ends and ends[-1] == low and path == last_path:  # one mapping, split by
+                    ends[-1] = high  # an madvise on part of it
+                else:
+                    starts.append(low)
+                    ends.append(high)
+                last_path = path
     result = []
     for address, length in spans:
         index = bisect.bisect_right(starts, address) - 1
@@ -147,6 +154,13 @@ def _advise(address: int, length: int, advice: int) -> int:
     return result
 
 
+def read_forward(address: int, length: int) -> None:
+    """Read ahead of a fault in the range, never around it (MADV_SEQUENTIAL): a layer is read
+    front to back, and the kernel's read-around would also read back the one before it, which
+    a pass that drops behind has just dropped."""
+    _advise(address, length, MADV_SEQUENTIAL)
+
+
 def read_in(address: int, length: int) -> None:
     """Fault the range's pages in now (MADV_POPULATE_READ: the kernel reads what is missing,
     with its read-ahead); before Linux 5.14, by touching a byte of each page."""
@@ -172,13 +186,22 @@ def drop(address: int, length: int, located: tuple[str, int] | None = None) -> N
 
 def file_offset(address: int) -> tuple[str, int] | None:
     """The file mapped at `address`, and the offset in it of the byte there; None: none."""
+    return file_offsets([address]).get(address)
+
+
+def file_offsets(addresses: list[int]) -> dict[int, tuple[str, int]]:
+    """file_offset of each address that lies in a mapped file, from one read of the maps."""
+    found: dict[int, tuple[str, int]] = {}
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
+            if len(fields) < 6 or not fields[5].startswith("/"):
+                continue
             low, high = (int(x, 16) for x in fields[0].split("-"))
-            if low <= address < high and len(fields) > 5 and fields[5].startswith("/"):
-                return fields[5].strip(), int(fields[2], 16) + address - low
-    return None
+            for address in addresses:
+                if low <= address < high:
+                    found[address] = fields[5].strip(), int(fields[2], 16) + address - low
+    return found
 
 
 class MappedMeter:
@@ -193,17 +216,33 @@ class MappedMeter:
         self._vectors = {s: np.empty(s[1] // PAGE, np.uint8) for u in spans.values() for s in u}
         # the units a metered pass found pages missing in (None outside one: check them all)
         self._short: set[int] | None = None
+        self._files = file_offsets([span[0] for unit in spans.values() for span in unit])
+        self._passes = 0
+        self.dropping = False  # this pass drops each disk-placed unit once it has run
+        self._ran: int | None = None  # the disk-placed unit that ran last in this pass
 
     def __call__(self, unit: int) -> None:
         """Before unit `unit` (a layer's index; the head's is the layer count) runs."""
         spans = self.spans.get(unit)
-        if not spans or (self._short is not None and unit not in self._short):
+        if not spans:
+            return
+        self._drop_behind(unit)
+        if self._short is not None and unit not in self._short:
             return
         start = time.perf_counter()
         for span in spans:
             if missing_bytes(*span, self._vectors[span]):
                 read_in(*span)
         self.seconds += time.perf_counter() - start
+
+    def _drop_behind(self, unit: int | None) -> None:
+        """When the OS is short of memory, the unit that just ran leaves the page cache: it
+        is the one needed latest again, where the kernel's own eviction would take the
+        pages used longest ago (the next units', the program's code) and read them again."""
+        if self.dropping and self._ran is not None:
+            for span in self.spans[self._ran]:
+                drop(*span, self._files.get(span[0]))
+        self._ran = unit
 
     def begin(self) -> None:
         """Before a pass: what it will find missing, checked before any read-in (whose
@@ -216,11 +255,17 @@ class MappedMeter:
             if missing:
                 self.missing += missing
                 self._short.add(unit)
+        # Pages went missing since the last pass: the OS is evicting them, so this pass
+        # drops behind it. Every PROBE_PASSES-th pass keeps its pages instead: where memory
+        # has come back, the next pass finds none missing and stops dropping.
+        self._passes += 1
+        self.dropping = bool(self.missing) and self._passes % PROBE_PASSES != 0
         self.seconds = time.perf_counter() - start
 
     def take(self) -> tuple[int, float]:
         """The bytes this process read from storage since `begin()`, and the seconds the
         read-ins waited for them."""
+        self._drop_behind(None)
         self.bytes, self._short = storage_read_bytes() - self._read_before, None
         return self.bytes, self.seconds
 
@@ -254,6 +299,8 @@ def place(
         if places[name] == "disk":
             spans, held = mapped_spans(module)
             disk_spans[index] = spans
+            for span in spans:
+                read_forward(*span)
             mapped = sum(length for _, length in spans)
         else:
             hold(module)
