@@ -10,9 +10,11 @@ The RAM cap bounds what Glassbox itself holds (the RAM-placed layers, copied in 
 OS decides what of the file stays cached, and takes it back first when memory runs short.
 
 Before a disk-placed layer runs, its pages are checked (mincore) and those the cache lacks
-are read in at once (madvise MADV_POPULATE_READ), timed: what a step waits for here. The
-kernel reads ahead as it does for any mapped file, so the next layer's pages may arrive while
-this one computes: the wait is what the step lost to reading, the rest overlapped. A step's
+are read in at once (read_in), timed: what a step waits for here. The kernel reads ahead
+as it does for any mapped file, so the next layer's pages may arrive while this one
+computes: the wait is what the step lost to reading, the rest overlapped. When a step finds
+pages missing the OS is short of memory, and the step drops each layer behind it (the
+MappedMeter's drop-behind) rather than let the kernel evict the next layers. A step's
 bytes are the kernel's own count of what the process read from storage meanwhile
 (/proc/self/io), which also takes in the embedding's and the head's rows a token looks up for
 the first time (the mapped GGUF, wherever the layers are); each step is predicted from the
@@ -41,8 +43,7 @@ log = logging.getLogger(__name__)
 
 PAGE = mmap.PAGESIZE
 MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in now, reading what is missing
-MADV_SEQUENTIAL, MADV_DONTNEED = 2, 4
-PROBE_SAMPLE_BYTES = 64 << 20  # dropped from the page cache at load to time a real read
+MADV_WILLNEED, MADV_DONTNEED = 3, 4
 PROBE_PASSES = 8  # a pass that drops behind keeps its pages every this many: is RAM back?
 
 # A range of mapped memory: (page-aligned address, length in bytes).
@@ -154,16 +155,12 @@ def _advise(address: int, length: int, advice: int) -> int:
     return result
 
 
-def read_forward(address: int, length: int) -> None:
-    """Read ahead of a fault in the range, never around it (MADV_SEQUENTIAL): a layer is read
-    front to back, and the kernel's read-around would also read back the one before it, which
-    a pass that drops behind has just dropped."""
-    _advise(address, length, MADV_SEQUENTIAL)
-
-
 def read_in(address: int, length: int) -> None:
-    """Fault the range's pages in now (MADV_POPULATE_READ: the kernel reads what is missing,
-    with its read-ahead); before Linux 5.14, by touching a byte of each page."""
+    """Read the range's missing pages in now: asked for at once (MADV_WILLNEED: as much as
+    the device's read-ahead allows, the whole of a small layer), then waited for and mapped
+    (MADV_POPULATE_READ, the rest read around its faults); before Linux 5.14, by touching a
+    byte of each page."""
+    _advise(address, length, MADV_WILLNEED)
     if _advise(address, length, MADV_POPULATE_READ):
         pages = np.ctypeslib.as_array((ctypes.c_ubyte * length).from_address(address))
         pages[::PAGE].sum()
@@ -216,7 +213,7 @@ class MappedMeter:
         self._vectors = {s: np.empty(s[1] // PAGE, np.uint8) for u in spans.values() for s in u}
         # the units a metered pass found pages missing in (None outside one: check them all)
         self._short: set[int] | None = None
-        self._files = file_offsets([span[0] for unit in spans.values() for span in unit])
+        self.files = file_offsets([span[0] for unit in spans.values() for span in unit])
         self._passes = 0
         self.dropping = False  # this pass drops each disk-placed unit once it has run
         self._ran: int | None = None  # the disk-placed unit that ran last in this pass
@@ -241,10 +238,10 @@ class MappedMeter:
         pages used longest ago (the next units', the program's code) and read them again."""
         if self.dropping and self._ran is not None:
             for span in self.spans[self._ran]:
-                drop(*span, self._files.get(span[0]))
+                drop(*span, self.files.get(span[0]))
         self._ran = unit
 
-    def begin(self) -> None:
+    def begin(self, drop_behind: bool = True) -> None:
         """Before a pass: what it will find missing, checked before any read-in (whose
         read-ahead brings the next unit's pages in early: some while this one computes)."""
         start = time.perf_counter()
@@ -258,8 +255,8 @@ class MappedMeter:
         # Pages went missing since the last pass: the OS is evicting them, so this pass
         # drops behind it. Every PROBE_PASSES-th pass keeps its pages instead: where memory
         # has come back, the next pass finds none missing and stops dropping.
-        self._passes += 1
-        self.dropping = bool(self.missing) and self._passes % PROBE_PASSES != 0
+        self._passes += drop_behind
+        self.dropping = drop_behind and bool(self.missing) and self._passes % PROBE_PASSES != 0
         self.seconds = time.perf_counter() - start
 
     def take(self) -> tuple[int, float]:
@@ -299,8 +296,6 @@ def place(
         if places[name] == "disk":
             spans, held = mapped_spans(module)
             disk_spans[index] = spans
-            for span in spans:
-                read_forward(*span)
             mapped = sum(length for _, length in spans)
         else:
             hold(module)
@@ -330,41 +325,27 @@ def place(
 
 
 def _probe(model: torch.nn.Module, meter: MappedMeter, passes: int = 3) -> float:
-    """Measure the storage's read speed, then what a decode step computes: the fastest of
-    `passes` one-token passes through a cache, less their reading in."""
-    meter.read_bytes_per_s = read_speed([s for spans in meter.spans.values() for s in spans])
+    """Measure the storage's read speed as a step meets it (every disk-placed page dropped
+    from the page cache, then a pass that reads them back), then what a decode step computes:
+    the fastest of `passes` one-token passes through a cache, less their reading in."""
     ids = torch.zeros((1, 1), dtype=torch.long)
     cache = model.new_cache()  # type: ignore[operator]
-    compute = []
     with torch.inference_mode():
         model(ids, cache, None)  # decode steps run through a cache: so do the passes timed
+        for address, length in (span for spans in meter.spans.values() for span in spans):
+            drop(address, length, meter.files.get(address))
+        meter.begin(drop_behind=False)
+        model(ids, cache, None)
+        read, reading = meter.take()
+        meter.read_bytes_per_s = read / reading if read and reading > 0 else 0.0
+        compute = []
         for _ in range(passes):
-            meter.begin()
+            meter.begin(drop_behind=False)
             start = time.perf_counter()
             model(ids, cache, None)
             seconds = time.perf_counter() - start
             compute.append(max(seconds - meter.take()[1], 0.0))
-    meter.begin()
     return min(compute)
-
-
-def read_speed(spans: list[Span], sample: int = PROBE_SAMPLE_BYTES) -> float:
-    """Bytes a second storage gives these mapped pages: up to `sample` bytes of them dropped
-    from the page cache, then read back in, timed (0.0 where nothing was read: a file on
-    tmpfs, or pages another process holds)."""
-    taken, left = [], sample
-    for address, length in spans:
-        if left <= 0:
-            break
-        length = min(length, left)
-        drop(address, length)
-        taken.append((address, length))
-        left -= length
-    before, start = storage_read_bytes(), time.perf_counter()
-    for address, length in taken:
-        read_in(address, length)
-    seconds, read = time.perf_counter() - start, storage_read_bytes() - before
-    return read / seconds if read and seconds > 0 else 0.0
 
 
 def _summary(placement: Placement) -> str:
