@@ -79,6 +79,14 @@ def test_the_fast_models_disk_is_the_mapped_file_and_its_page_cache(rng):
     assert "predicted 58 ms" in sentence and "reading the file bounds it" in sentence
 
 
+def test_the_strip_says_what_a_step_reads():
+    from ui.panels.placement import _moves
+
+    assert _moves(PLACED) == "each step reads in 297 MB"
+    assert "page cache lacks" in _moves(replace(PLACED, mapped=True))
+    assert _moves(replace(PLACED, moved_bytes=0)) == "each step reads in nothing"
+
+
 def test_an_unplaced_model_says_why_nothing_moves():
     state = InternalsState()
     state.set_model(model_info(precision="fast"))

@@ -56,6 +56,15 @@ def _gpu_index(place: str) -> int:
     return int(place.partition(":")[2] or 0)
 
 
+def _moves(placement: Placement) -> str:
+    """What a step reads in, as the strip's legend says it."""
+    if not placement.moved_bytes:
+        return "each step reads in nothing"
+    if placement.mapped:  # Glassbox's own model: its disk is the mapped file
+        return "disk is the mapped file: a step reads what the page cache lacks"
+    return f"each step reads in {format_bytes(placement.moved_bytes)}"
+
+
 class PlacementChart(QWidget):
     """The layer strip and the per-step bars, painted."""
 
@@ -98,10 +107,7 @@ class PlacementChart(QWidget):
             advance = metrics.horizontalAdvance(text)
             painter.drawText(QRectF(x + line - 2, y, advance + 4, line), text)
             x += line + advance + 16
-        moved = format_bytes(placement.moved_bytes) if placement.moved_bytes else "nothing"
-        painter.drawText(
-            QRectF(x, y, max(self.width() - x - 8, 1), line), f"each step reads in {moved}"
-        )
+        painter.drawText(QRectF(x, y, max(self.width() - x - 8, 1), line), _moves(placement))
         return y + line + 4
 
     def _draw_steps(self, painter: QPainter, area: QRectF, line: int) -> None:
