@@ -104,6 +104,12 @@ def summary(placement: Placement) -> str:
     where = ", ".join(f"{format_bytes(b)} {p}" for p, b in placement.place_bytes)
     if not placement.moved_bytes:
         return f"{where}; nothing moves per token"
+    if placement.mapped:  # Glassbox's own model: its disk is the mapped file
+        return (
+            f"{where}; the disk-placed layers compute from the mapped file, read from storage"
+            f" (at {format_bytes(placement.read_bytes_per_s)}/s measured) only where the OS"
+            " has dropped them"
+        )
     return (
         f"{where}; {format_bytes(placement.moved_bytes)} read in per token at"
         f" {format_bytes(placement.read_bytes_per_s)}/s measured"

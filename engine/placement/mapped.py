@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from engine.events import Placement
-from engine.placement.spec import format_bytes
+from engine.placement.dispatch import summary
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ def place(
         compute_s=compute_s,
         mapped=True,
     )
-    log.info("placement of the fast model: %s", _summary(placement))
+    log.info("placement of the fast model: %s", summary(placement))
     return MappedPlacement(placement, meter)
 
 
@@ -346,13 +346,3 @@ def _probe(model: torch.nn.Module, meter: MappedMeter, passes: int = 3) -> float
             seconds = time.perf_counter() - start
             compute.append(max(seconds - meter.take()[1], 0.0))
     return min(compute)
-
-
-def _summary(placement: Placement) -> str:
-    where = ", ".join(f"{format_bytes(b)} {p}" for p, b in placement.place_bytes)
-    if not placement.moved_bytes:
-        return f"{where}; nothing is mapped"
-    return (
-        f"{where}; the disk-placed layers compute from the mapped file, storage read at"
-        f" {format_bytes(placement.read_bytes_per_s)}/s measured when the OS has dropped them"
-    )
