@@ -70,14 +70,15 @@ PLACEMENT_OPTIONS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         parse_device_map,
         "where the layers go: auto (what is free, with headroom; disk for the rest),"
         " gpu-layers=N, balanced or sequential; by default the whole model on --device."
-        " Runs on the exact path",
+        " At fast precision (a GGUF on the CPU) the disk is the mapped file itself",
     ),
     (
         "--max-memory",
         "CAPS",
         parse_max_memory,
         "caps per device, e.g. cpu=250MiB or cuda:0=6GiB,cpu=8GiB: weights beyond them"
-        " are read from disk on every token (implies --device-map auto)",
+        " are read from disk (on the exact path every token; at fast precision where the"
+        " OS has dropped them) (implies --device-map auto)",
     ),
 )
 

@@ -92,9 +92,10 @@ class ModelPicker(QDialog):
         )
         self._placement = choices(
             [label for label, _ in PLACEMENTS],
-            "Where the layers go (runs on the exact path). What does not fit in RAM is read\n"
-            "from disk before each use, on every token: slower, but a model bigger than\n"
-            "memory runs.",
+            "Where the layers go. What does not fit in RAM is read from disk before each\n"
+            "use: on the exact path on every token; at fast precision (a GGUF on the CPU)\n"
+            "from the mapped file, only where the OS has dropped its pages. Slower, but a\n"
+            "model bigger than memory runs.",
         )
         self._gpu_layers = QSpinBox()
         self._gpu_layers.setRange(0, 999)
