@@ -101,12 +101,17 @@ def weights(module: torch.nn.Module) -> list[torch.Tensor]:
 def hold(module: torch.nn.Module) -> int:
     """Copy the module's file-backed weights into memory of its own (a RAM-placed layer whose
     repacks were mapped from the pack cache); returns the bytes copied."""
+    found = [
+        (owner, name, buffer)
+        for owner in module.modules()
+        for name, buffer in owner.named_buffers(recurse=False)
+        if buffer.numel()
+    ]
     copied = 0
-    for owner in module.modules():
-        for name, buffer in list(owner._buffers.items()):
-            if buffer is None or not buffer.numel() or not file_backed([span(buffer)])[0]:
-                continue
-            owner._buffers[name] = buffer.clone()
+    backed = file_backed(span(buffer) for _, _, buffer in found)  # one read of the maps
+    for (owner, name, buffer), in_file in zip(found, backed, strict=True):
+        if in_file:
+            owner.register_buffer(name, buffer.clone(), persistent=False)
             copied += buffer.numel() * buffer.element_size()
     return copied
 
