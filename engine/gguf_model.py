@@ -162,18 +162,17 @@ def build_fast(
         rows = [raw_rows(file, shape, p) for p in parts]
         return rows[0] if len(rows) == 1 else torch.cat(rows)  # a lone part: not copied again
 
-    def mapped(name: str) -> torch.Tensor:
-        advance(1)
-        if shape.architecture == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
-            return raw_rows(file, shape, name)  # reordered: a copy
-        return torch.from_numpy(file.raw(name))
+    def in_place(parts: list[str]) -> torch.Tensor:
+        """The parts' rows as a view of the mapped file (adjacent there: see _in_file_runs)."""
+        advance(len(parts))
+        return torch.from_numpy(file.raw_run(parts))
 
     def linear(*parts: str, in_file: bool = False) -> quant.Linear:
         """The fused weight of `parts`: each run of parts of one layout is one product (with
-        `in_file`, each GGML part is its own product on the mapped file's blocks)."""
+        `in_file`, GGML runs are cut where the parts cannot be one view of the file)."""
         runs = _runs(file, parts, ggml)
         if in_file:
-            runs = _ggml_apart(runs)
+            runs = _in_file_runs(file, shape, runs)
         built = [layout_linear(layout, run, in_file) for layout, run in runs]
         return built[0] if len(built) == 1 else quant.PartsLinear(built)
 
@@ -182,7 +181,8 @@ def build_fast(
         columns = file.tensors[parts[0]].shape[-1]
 
         if layout.startswith(GGML):  # the file's own blocks: nothing to repack or keep
-            weight = mapped(parts[0]) if in_file else take(*parts)
+            viewed = in_file and not _reordered(shape, parts[0])
+            weight = in_place(parts) if viewed else take(*parts)
             return quant.GGMLLinear(weight, file.tensors[parts[0]].type, columns)
 
         def build() -> quant.Part:
@@ -336,15 +336,31 @@ def _runs(file: GGUFFile, parts: Iterable[str], ggml: bool) -> list[tuple[str, l
     return runs
 
 
-def _ggml_apart(runs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
-    """The runs with each GGML one cut into single parts (each a view of its own tensor)."""
-    apart: list[tuple[str, list[str]]] = []
+def _reordered(shape: LlamaShape, name: str) -> bool:
+    """Whether raw_rows reorders this tensor's rows (llama's q and k): it cannot be a view."""
+    return shape.architecture == "llama" and name.endswith(("attn_q.weight", "attn_k.weight"))
+
+
+def _in_file_runs(
+    file: GGUFFile, shape: LlamaShape, runs: list[tuple[str, list[str]]]
+) -> list[tuple[str, list[str]]]:
+    """GGML runs cut so that each piece is one view of the mapped file (its parts adjacent
+    there) or one copy (parts whose rows are reordered, fused as before)."""
+    cut: list[tuple[str, list[str]]] = []
     for layout, run in runs:
-        if layout.startswith(GGML):
-            apart.extend((layout, [part]) for part in run)
-        else:
-            apart.append((layout, run))
-    return apart
+        if not layout.startswith(GGML):
+            cut.append((layout, run))
+            continue
+        piece = [run[0]]
+        for name in run[1:]:
+            copied = _reordered(shape, piece[-1])
+            if copied == _reordered(shape, name) and (copied or file.adjacent(piece[-1], name)):
+                piece.append(name)
+            else:
+                cut.append((layout, piece))
+                piece = [name]
+        cut.append((layout, piece))
+    return cut
 
 
 def _dense_note(file: GGUFFile, names: list[str]) -> str:

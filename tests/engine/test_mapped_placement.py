@@ -86,6 +86,24 @@ def test_disk_placed_layers_are_views_of_the_file_and_compute_the_same(tiny_gguf
     assert_same_probes(run(reference, watched), run(placed, watched))
 
 
+def test_disk_placed_products_stay_fused_where_the_file_allows(tiny_gguf, tokenizer):
+    """q/k/v stay one product where the file holds them side by side; llama's q and k, whose
+    rows are reordered, are one copy, and its v a view of its own."""
+    from engine import quant
+
+    placed = load(tiny_gguf, tokenizer, max_memory=one_layer_cap(tiny_gguf))
+    file = GGUFFile(tiny_gguf)
+    qkv = placed.model.blocks[1].attention.qkv
+    products = qkv.linears() if isinstance(qkv, quant.PartsLinear) else [qkv]
+    q, k, v = (f"blk.1.attn_{x}.weight" for x in "qkv")
+    if tiny_gguf.stem == "llama":
+        expected = 2
+    else:
+        expected = 1 + (not file.adjacent(q, k)) + (not file.adjacent(k, v))
+    assert len(products) == expected
+    assert mapped.file_backed([mapped.span(products[-1].raw)]) == [True]  # v: in the file
+
+
 def test_a_cap_that_holds_everything_adds_no_meter(tiny_gguf, tokenizer):
     placed = load(tiny_gguf, tokenizer, max_memory="cpu=1GiB")
     assert set(placed.info.placement.layer_places) == {"cpu"}
