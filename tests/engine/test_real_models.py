@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -111,3 +113,47 @@ def test_qwen_fast_candidates_are_its_own_forward(qwen):
         assert token.token_id == int(probabilities[step].argmax())
         for token_id, prob in shown.items():
             assert abs(prob - probabilities[step, token_id].item()) < 0.02, (step, token_id)
+
+
+def test_qwen_fast_capped_at_half_its_size_replies_as_in_memory_and_counts_its_reads(
+    qwen, real_qwen, tmp_path
+):
+    """Issue 25's target on the real file: Qwen at fast precision with a RAM cap of half its
+    in-memory size loads (its disk the mapped file), replies with the tokens and probes of the
+    same model in memory, and a step whose pages the OS dropped reads them back, the kernel's
+    count within 20% of what is placed on disk, the step within 1.3x of its prediction."""
+    from engine.placement import mapped
+    from tests.engine.test_placement import assert_same_probes
+
+    _, fast = qwen
+    request = LoadRequest(str(real_qwen), precision="fast", max_memory="cpu=500MiB",
+                          compiled=False)  # fmt: skip
+    placed = load_model(request, cache_dir=tmp_path)
+    placement = placed.info.placement
+    assert placed.info.precision == "fast" and placement.mapped
+    assert dict(placement.place_bytes)["cpu"] <= 500 << 20 < placement.moved_bytes * 2
+    probes = ProbeSettings(attention_layers=(0, 27), top_k=5)
+    settings = GenerationSettings(greedy=True, max_new_tokens=6, ignore_eos=True)
+
+    def reply(loaded, between=None):
+        events = []
+        for event in ChatSession(loaded).generate(QUESTION, settings, probes):
+            events.append(event)
+            if between is not None and isinstance(event, Token):
+                between()  # outside the next step's clock
+        return events[0], [e for e in events if isinstance(e, Token)]
+
+    spans = [span for unit in placed.transfers.spans.values() for span in unit]
+
+    def evict():
+        for address, length in spans:
+            mapped.drop(address, length)
+
+    assert_same_probes(reply(fast), reply(placed))
+    _, tokens = reply(placed, evict)
+    if placement.read_bytes_per_s <= 0:
+        pytest.skip("the file system here gives no storage reads to count (tmpfs?)")
+    for token in tokens[1:]:
+        assert token.transfer.bytes == pytest.approx(placement.moved_bytes, rel=0.2)
+    ratios = [t.seconds / t.transfer.predicted_step_s for t in tokens[1:]]
+    assert 1 / 1.3 <= statistics.median(ratios) <= 1.3, ratios
