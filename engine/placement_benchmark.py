@@ -107,14 +107,7 @@ def _evicting(placed: LoadedModel) -> Between:
     meter = placed.transfers
     if not isinstance(meter, mapped.MappedMeter):
         raise ValueError("--evict drops the fast model's mapped pages: load it at fast precision")
-    spans = [span for unit in meter.spans.values() for span in unit]
-    located = [(span, mapped.file_offset(span[0])) for span in spans]
-
-    def evict() -> None:
-        for (address, length), where in located:
-            mapped.drop(address, length, where)
-
-    return evict
+    return meter.drop_all
 
 
 def _step(token: Token, read_bytes_per_s: float) -> dict[str, float]:

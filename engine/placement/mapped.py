@@ -55,23 +55,32 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def file_backed(spans: Iterable[Span]) -> list[bool]:
-    """For each span, whether it lies in a mapping of a file (not anonymous memory)."""
-    starts: list[int] = []
-    ends: list[int] = []
-    last_path = ""
+def _mapped_files() -> list[tuple[int, int, str, int]]:
+    """(start, end, path, file offset at start) of each mapping of a file in this process,
+    from one read of /proc/self/maps."""
+    found = []
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
             path = fields[5].strip() if len(fields) > 5 else ""
             if path.startswith("/") and not path.endswith(" (deleted)"):
                 low, high = (int(x, 16) for x in fields[0].split("-"))
-                if ends and ends[-1] == low and path == last_path:  # one mapping, split by
-                    ends[-1] = high  # an madvise on part of it
-                else:
-                    starts.append(low)
-                    ends.append(high)
-                last_path = path
+                found.append((low, high, path, int(fields[2], 16)))
+    return found
+
+
+def file_backed(spans: Iterable[Span]) -> list[bool]:
+    """For each span, whether it lies in a mapping of a file (not anonymous memory)."""
+    starts: list[int] = []
+    ends: list[int] = []
+    last_path = ""
+    for low, high, path, _ in _mapped_files():
+        if ends and ends[-1] == low and path == last_path:  # one mapping, split by an
+            ends[-1] = high  # madvise on part of it
+        else:
+            starts.append(low)
+            ends.append(high)
+        last_path = path
     result = []
     for address, length in spans:
         index = bisect.bisect_right(starts, address) - 1
@@ -98,22 +107,19 @@ def weights(module: torch.nn.Module) -> list[torch.Tensor]:
     return found
 
 
-def hold(module: torch.nn.Module) -> int:
+def hold(module: torch.nn.Module) -> None:
     """Copy the module's file-backed weights into memory of its own (a RAM-placed layer whose
-    repacks were mapped from the pack cache); returns the bytes copied."""
+    repacks were mapped from the pack cache)."""
     found = [
         (owner, name, buffer)
         for owner in module.modules()
         for name, buffer in owner.named_buffers(recurse=False)
         if buffer.numel()
     ]
-    copied = 0
     backed = file_backed(span(buffer) for _, _, buffer in found)  # one read of the maps
     for (owner, name, buffer), in_file in zip(found, backed, strict=True):
         if in_file:
             owner.register_buffer(name, buffer.clone(), persistent=False)
-            copied += buffer.numel() * buffer.element_size()
-    return copied
 
 
 def mapped_spans(module: torch.nn.Module) -> tuple[list[Span], int]:
@@ -194,15 +200,10 @@ def file_offset(address: int) -> tuple[str, int] | None:
 def file_offsets(addresses: list[int]) -> dict[int, tuple[str, int]]:
     """file_offset of each address that lies in a mapped file, from one read of the maps."""
     found: dict[int, tuple[str, int]] = {}
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) < 6 or not fields[5].startswith("/"):
-                continue
-            low, high = (int(x, 16) for x in fields[0].split("-"))
-            for address in addresses:
-                if low <= address < high:
-                    found[address] = fields[5].strip(), int(fields[2], 16) + address - low
+    for low, high, path, offset in _mapped_files():
+        for address in addresses:
+            if low <= address < high:
+                found[address] = path, offset + address - low
     return found
 
 
@@ -236,6 +237,13 @@ class MappedMeter:
             if missing_bytes(*span, self._vectors[span]):
                 read_in(*span)
         self.seconds += time.perf_counter() - start
+
+    def drop_all(self) -> None:
+        """Every disk-placed page out of this process and the page cache, as the OS drops
+        them when memory runs short."""
+        for spans in self.spans.values():
+            for span in spans:
+                drop(*span, self.files.get(span[0]))
 
     def _drop_behind(self, unit: int | None) -> None:
         """When the OS is short of memory, the unit that just ran leaves the page cache: it
@@ -337,8 +345,7 @@ def _probe(model: torch.nn.Module, meter: MappedMeter, passes: int = 3) -> float
     cache = model.new_cache()  # type: ignore[operator]
     with torch.inference_mode():
         model(ids, cache, None)  # decode steps run through a cache: so do the passes timed
-        for address, length in (span for spans in meter.spans.values() for span in spans):
-            drop(address, length, meter.files.get(address))
+        meter.drop_all()
         meter.begin(drop_behind=False)
         model(ids, cache, None)
         read, reading = meter.take()

@@ -171,8 +171,7 @@ def test_a_step_reads_back_what_the_os_dropped_and_drops_behind(tmp_path, monkey
 
     with torch.inference_mode():
         placed.model(ids, cache, None)
-    for address, length in spans:
-        mapped.drop(address, length)
+    meter.drop_all()
     # counted here: pages another mapping of the same file holds (another model of it in
     # this process) are not dropped
     dropped = missing()

@@ -122,7 +122,6 @@ def test_qwen_fast_capped_at_half_its_size_replies_as_in_memory_and_counts_its_r
     in-memory size loads (its disk the mapped file), replies with the tokens and probes of the
     same model in memory, and a step whose pages the OS dropped reads them back, the kernel's
     count within 20% of what is placed on disk, the step within 1.3x of its prediction."""
-    from engine.placement import mapped
     from tests.engine.test_placement import assert_same_probes
 
     _, fast = qwen
@@ -143,14 +142,8 @@ def test_qwen_fast_capped_at_half_its_size_replies_as_in_memory_and_counts_its_r
                 between()  # outside the next step's clock
         return events[0], [e for e in events if isinstance(e, Token)]
 
-    spans = [span for unit in placed.transfers.spans.values() for span in unit]
-
-    def evict():
-        for address, length in spans:
-            mapped.drop(address, length)
-
     assert_same_probes(reply(fast), reply(placed))
-    _, tokens = reply(placed, evict)
+    _, tokens = reply(placed, placed.transfers.drop_all)
     if placement.read_bytes_per_s <= 0:
         pytest.skip("the file system here gives no storage reads to count (tmpfs?)")
     for token in tokens[1:]:
