@@ -144,8 +144,9 @@ def build_fast(
     they run and `kernels` allows (a GPU's form is made from the int4 layouts instead), else
     int4 weights repacked (others dequantised to bf16); with `packs`, what is repacked comes
     from (and goes to) the cache folder's pack. The GGML weights of `mapped_layers` (placed
-    on disk) are views of the mapped file, one product per tensor, instead of copies read in
-    (llama's q/k, whose rows are reordered, are copied all the same)."""
+    on disk) are views of the mapped file instead of copies read in, fused where the file
+    holds the parts side by side (llama's q/k, whose rows are reordered, are copied all the
+    same)."""
     shape = read_shape(file)
     ggml = kernels and ggml_kernel.in_use()
     names = list(file.tensors)
@@ -551,8 +552,8 @@ def fast_skeleton(file: GGUFFile) -> torch.nn.Module:
 
 
 def fast_bytes(file: GGUFFile) -> int:
-    """What the fast model holds in memory, about: the file's weights but the embedding."""
-    return sum(info.nbytes for name, info in file.tensors.items() if name != "token_embd.weight")
+    """What the fast model holds in memory, about: the units of its plan (fast_skeleton)."""
+    return sum(weight.numel() for weight in fast_skeleton(file).parameters())
 
 
 # -- the transformers reference ------------------------------------------------------------

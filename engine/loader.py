@@ -282,8 +282,9 @@ def _load_gguf(
             return LoadedModel(fast, _with_pad(tokenizer), info, compiling, meter)
         model = _dequantise(file, dtype, report, writer)
     except (torch.OutOfMemoryError, MemoryError):
-        if precision == "fast" and device.type == "cpu":
-            _check_fast_fits(file, name, device)  # says what would fit, if it can
+        if precision == "fast":  # what its own units need, its disk the mapped file
+            skeleton = functools.partial(fast_skeleton, file)
+            raise _out_of_memory(name, fast_bytes(file), device, skeleton, mapped=True) from None
         needed = exact_bytes(file, dtype)
         raise _out_of_memory(name, needed, device, lambda: exact_skeleton(file, dtype)) from None
     except (Unsupported, GGUFError, ValueError, RuntimeError) as error:
@@ -349,9 +350,8 @@ def _load_fast(
 
 def _check_fast_fits(file: GGUFFile, name: str, device: torch.device) -> None:
     """Refuse a fast load its RAM cannot hold, proposing the RAM cap that would fit."""
-    layers = read_shape(file).layers
     skeleton = functools.partial(fast_skeleton, file)
-    proposal = fit_proposal(name, fast_bytes(file), device, layers, skeleton, mapped=True)
+    proposal = fit_proposal(name, fast_bytes(file), device, skeleton=skeleton, mapped=True)
     if proposal is not None:
         raise ModelLoadError(proposal.line, proposal)
 
@@ -434,9 +434,10 @@ def place(
 
 
 def _out_of_memory(
-    name: str, needed: int, device: torch.device, skeleton: Callable[[], torch.nn.Module]
-) -> ModelLoadError:
-    proposal = fit_proposal(name, needed, device, skeleton=skeleton)
+    name: str, needed: int, device: torch.device, skeleton: Callable[[], torch.nn.Module],
+    mapped: bool = False,
+) -> ModelLoadError:  # fmt: skip
+    proposal = fit_proposal(name, needed, device, skeleton=skeleton, mapped=mapped)
     if proposal is None:
         return ModelLoadError(f"{name} ran out of memory while loading on {device}.")
     return ModelLoadError(proposal.line, proposal)

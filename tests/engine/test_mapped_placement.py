@@ -191,7 +191,7 @@ def test_a_step_reads_back_what_the_os_dropped_and_drops_behind(tmp_path, monkey
 @pytest.mark.bundled
 def test_a_fast_load_too_big_for_free_memory_proposes_a_ram_cap(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "build_fast", lambda *a, **k: pytest.fail("loaded anyway"))
-    monkeypatch.setattr(plan, "free_memory", lambda device: 60 << 20)  # the weights: 66 MB
+    monkeypatch.setattr(plan, "free_memory", lambda device: 60 << 20)  # the units: 97 MB
     request = LoadRequest(spec="bundled", device="cpu", precision="fast")
     with pytest.raises(ModelLoadError, match=r"It would fit as --device-map auto") as error:
         loader.load_model(request, cache_dir=tmp_path)
@@ -215,3 +215,21 @@ def test_the_placement_bench_reports_steps_against_their_prediction(tmp_path):
     with pytest.raises(ValueError, match="needs a placed load"):
         placement_benchmark.run(loader.load_model(LoadRequest(spec="bundled", device="cpu",
                                                               compiled=False)), None)  # fmt: skip
+
+
+@pytest.mark.bundled
+def test_a_fast_load_that_runs_out_of_memory_proposes_its_own_cap(monkeypatch, tmp_path):
+    """Out of memory while building (after the fit check passed), the proposal is the fast
+    model's own: its units' bytes, its disk the mapped file (not the dequantised model's)."""
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    free = iter([1 << 40, 60 << 20])  # room at the check, then none
+    monkeypatch.setattr(plan, "free_memory", lambda device: next(free))
+    monkeypatch.setattr(loader, "build_fast", no_memory)
+    request = LoadRequest(spec="bundled", device="cpu", precision="fast")
+    with pytest.raises(ModelLoadError, match=r"needs 96\.6 MB on cpu") as error:
+        loader.load_model(request, cache_dir=tmp_path)
+    assert error.value.fits_as == plan.Proposal(str(error.value), "auto", "cpu=30MiB")
+    assert "left in the mapped file" in str(error.value)
