@@ -12,9 +12,9 @@ import argparse
 import sys
 
 from app.bench.command import run_bench
-from app.gui import run_gui
 from app.model_fetch import run_models
 from app.options import parser, print_json
+from app.window.gui import run_gui
 
 COMMANDS = ("chat", "bench", "peaks", "models")
 
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_peaks(args: argparse.Namespace) -> int:
     """Print the cached peaks for --device/--dtype, measuring them if there are none."""
-    from engine.device import pick_device, pick_dtype
-    from engine.peaks import machine_peaks
+    from engine.measure.device import pick_device, pick_dtype
+    from engine.measure.peaks import machine_peaks
     from engine.serialize import plain
 
     try:

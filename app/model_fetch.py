@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.cache_folder import default_cache_dir
+from engine.disk.cache_folder import default_cache_dir
 
 CHUNK = 8 << 20
 

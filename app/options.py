@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from app.model_fetch import add_models_options
-from engine.placement.spec import PlacementError, parse_device_map, parse_max_memory
+from engine.device_map import PlacementError, parse_device_map, parse_max_memory
 from engine.settings import CHAT_TEMPLATES, PRECISIONS, GenerationSettings, LoadRequest
 
 

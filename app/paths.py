@@ -2,7 +2,7 @@
 
 The platform's usual place (via platformdirs) unless GLASSBOX_DATA_DIR names another folder,
 which is how tests and portable installs keep their files apart. Dequantised models go to the
-cache folder that engine.cache_folder.default_cache_dir() names (GLASSBOX_CACHE_DIR).
+cache folder that engine.disk.cache_folder.default_cache_dir() names (GLASSBOX_CACHE_DIR).
 """
 
 from __future__ import annotations

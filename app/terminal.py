@@ -1,7 +1,7 @@
 """`glassbox chat`: the same engine in the terminal, interactive or one-shot, text or JSON lines.
 
-Conversations go to the window's store (see app.chat_log) unless `--no-store` is given. Ctrl+C
-during a reply stops it as the window's Stop does; a second Ctrl+C interrupts at once.
+Conversations go to the window's store (see app.storage.chat_log) unless `--no-store` is given.
+Ctrl+C during a reply stops it as the window's Stop does; a second Ctrl+C interrupts at once.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from contextlib import contextmanager
 from dataclasses import replace
 from types import FrameType
 
-from app.chat_log import ChatLog, open_store
 from app.options import generation_settings, load_request, print_json
-from engine import chat_format
+from app.storage.chat_log import ChatLog, open_store
 from engine.events import Event, Failed, Finished, PrefillDone, Token
-from engine.loader import ModelLoadError, load_model
+from engine.generate.session import ChatSession
+from engine.generate.trace import TraceRecorder
+from engine.load.loader import ModelLoadError, load_model
 from engine.placement.dispatch import summary
 from engine.serialize import event_to_dict, plain
-from engine.session import ChatSession
 from engine.settings import (
     GenerationSettings,
     Message,
@@ -31,7 +31,7 @@ from engine.settings import (
     SettingsError,
     parse_layers,
 )
-from engine.trace import TraceRecorder
+from engine.text import chat_format
 from ui.reply_stats import finished_stats, stats_line
 
 

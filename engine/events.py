@@ -29,7 +29,8 @@ def frozen_array(values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class Peaks:
-    """The machine's measured ceilings for one device and compute dtype (engine/peaks.py)."""
+    """The machine's measured ceilings for one device and compute dtype
+    (engine/measure/peaks.py)."""
 
     peak_flops_per_s: float  # a large matmul in `dtype`
     peak_bytes_per_s: float  # a large memory copy: bytes read + bytes written per second
@@ -48,7 +49,7 @@ class Peaks:
 @dataclass(frozen=True, slots=True)
 class Roofline:
     """One forward pass on the machine's roofline, counted from the model's shapes
-    (engine/roofline.py) and timed by the pass's own measured seconds."""
+    (engine/measure/roofline.py) and timed by the pass's own measured seconds."""
 
     flops: int
     bytes: int  # weights as stored + KV cache read + KV cache written
@@ -129,13 +130,13 @@ class ModelInfo:
     # "exact": dequantised weights in transformers; "fast": the GGUF's quantised weights.
     precision: str = "exact"
     # The chat template prompts are rendered with: "own" (the model's), "plain" (none: a
-    # user:/assistant: transcript) or the name of engine/chat_format.py's template chosen for a
+    # user:/assistant: transcript) or the name of engine/text/chat_format.py's template chosen for a
     # GGUF without one ("gemma", "chatml", "llama3"); chat_format.label(...) says it in words.
     chat_format: str = "own"
     # The measured ceilings the roofline of each pass is drawn against (None: not measured).
     peaks: Peaks | None = None
     # What every forward pass reads of the weights as stored, and the embedding bytes looked up
-    # per new position (engine/roofline.py): a pass's Roofline.bytes less these is KV cache.
+    # per new position (engine/measure/roofline.py): a pass's Roofline.bytes less these is KV cache.
     # 0 where the engine did not count them.
     weight_bytes: int = 0
     embedding_row_bytes: int = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.placement.spec import PlacementError, parse_device_map, parse_max_memory
+from engine.device_map import PlacementError, parse_device_map, parse_max_memory
 
 
 class SettingsError(ValueError):
@@ -34,7 +34,7 @@ class GenerationSettings:
     # the model continues it (system prompts are left out: they belong to the template).
     completion: bool = False
     # Stepping (a teacher's pace): hold the reply once the prompt is prefilled, until the
-    # session's pacer lets the next step through (engine/pacing.py).
+    # session's pacer lets the next step through (engine/generate/pacing.py).
     pause_after_prefill: bool = False
 
     def __post_init__(self) -> None:
@@ -150,7 +150,7 @@ class Message:
 
 
 PRECISIONS = ("auto", "exact", "fast")
-# The chat template a load uses (engine/chat_format.py): "auto" is the model's own, else for a
+# The chat template a load uses (engine/text/chat_format.py): "auto" is the model's own, else for a
 # GGUF without one its architecture's; "plain" the user:/assistant: transcript; or one by name.
 CHAT_TEMPLATES = ("auto", "plain", "gemma", "chatml", "llama3")
 
@@ -162,11 +162,11 @@ class LoadRequest:
     `precision`: "exact" runs dequantised weights in transformers (the reference), "fast" runs
     a GGUF's own 4/8-bit weights in Glassbox's model, "auto" picks fast where it can.
     `compiled`: give a fast model a compiled decode step, built once in the background
-    (engine/compiled_decode.py; $GLASSBOX_COMPILE=0 turns it off everywhere);
+    (engine/step/compiled.py; $GLASSBOX_COMPILE=0 turns it off everywhere);
     `build_compiled=False` uses one only if it is already kept (a one-shot reply, which would
     exit long before a build ends).
     `chat_template`: "auto", or a template to use whatever the model has (CHAT_TEMPLATES).
-    `device_map`, `max_memory`: where the layers go (engine/placement/spec.py): "" and "" keep
+    `device_map`, `max_memory`: where the layers go (engine/device_map.py): "" and "" keep
     the whole model on `device`, with no placement machinery at all.
     """
 

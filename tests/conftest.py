@@ -53,7 +53,8 @@ def _garbage_collected_between_tests() -> Iterator[None]:
     finally:
         gc.enable()
         gc.collect()
-        gc.freeze()  # what survives (modules, session fixtures) is not walked again: app.collector
+        # What survives (modules, session fixtures) is not walked again: app.collector
+        gc.freeze()
 
 
 def _threads_checked(qtcore, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -102,7 +103,7 @@ os.environ.setdefault(
 @pytest.fixture
 def int4_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fast weights repacked for torch's int4 kernel, as where the GGML kernels do not run
-    (engine/ggml_kernel.py): for the tests of those layouts, on any CPU."""
+    (engine/weights/ggml_kernel.py): for the tests of those layouts, on any CPU."""
     monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "0")
 
 
@@ -110,7 +111,7 @@ def int4_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
 def bundled():
     """The real bundled SmolLM2-135M-Instruct in exact precision (the transformers reference
     that `generate` and eager attention check), loaded once for the whole run."""
-    from engine.loader import load_model
+    from engine.load.loader import load_model
     from engine.settings import LoadRequest
 
     return load_model(LoadRequest(spec="bundled", device="cpu", precision="exact"))
@@ -119,7 +120,7 @@ def bundled():
 @pytest.fixture(scope="session")
 def bundled_fast():
     """The bundled model in fast precision: Glassbox's own model on its 4-bit weights."""
-    from engine.loader import load_model
+    from engine.load.loader import load_model
     from engine.settings import LoadRequest
 
     return load_model(LoadRequest(spec="bundled", device="cpu", precision="fast"))
@@ -132,8 +133,8 @@ def tokenizer():
     $GLASSBOX_TEST_TOKENIZER names a folder holding it instead (saved with save_pretrained),
     for a machine without the bundled package, such as a GPU machine the tests are copied to.
     """
-    from engine.cache_folder import default_cache_dir
-    from engine.loader import bundled_gguf_path, gguf_tokenizer
+    from engine.disk.cache_folder import default_cache_dir
+    from engine.load.loader import bundled_gguf_path, gguf_tokenizer
 
     folder = os.environ.get("GLASSBOX_TEST_TOKENIZER")
     if folder:

@@ -62,7 +62,7 @@ def permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 def random_k_quant(data: np.ndarray, kind: str, seed: int = 0) -> np.ndarray:
     """Random `kind` blocks for a [rows, columns] weight, with weights about `data`'s size."""
-    from engine.ggml_blocks import BLOCK_BYTES, BLOCK_VALUES
+    from engine.gguf.blocks import BLOCK_BYTES, BLOCK_VALUES
 
     qtype = {Q4_K: 12, Q5_K: 13, Q6_K: 14}[kind]
     rows, columns = data.shape

@@ -39,7 +39,7 @@ def make_tiny(tokenizer, architecture: str, seed: int = 0, attn: str | None = No
     import torch
     from transformers import AutoModelForCausalLM
 
-    from engine.loader import prepare
+    from engine.load.loader import prepare
 
     torch.manual_seed(seed)
     config = tiny_config(architecture, **overrides)

@@ -3,7 +3,7 @@
 One owner, explicit updates: the window changes the conversation through the methods below,
 in the order things happen, and everything else follows the changes it announces. Listeners
 are called at once, in the order they subscribed, with a `Change` that says what happened;
-the chat view draws it, the store (app.controller) writes it. Nobody keeps a copy to diff.
+the chat view draws it, the store (app.window.controller) writes it. Nobody keeps a copy to diff.
 
 A reply goes through these states:
 

@@ -1,9 +1,9 @@
 """The main window: the chat in the middle, dock widgets around it, actions and a status bar.
 
-The window talks to the model only through a backend object (app.engine_client.EngineClient
+The window talks to the model only through a backend object (app.client.engine_client.EngineClient
 in the program) whose signals arrive in the GUI thread; it never runs model work.
 The conversation is a ui.conversation.Conversation the window owns and changes in the order
-things happen; the chat view draws its changes and the store (app.controller) writes them.
+things happen; the chat view draws its changes and the store (app.window.controller) writes them.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.device_map import format_bytes
 from engine.events import Event, Finished, ModelInfo, PrefillDone, Token
-from engine.placement.spec import format_bytes
 from engine.settings import (
     GenerationSettings,
     LoadRequest,
@@ -48,7 +48,7 @@ STATE_VERSION = 3  # bump when the set of docks changes: older layouts are then 
 
 
 class Backend(Protocol):
-    """What the window needs of the engine (app.engine_client.EngineClient has it)."""
+    """What the window needs of the engine (app.client.engine_client.EngineClient has it)."""
 
     events: Any  # Signal(list of events)
     loaded: Any  # Signal(ModelInfo)

@@ -27,8 +27,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.device_map import PlacementError, parse_device_map, parse_max_memory
 from engine.events import ModelInfo
-from engine.placement.spec import PlacementError, parse_device_map, parse_max_memory
 from engine.settings import PRECISIONS, LoadRequest, SettingsError
 
 DEVICES = ("auto", "cpu", "cuda", "mps")

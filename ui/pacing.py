@@ -2,7 +2,7 @@
 
 The controls send the engine's pacer what to do (MainWindow's backend `pace`); Stop stays the
 window's own action and works at any point. The line beside them says what the engine does:
-"held after step N" only once the engine reported that it waits (app.wire.Held, after that
+"held after step N" only once the engine reported that it waits (app.server.wire.Held, after that
 step's token), "pausing" or "stepping" while a paused reply still runs to its next hold.
 """
 

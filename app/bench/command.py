@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from app.options import load_request, print_json
 
 if TYPE_CHECKING:
-    from engine.loader import LoadedModel
+    from engine.load.loader import LoadedModel
     from engine.settings import LoadRequest
 
 
@@ -30,8 +30,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.device.startswith("cuda") and not args.gui_only:
         return cuda_bench(args)
     if not args.gui_only:
-        from engine import benchmark
-        from engine.loader import ModelLoadError, resolve
+        from app.bench import speed as benchmark
+        from engine.load.loader import ModelLoadError, resolve
 
         try:
             exact, fast = load_both(load_request(args), with_exact=not args.fast_only)
@@ -49,9 +49,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def cuda_bench(args: argparse.Namespace) -> int:
     """The fast engine's static step against generate's dynamic and static caches on CUDA
-    (engine.gpu_benchmark); one line and exit status 2 where there is no CUDA device."""
-    from engine import gpu_benchmark
-    from engine.loader import ModelLoadError
+    (app.bench.gpu); one line and exit status 2 where there is no CUDA device."""
+    from app.bench import gpu as gpu_benchmark
+    from engine.load.loader import ModelLoadError
 
     missing = gpu_benchmark.cuda_missing()
     if missing is not None:
@@ -73,10 +73,10 @@ def cuda_bench(args: argparse.Namespace) -> int:
 
 
 def placement_cost(args: argparse.Namespace) -> int:
-    """The model placed as asked against it in memory (engine/placement_benchmark.py); with
+    """The model placed as asked against it in memory (app/bench/placement.py); with
     --fast-only (a model that does not fit in memory) or --evict, placed alone."""
-    from engine import placement_benchmark as benchmark
-    from engine.loader import ModelLoadError, load_model
+    from app.bench import placement as benchmark
+    from engine.load.loader import ModelLoadError, load_model
 
     request = load_request(args)
     if not request.placed:
@@ -99,7 +99,7 @@ def load_both(
 ) -> tuple[LoadedModel | None, LoadedModel | None]:
     """The exact model (what generate runs) and, for a GGUF it can run, the fast one; without
     `with_exact`, the fast one alone (a model too large or slow to run in float32 beside it)."""
-    from engine.loader import ModelLoadError, load_model
+    from engine.load.loader import ModelLoadError, load_model
 
     if not with_exact:
         return None, load_model(replace(request, precision="fast"))
@@ -135,7 +135,7 @@ def gui_stall(tokens: int, rate: float = 0.0) -> dict[str, Any]:
 def window_cost(args: argparse.Namespace) -> dict[str, Any]:
     """The real window on the engine process vs the same engine headless (app.bench.window)."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from app.engine_process import EngineProcess
+    from app.server.engine_process import EngineProcess
 
     engine = EngineProcess()  # first, as `glassbox` does: the warm start is timed from launch
     from app.bench.window import measure_window
@@ -153,7 +153,7 @@ def window_cost(args: argparse.Namespace) -> dict[str, Any]:
 def stepping_cost(args: argparse.Namespace) -> dict[str, Any]:
     """Next token's latency in the real window and a held reply's CPU (app.bench.stepping)."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from app.engine_process import EngineProcess
+    from app.server.engine_process import EngineProcess
 
     engine = EngineProcess()  # before Qt, as `glassbox` starts it
     from app.bench.stepping import measure_stepping

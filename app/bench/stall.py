@@ -6,8 +6,8 @@ internals docks so each panel is on screen and redraws, and streams one long rep
 5 ms heartbeat QTimer in the GUI thread notes when it fires: the longest gap between beats,
 less the interval, is the longest time the window could not react to anything.
 
-The reply does not come from a model. engine.synthetic's session yields real engine events with the
-bundled model's shapes (SmolLM2-135M: 30 layers, 9 heads, 3 KV heads, head_dim 64; attention
+The reply does not come from a model. app.bench.synthetic's session yields real engine events with
+the bundled model's shapes (SmolLM2-135M: 30 layers, 9 heads, 3 KV heads, head_dim 64; attention
 rows for the watched layers as long as the context, KV bytes per layer, the top 10
 candidates) as fast as it can, so the measurement loads the GUI, not the model: a real model
 on this machine decodes about 25 tokens/s, the synthetic session as fast as the window takes
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from app.bench.loop import quiet_offscreen, run_for, run_until
-from app.engine_thread import EngineThread
+from app.bench.synthetic import BUNDLED_SHAPES, SyntheticSession
+from app.server.engine_thread import EngineThread
 from engine.events import Event, Finished, ModelInfo
 from engine.settings import GenerationSettings, LoadRequest
-from engine.synthetic import BUNDLED_SHAPES, SyntheticSession
 
 SOURCE = "synthetic events, bundled model's shapes"
 HEARTBEAT_MS = 5
@@ -77,8 +77,8 @@ class StallRun:
         """`delay`: seconds the session waits before each token (0: as fast as taken)."""
         from PySide6.QtCore import QSettings
 
-        from app.assembly import assemble
-        from app.engine_client import EngineClient
+        from app.client.engine_client import EngineClient
+        from app.window.assembly import assemble
 
         self.session = SyntheticSession(delay=delay)
         self.worker = EngineClient(

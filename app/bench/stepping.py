@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from app.bench.loop import run_for, run_until
 from app.bench.window import cpu_seconds_of
-from app.engine_process import EngineProcess
+from app.server.engine_process import EngineProcess
 
 if TYPE_CHECKING:
-    from app.assembly import Parts
+    from app.window.assembly import Parts
     from engine.settings import LoadRequest
 
 QUESTION = "Why is the sky blue? Answer in two sentences."
@@ -67,7 +67,7 @@ def measure_stepping(
 def _open(engine: EngineProcess) -> Parts:
     from PySide6.QtCore import QRect, QSettings
 
-    from app.gui import open_window
+    from app.window.gui import open_window
 
     folder = Path(tempfile.mkdtemp(prefix="glassbox-stepping-"))
     remembered = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)

@@ -54,12 +54,12 @@ import numpy as np
 
 from app.bench.loop import quiet_offscreen, run_for, run_until, wait_for_signal
 from app.bench.stall import HEARTBEAT_MS, float_docks, peak_rss_mb, stalls_of
-from app.engine_client import EngineClient
-from app.engine_process import EngineProcess
-from app.engine_spec import EngineSpec
+from app.bench.synthetic import PASSAGE
+from app.client.engine_client import EngineClient
+from app.server.engine_process import EngineProcess
+from app.server.engine_spec import EngineSpec
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished, Token
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
-from engine.synthetic import PASSAGE
 
 CONTEXT_TOKENS = 1000  # the prompt's length: the context the panels draw attention over
 QUESTION = "Here are some notes on how a language model writes. Summarise them in detail.\n\n"
@@ -164,7 +164,7 @@ class WindowBench:
         self.launch_s = (process_age_s() or 0.0) - (time.perf_counter() - self.started)
         from PySide6.QtCore import QSettings
 
-        from app.gui import open_window
+        from app.window.gui import open_window
 
         remembered = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
         self.parts = open_window(

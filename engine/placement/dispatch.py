@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import torch
 
+from engine.device_map import format_bytes
 from engine.events import Placement
 from engine.placement.plan import DeviceMapDict, Unit, place_of, units
-from engine.placement.spec import format_bytes
 from engine.placement.transfer import PassCost, TransferMeter, probe
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 accelerate's exact path copies each offloaded layer from its offload folder into fresh
 memory before every pass, cached or not. The fast model's disk-placed layers instead compute
 straight from views of mapped files: the GGUF's own blocks where the GGML kernels read them,
-the pack cache's 4-bit repacks otherwise (engine/pack_cache.py). Nothing is copied and
+the pack cache's 4-bit repacks otherwise (engine/weights/pack_cache.py). Nothing is copied and
 nothing is written: storage is read only for pages the OS does not hold in its page cache,
 and while RAM is spare it holds them all, so such a step costs what an in-memory one does.
 The RAM cap bounds what Glassbox itself holds (the RAM-placed layers, copied in whole); the

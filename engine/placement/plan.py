@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from engine.placement.spec import (
+from engine.device_map import (
     DeviceMap,
     PlacementError,
     Proposal,

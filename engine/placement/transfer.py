@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from engine.device import synchronize
+from engine.measure.device import synchronize
 
 
 class CountedWeights(Mapping[str, torch.Tensor]):

@@ -1,4 +1,4 @@
-"""Models the engine process builds by name in tests (app.engine_spec.EngineSpec): a tiny
+"""Models the engine process builds by name in tests (app.server.engine_spec.EngineSpec): a tiny
 random Llama with a byte-level tokenizer, made in memory in well under a second."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def tiny_llama(request, progress):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.loader import prepare
+    from engine.load.loader import prepare
 
     progress("Building the tiny model", 0.5)
     torch.manual_seed(0)

@@ -317,7 +317,7 @@ def test_bundled_model_knows_the_capital_of_france():
 def test_a_one_shot_chat_builds_no_compiled_step_and_a_conversation_does(monkeypatch):
     import app.terminal
     from app.cli import main
-    from engine.loader import ModelLoadError
+    from engine.load.loader import ModelLoadError
 
     asked = []
 

@@ -7,14 +7,14 @@ import statistics
 import pytest
 import torch
 
-from engine import chat_format
-from engine.cache_folder import default_cache_dir
+from engine.disk.cache_folder import default_cache_dir
 from engine.events import Token
-from engine.loader import gguf_tokenizer, load_model
-from engine.prompt import encode_chat
-from engine.session import ChatSession
+from engine.generate.session import ChatSession
+from engine.load.loader import gguf_tokenizer, load_model
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
-from tests.engine.test_fast import decoded_against_exact
+from engine.text import chat_format
+from engine.text.prompt import encode_chat
+from tests.engine.model.test_fast import decoded_against_exact
 
 pytestmark = pytest.mark.real_models
 QUESTION = [Message("user", "What is the capital of France?")]
@@ -122,7 +122,7 @@ def test_qwen_fast_capped_at_half_its_size_replies_as_in_memory_and_counts_its_r
     in-memory size loads (its disk the mapped file), replies with the tokens and probes of the
     same model in memory, and a step whose pages the OS dropped reads them back, the kernel's
     count within 20% of what is placed on disk, the step within 1.3x of its prediction."""
-    from tests.engine.test_placement import assert_same_probes
+    from tests.engine.placement.test_placement import assert_same_probes
 
     _, fast = qwen
     request = LoadRequest(str(real_qwen), precision="fast", max_memory="cpu=500MiB",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.events import PrefillDone
-from engine.session import ChatSession
+from engine.generate.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from engine.token_labels import byte_count, byte_label, label, special_ids
 from tests.models import make_tiny

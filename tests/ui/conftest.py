@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from PySide6.QtCore import QSettings
 
-from app import assembly
-from app.engine_client import EngineClient
+from app.client.engine_client import EngineClient
+from app.window import assembly
 from engine.settings import LoadRequest
 from tests.app.process_check import no_engine_process_left  # noqa: F401 - autouse
 from tests.engines import in_memory

@@ -1,4 +1,4 @@
-"""The fake model of the window's tests: engine.synthetic's session with a short reply.
+"""The fake model of the window's tests: app.bench.synthetic's session with a short reply.
 
 It honours the session contract (PrefillDone, one Token per piece, Finished, Failed before it
 on error); `cancel()` from any thread ends the reply within one step.
@@ -10,10 +10,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from app.bench.synthetic import SyntheticSession, model_info
+from engine.device_map import Proposal
 from engine.events import ModelInfo
-from engine.placement.spec import Proposal
 from engine.settings import LoadRequest
-from engine.synthetic import SyntheticSession, model_info
 
 REPLY = ("Hello", ",", " this", " is", " a", " **fake**", " reply", ".")
 STEP_S = 0.01  # each decode step: 100 tokens/s
@@ -38,7 +38,7 @@ def fake_session(
 
 
 class ModelLoadError(Exception):
-    """Named like engine.loader's error, whose message the worker shows as it is."""
+    """Named like engine.load.loader's error, whose message the worker shows as it is."""
 
     def __init__(self, message: str, fits_as: Proposal | None = None) -> None:
         super().__init__(message)
@@ -99,7 +99,7 @@ class FakeBackend:
 
 
 # -- in the engine process -------------------------------------------------------------------
-# The engine child imports these by name (app.engine_spec.EngineSpec). Options travel in
+# The engine child imports these by name (app.server.engine_spec.EngineSpec). Options travel in
 # LoadRequest.extra: "delay" seconds per token and "tokens" (a reply of that many " wN").
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from PySide6.QtWidgets import QApplication
 
+from app.bench.synthetic import SyntheticSession
 from engine.events import Peaks, PrefillDone, Roofline, Token
 from engine.settings import GenerationSettings, Message, ProbeSettings
-from engine.synthetic import SyntheticSession
 from ui.panels.docks import InternalsView
 
 LAYERS = (0, 9, 19, 29)  # the bundled model's default watched layers

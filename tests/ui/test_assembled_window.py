@@ -10,11 +10,11 @@ from functools import partial
 
 import numpy as np
 
-from app import recorder
-from app.store import ConversationStore, ReplySaver
+from app.bench.synthetic import SyntheticSession
+from app.storage import recorder
+from app.storage.store import ConversationStore, ReplySaver
 from engine.events import Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, Message
-from engine.synthetic import SyntheticSession
 from tests.ui.fakes import REPLY, FakeBackend, fake_info
 
 

@@ -10,9 +10,9 @@ import pytest
 from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtWidgets import QDockWidget, QLabel
 
+from app.bench.synthetic import BROKEN
 from engine.events import Finished, Tally, Token
 from engine.settings import GenerationSettings, LoadRequest, Message
-from engine.synthetic import BROKEN
 from tests.ui.fakes import REPLY
 from ui.chat_view import ChatView
 from ui.conversation import Conversation, Entry

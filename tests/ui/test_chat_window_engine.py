@@ -7,8 +7,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 from engine.events import Finished, PrefillDone, Token
-from engine.loader import LoadedModel
-from engine.session import ChatSession
+from engine.generate.session import ChatSession
+from engine.load.loader import LoadedModel
 from engine.settings import GenerationSettings, LoadRequest, Message
 from tests.app import engine_models
 from tests.engines import in_memory

@@ -3,7 +3,7 @@ engine continue the text as written (no chat template)."""
 
 from __future__ import annotations
 
-from app.store import ConversationStore
+from app.storage.store import ConversationStore
 from engine.events import Finished, PrefillDone
 from engine.settings import GenerationSettings
 from ui.settings_panel import SettingsPanel

@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.bench.synthetic import SyntheticSession, model_info
 from engine.events import ENGINE_STOPPED, Failed, Tally
 from engine.settings import GenerationSettings, Message
-from engine.synthetic import SyntheticSession, model_info
 from tests.ui.fakes import fake_info
 from ui.conversation import (
     Added,

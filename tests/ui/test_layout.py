@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import QPoint, QRect, QSettings, QSize
 from PySide6.QtWidgets import QDockWidget, QScrollArea, QWidget
 
-from app import assembly
+from app.window import assembly
 from engine.settings import LoadRequest
 from tests.engines import in_memory
 from tests.ui.fakes import FakeBackend

@@ -10,9 +10,9 @@ import pytest
 from PySide6.QtCore import QPointF
 from PySide6.QtWidgets import QMainWindow
 
-from engine import synthetic
+from app.bench import synthetic
 from engine.events import Candidate, Failed, Finished, ModelInfo, PrefillDone, Token, frozen_array
-from engine.kv_cache import formula_bytes as kv_formula_bytes
+from engine.kv_formula import formula_bytes as kv_formula_bytes
 from engine.settings import FEWEST_ROWS
 from ui.panels import pooled_rows
 from ui.panels.docks import InternalsView, build_docks

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from app.bench.synthetic import SyntheticSession, model_info
 from engine.events import Tally
 from engine.settings import Message
-from engine.synthetic import SyntheticSession, model_info
 from ui.reply_stats import finished_stats, prefill_line, speed_line, stats_line
 
 

@@ -6,8 +6,8 @@ turn on the drop-oldest policy leaves early messages out of every request. Betwe
 (everything warmed up) and turn 200, resident memory, threads and timers must not grow.
 
 About 75 s here (2 cores shared with other work). Fitting the long conversation into the
-context costs a handful of encodings per turn: engine/context.py binary-searches how many of
-the oldest turns to drop.
+context costs a handful of encodings per turn: engine/generate/context.py binary-searches how many
+of the oldest turns to drop.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import shiboken6
 from PySide6.QtCore import QSettings, QThread, QTimer
 from PySide6.QtWidgets import QApplication
 
-from app import assembly
+from app.window import assembly
 from engine.events import Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, LoadRequest
 from tests.engines import in_memory

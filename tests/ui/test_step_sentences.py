@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine import synthetic
+from app.bench import synthetic
+from app.bench.synthetic import SyntheticSession
 from engine.events import Peaks, PrefillDone, Roofline, Token
-from engine.kv_cache import formula_bytes
+from engine.kv_formula import formula_bytes
 from engine.settings import Message, ProbeSettings
-from engine.synthetic import SyntheticSession
 from ui.panels.state import InternalsState
 from ui.panels.state.explain import attention_line, kv_line, timing_line, tokens_line
 from ui.panels.state.sentences import (

@@ -98,7 +98,7 @@ class InternalsView(QObject):
     # The user picked a layer that is not watched: capture these layers from the next reply on.
     watched_layers_requested = Signal(tuple)
     # The interval between frames while panels redraw changed (ms): events need not arrive
-    # more often than that (app.assembly has the worker deliver them at that pace).
+    # more often than that (app.window.assembly has the worker deliver them at that pace).
     frame_interval_changed = Signal(int)
 
     def __init__(

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import ModelInfo
-from engine.kv_cache import formula_bytes, mha_bytes, sliding_tokens
+from engine.kv_formula import formula_bytes, mha_bytes, sliding_tokens
 from ui.panels.empty import EmptyState
 from ui.panels.line_chart import LineChart, Series
 from ui.panels.ranges import AxisLimit, decimate

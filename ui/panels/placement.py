@@ -15,8 +15,8 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from engine.device_map import format_bytes
 from engine.events import Placement
-from engine.placement.spec import format_bytes
 from ui.panels.empty import EmptyState
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import StatePanel

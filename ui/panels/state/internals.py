@@ -23,7 +23,7 @@ from engine.events import (
     Roofline,
     Token,
 )
-from engine.kv_cache import formula_bytes
+from engine.kv_formula import formula_bytes
 from ui.panels.state.arrays import GrowableArray
 from ui.panels.state.attention import ATTENTION_CELLS, AttentionRows, HeadStats
 from ui.panels.state.placement import PlacementTrace
@@ -63,7 +63,7 @@ class InternalsState:
         # say what the selected step did, in one sentence each.
         self.explaining = False
         self._next_curve_label: str | None = None
-        # Row statistics the receiving thread worked out before ingest (app.engine_client).
+        # Row statistics the receiving thread worked out before ingest (app.client.engine_client).
         self.prepared = PreparedStats()
         self.placement = PlacementTrace()
         # Called when a panel's own choice changed (RedrawTracker.mark): whoever redraws the

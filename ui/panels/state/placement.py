@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.device_map import format_bytes
 from engine.events import ModelInfo, Placement, Token
-from engine.placement.spec import format_bytes
 from ui.panels.state.arrays import GrowableArray
 
 # Columns of a step: its time, the part spent bringing weights in, the predictions of that

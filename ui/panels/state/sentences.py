@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.events import ModelInfo, Roofline
-from engine.kv_cache import formula_bytes
+from engine.kv_formula import formula_bytes
 from engine.token_labels import byte_count
 
 

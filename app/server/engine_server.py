@@ -1,0 +1,446 @@
+"""The engine server: runs the client's requests (app.server.wire) against one chat session, and is
+the only owner of job state (which job runs, which were cancelled).
+
+The same server runs in the engine's child process over a pipe (`serve`, the app's path) and in
+a thread of the client's process over in-memory queues (app.server.engine_thread, the fast tests).
+
+Three threads: the main one runs jobs in order; a listener reads requests and acts on Cancel
+and Quit at once, so Stop reaches the session within one decode step and is never queued
+behind the reply it stops (a count is answered in order: the tokenizer is not shared between
+threads); a sender writes replies, so a reply never waits on the client's reader, and
+coalesces the events waiting into one message. Each event crosses once: an attention row is
+sent with its token, never again.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import math
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from app import collector
+from app.server.engine_spec import EngineSpec
+from app.server.jobs import (
+    Loader,
+    Session,
+    SessionFactory,
+    describe_error,
+    event_weight,
+    load_session,
+    proposed_request,
+    run_generation,
+)
+from app.server.pipe import send_message, widen_pipe
+from app.server.shared_arrays import SharedFolder
+from app.server.wire import (
+    ALL_JOBS,
+    Cancel,
+    Count,
+    Counted,
+    DecodeStep,
+    Done,
+    Events,
+    Generate,
+    Held,
+    Load,
+    Loaded,
+    LoadFailed,
+    Pace,
+    Progress,
+    Quit,
+    Ready,
+    Reply,
+    Request,
+    Reset,
+)
+from engine.events import Event, Failed, Finished, PrefillDone, Token
+
+if TYPE_CHECKING:
+    from engine.settings import LoadRequest, Message
+
+log = logging.getLogger(__name__)
+
+MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet written
+# A reply's tokens go out at most this often (its first token, its end and everything else at
+# once): the window draws at most 30 frames a second, and each message wakes its receiving
+# thread, which then takes a core from the engine. At ~90 tokens a second, one message per
+# token cost that thread 0.6 ms a token on two cores; three tokens a message, about 0.4.
+TOKEN_INTERVAL_S = 0.033
+
+Job = Load | Generate | Reset | Count
+Write = Callable[[Reply, int], object]  # (reply, weight): sends it; OSError once nobody reads
+
+
+@dataclass(frozen=True)
+class Threads:
+    """torch's intra-op threads for each phase of a reply (see EngineSpec)."""
+
+    prefill: int
+    decode: int
+
+    @classmethod
+    def of(cls, spec: EngineSpec, cores: int, logical: int) -> Threads:
+        """`cores`: torch's own default (one per physical core); `logical`: os.cpu_count().
+        Spec first, then (beside a window) $GLASSBOX_PREFILL_THREADS /
+        $GLASSBOX_ENGINE_THREADS. By default, beside a window on more than two cores,
+        decoding leaves it a core: one of its own, or a second hardware thread where cores
+        have two (EngineSpec.threads says why)."""
+        if not spec.beside_window:  # the terminal chat's: torch's own default, as it runs
+            return cls(prefill=spec.prefill_threads or cores, decode=spec.threads or cores)
+        decode = spec.threads or _from_environment("GLASSBOX_ENGINE_THREADS")
+        prefill = spec.prefill_threads or _from_environment("GLASSBOX_PREFILL_THREADS")
+        leave_one = cores > 2
+        spare = max(1, min(cores, logical - 1)) if leave_one else cores
+        return cls(prefill=prefill or cores, decode=decode or spare)
+
+
+def _from_environment(name: str) -> int:
+    """A positive thread count from $name, else 0 (unset or not a count: said in the log)."""
+    text = os.environ.get(name, "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    if text:
+        log.warning("%s=%r is not a positive number of threads: the default is used", name, text)
+    return 0
+
+
+def resolve(name: str) -> Callable[..., Any]:
+    module, _, attribute = name.partition(":")
+    found: Callable[..., Any] = getattr(importlib.import_module(module), attribute)
+    return found
+
+
+def serve(
+    requests: Connection,
+    replies: Connection,
+    spec: EngineSpec,
+    shared: SharedFolder | None = None,
+) -> None:
+    """The child's main function: import, then run requests until Quit or the GUI is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in a terminal is the window's to handle
+    logging.basicConfig(level=logging.WARNING, format="engine %(levelname)s %(name)s: %(message)s")
+    widen_pipe(replies)
+    with collector.paused():
+        for name in spec.preload:
+            importlib.import_module(name)
+        gc.freeze()  # what the imports made lives as long as the process: see app.collector
+    threads = None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        threads = Threads.of(spec, torch.get_num_threads(), os.cpu_count() or 1)
+        torch.set_num_threads(threads.decode)  # a compiled decode step is built for it
+
+    def write(reply: Reply, _weight: int) -> None:
+        send_message(replies, reply, shared)
+
+    def receive() -> Request:
+        request: Request = pickle.loads(requests.recv_bytes())
+        return request
+
+    server = EngineServer(write, resolve(spec.loader), resolve(spec.session_factory), threads)
+    try:
+        server.serve(receive)
+    finally:
+        replies.close()
+
+
+class Outbox:
+    """Replies written by a thread of their own; the events waiting go out as one message.
+
+    A reply's later tokens wait until `interval_s` has passed since the last message, so that
+    tokens faster than the window draws cross a few at a time; anything else (a reply's first
+    token, its end, a hold, any other reply) goes out at once and takes the waiting ones along,
+    and so do tokens that weigh half of MAX_UNSENT_WEIGHT (long rows at a GPU's rate): the
+    engine, which waits past that weight, is never held up by the wait.
+    """
+
+    def __init__(self, write: Write, interval_s: float = TOKEN_INTERVAL_S) -> None:
+        self._write = write
+        self._interval_s = interval_s
+        self._last_write = -math.inf
+        self._items: deque[tuple[Reply, int, float]] = deque()  # (reply, weight, queued at)
+        self._weight = 0
+        self._closed = False
+        self._condition = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="engine-send", daemon=True)
+        self._thread.start()
+
+    def put(self, reply: Reply, weight: int = 0) -> None:
+        with self._condition:
+            self._items.append((reply, weight, time.monotonic()))
+            self._weight += weight
+            self._condition.notify_all()
+
+    def wait_for_room(self, stop: Callable[[], bool]) -> None:
+        """Block while more than MAX_UNSENT_WEIGHT waits to be sent (the GUI is behind), unless
+        `stop()` says the reply was cancelled. The message being written does not count, so
+        one large event (a long prompt's attention) does not hold decoding up as it crosses."""
+        with self._condition:
+            while self._weight > MAX_UNSENT_WEIGHT and not self._closed and not stop():
+                self._condition.wait(0.05)
+
+    def wake(self) -> None:
+        with self._condition:
+            self._condition.notify_all()
+
+    def close(self) -> None:
+        """Send what is queued, then stop the thread."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        self._thread.join()
+
+    def _next(self) -> tuple[Reply, int] | None:
+        with self._condition:
+            while not self._items and not self._closed:
+                self._condition.wait()
+            while self._may_wait():
+                left = self._last_write + self._interval_s - time.monotonic()
+                if left <= 0:
+                    break
+                self._condition.wait(left)
+            if not self._items:
+                return None
+            reply, weight, queued_at = self._items.popleft()
+            if isinstance(reply, Events):  # coalesce the events queued behind it
+                events = list(reply.events)
+                while self._items and _same_job_events(self._items[0][0], reply.job):
+                    more, more_weight, _ = self._items.popleft()
+                    assert isinstance(more, Events)  # checked by _same_job_events
+                    events.extend(more.events)
+                    weight += more_weight
+                reply = Events(reply.job, tuple(events), queued_at)  # the oldest wait counts
+            self._weight -= weight
+            self._condition.notify_all()
+            return reply, weight
+
+    def _may_wait(self) -> bool:
+        """Whether what is queued may wait for the next message (the condition held)."""
+        light = self._weight < MAX_UNSENT_WEIGHT // 2
+        return not self._closed and light and all(_later_tokens(i[0]) for i in self._items)
+
+    def _run(self) -> None:
+        while (item := self._next()) is not None:
+            self._last_write = time.monotonic()
+            try:
+                self._write(*item)
+            except (OSError, ValueError):  # the client is gone: nobody to tell
+                with self._condition:
+                    self._closed = True
+                    self._items.clear()
+                    self._condition.notify_all()
+                return
+
+
+def _later_tokens(reply: Reply) -> bool:
+    """Events that may wait for the next message: tokens of a reply after its first."""
+    return isinstance(reply, Events) and all(
+        isinstance(event, Token) and event.index > 0 for event in reply.events
+    )
+
+
+def _same_job_events(reply: Reply, job: int) -> bool:
+    return isinstance(reply, Events) and reply.job == job
+
+
+class EngineServer:
+    """Jobs in order on one session; Cancel and Quit as they arrive. See the module docstring."""
+
+    def __init__(
+        self,
+        write: Write,
+        loader: Loader,
+        session_factory: SessionFactory,
+        threads: Threads | None = None,
+    ) -> None:
+        self.outbox = Outbox(write)
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.session: Session | None = None
+        self.threads = threads  # None: torch's own (a server in the client's process)
+        self._loader = loader
+        self._session_factory = session_factory
+        self._lock = threading.Lock()
+        self._cancelled_upto = 0
+        self._running_job = 0
+
+    def serve(self, receive: Callable[[], Request]) -> None:
+        """Listen in a thread of its own, say Ready and run jobs here until Quit; the replies
+        queued by then are sent before it returns."""
+        listener = threading.Thread(
+            target=self.listen, args=(receive,), name="engine-listen", daemon=True
+        )
+        listener.start()
+        self.outbox.put(Ready())
+        try:
+            self.run()
+        finally:
+            self.outbox.close()
+
+    # -- listener thread ----------------------------------------------------------------------
+
+    def listen(self, receive: Callable[[], Request]) -> None:
+        while True:
+            try:
+                request = receive()
+            except (EOFError, OSError):  # the client is gone
+                request = Quit()
+            match request:
+                case Cancel(job=job):
+                    self.cancel(job)
+                case Pace():
+                    self.pace(request)
+                case Quit():
+                    self.cancel(ALL_JOBS)
+                    self.jobs.put(None)
+                    return
+                case Load() | Generate() | Reset() | Count():
+                    self.jobs.put(request)
+
+    def cancel(self, job: int) -> None:
+        with self._lock:
+            self._cancelled_upto = max(self._cancelled_upto, job)
+            running = self._running_job and self._running_job <= job
+            session = self.session if running else None
+        if session is not None:
+            session.cancel()
+        self.outbox.wake()  # a reply waiting for room in the outbox goes on
+
+    def pace(self, request: Pace) -> None:
+        """Pause, step, resume or slow the session's replies (ignored before a model loads)."""
+        with self._lock:
+            session = self.session
+        if session is None:
+            return
+        pacer = session.pacer
+        if request.action == "play":
+            pacer.play(request.rate)
+        else:
+            getattr(pacer, request.action)()
+
+    def cancelled(self, job: int) -> bool:
+        return job <= self._cancelled_upto
+
+    # -- main thread ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            match job:
+                case Load(job=ident, request=request):
+                    self.load(ident, request)
+                case Generate():
+                    self.generate(job)
+                case Reset():
+                    self.reset()
+                case Count(job=ident, messages=messages):
+                    self.count(ident, messages)
+            self.outbox.put(Done(job.job))
+
+    def load(self, job: int, request: LoadRequest) -> None:
+        def progress(stage: str, fraction: float) -> None:
+            self.outbox.put(Progress(job, stage, fraction))
+
+        try:
+            with collector.paused():
+                session = load_session(self._loader, self._session_factory, request, progress)
+        except Exception as error:
+            log.exception("loading %r failed", request.spec)
+            fits_as = proposed_request(request, error)
+            self.outbox.put(LoadFailed(job, describe_error(error), fits_as))
+            return
+        with self._lock:
+            self.session = session
+        self.outbox.put(Loaded(job, session.info))
+        self._report_decode_step(job, session)
+
+    def _report_decode_step(self, job: int, session: Any) -> None:
+        """Say when a fast model's compiled decode step is attached, or that it will not be."""
+        if getattr(session, "info", None) is None or session.info.precision != "fast":
+            return
+        compiling = getattr(session, "compiling", None)
+        if compiling is None:
+            from engine.step.compiled import NOT_COMPILED  # torch: only a fast model has it
+
+            self.outbox.put(DecodeStep(job, NOT_COMPILED))
+            return
+
+        def report() -> None:
+            compiling.done.wait()
+            self.outbox.put(DecodeStep(job, compiling.state))
+
+        threading.Thread(target=report, name="decode-step-report", daemon=True).start()
+
+    def generate(self, request: Generate) -> None:
+        job = request.job
+        with self._lock:
+            self._running_job = job
+        push = self._sender(job, request.stream)
+        if self.session is not None:  # the window shows when the reply is really held
+            self.session.pacer.on_hold = lambda held: self.outbox.put(Held(job, held))
+        self._set_threads("prefill")
+        try:
+            run_generation(
+                self.session, request.messages, request.settings, request.probes,
+                self._decode_after(push), lambda: self.cancelled(job),
+            )  # fmt: skip
+        finally:
+            self._set_threads("decode")
+            with self._lock:
+                self._running_job = 0
+
+    def _decode_after(self, push: Callable[[list[Event]], None]) -> Callable[[list[Event]], None]:
+        """`push`, which first sets the decode threads once the prompt is processed (the
+        session pushes PrefillDone before it decodes a step)."""
+
+        def push_then_decode(events: list[Event]) -> None:
+            if any(isinstance(event, PrefillDone) for event in events):
+                self._set_threads("decode")
+            push(events)
+
+        return push_then_decode
+
+    def _set_threads(self, phase: str) -> None:
+        torch = sys.modules.get("torch")
+        if self.threads is not None and torch is not None:
+            torch.set_num_threads(getattr(self.threads, phase))
+
+    def _sender(self, job: int, stream: bool) -> Callable[[list[Event]], None]:
+        """Events to the client as they come; without `stream`, only the reply's end."""
+
+        def push(events: list[Event]) -> None:
+            if not stream:
+                events = [e for e in events if isinstance(e, Failed | Finished)]
+                if not events:
+                    return
+            weight = sum(event_weight(event) for event in events)
+            self.outbox.put(Events(job, tuple(events)), weight)
+            self.outbox.wait_for_room(lambda: self.cancelled(job))
+
+        return push
+
+    def count(self, job: int, messages: Sequence[Message]) -> None:
+        try:
+            tokens = self.session.count_tokens(messages) if self.session is not None else None
+        except Exception:
+            log.exception("counting tokens failed")
+            tokens = None
+        self.outbox.put(Counted(job, tokens))
+
+    def reset(self) -> None:
+        try:
+            if self.session is not None:
+                self.session.reset()
+        except Exception:
+            log.exception("resetting the session failed")

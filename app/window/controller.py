@@ -1,0 +1,170 @@
+"""Keep the conversation store in step with the window: every message saved, nothing lost.
+
+The window's conversation (ui.conversation) announces each change; this controller writes it
+through app.storage.recorder, the rules the terminal chat follows too: a conversation created with
+its first message, each user message committed, a reply saved while it streams (about once a
+second, marked incomplete) and completed with its stats, so a crash loses at most the last
+second and never a finished message. A reply cut off with its engine stays incomplete.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import QObject
+from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+from app.storage.export import export_conversation, suggested_filename
+from app.storage.recorder import ConversationRecorder
+from app.storage.store import ConversationStore, StoredMessage
+from ui.conversation import (
+    Added,
+    Change,
+    Entry,
+    ReplyAbandoned,
+    ReplyEnded,
+    ReplyEvent,
+    ReplyTokens,
+    Reset,
+    Truncated,
+)
+from ui.conversation_list import ConversationList, ConversationRow
+from ui.main_window import MainWindow
+
+log = logging.getLogger(__name__)
+
+
+def entry_of(message: StoredMessage) -> Entry:
+    """A stored message as the conversation holds it."""
+    return Entry(
+        message.role, message.text, message.model, stats=message.stats, complete=message.complete
+    )
+
+
+class ConversationController(QObject):
+    def __init__(
+        self, window: MainWindow, store: ConversationStore, sidebar: ConversationList
+    ) -> None:
+        super().__init__(window)
+        self.window, self.store, self.sidebar = window, store, sidebar
+        # The window keeps a reply that never reached the model (refused) as an empty message.
+        self.recorder = ConversationRecorder(store, keep_unanswered=True)
+        window.conversation_model.subscribe(self._on_change)
+        sidebar.open_requested.connect(self.open)
+        sidebar.new_requested.connect(window.new_chat)
+        sidebar.rename_requested.connect(self._rename)
+        sidebar.delete_requested.connect(self._delete)
+        sidebar.restore_requested.connect(self._restore)
+        sidebar.export_requested.connect(self._export)
+        sidebar.search_changed.connect(lambda _: self.refresh())
+        window.settings_panel.completion_toggled.connect(self._set_completion)
+        self.refresh()
+
+    @property
+    def conversation_id(self) -> int | None:
+        """The open conversation's id in the store (None until its first message)."""
+        return self.recorder.conversation_id
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def reopen_last(self) -> None:
+        last = self.store.last_opened()
+        if last is not None and self.store.conversation(last) is not None:
+            self.open(last)
+
+    def open(self, conversation_id: int) -> None:
+        conversation = self.store.conversation(conversation_id)
+        if conversation is None:
+            return
+        entries = [entry_of(m) for m in self.store.messages(conversation_id)]
+        self.window.set_conversation(entries, conversation.system_prompt)  # resets the recorder
+        self.window.settings_panel.set_completion(conversation.completion)
+        self.recorder.open(conversation_id)
+        self.store.set_last_opened(conversation_id)
+        self.sidebar.set_current(conversation_id)
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def _on_change(self, change: Change) -> None:
+        """Write what the conversation says happened, as it happens."""
+        if isinstance(change, Reset):  # a new chat: the next message starts a new conversation
+            self.recorder.open(None)
+            self.sidebar.set_current(None)
+        elif isinstance(change, Added):
+            self._add_user(change.entry)
+        elif isinstance(change, Truncated):  # the last reply is regenerated
+            self.recorder.truncate(len(change.entries))
+        elif isinstance(change, ReplyTokens):  # tokens delivered together: saved as one piece
+            self.recorder.record_text(change.text)
+        elif isinstance(change, ReplyEvent):
+            reply = change.reply
+            self.recorder.record(change.event, model=reply.model, settings=reply.settings)
+        elif isinstance(change, ReplyEnded):
+            self.refresh()
+        elif isinstance(change, ReplyAbandoned):
+            self.recorder.interrupted()
+
+    def _add_user(self, entry: Entry) -> None:
+        new = self.conversation_id is None
+        system_prompt = self.window.conversation_model.system_prompt
+        self.recorder.add_user(
+            entry.text, model=entry.model, system_prompt=system_prompt, settings=entry.settings
+        )
+        if new:
+            self.store.set_last_opened(self.conversation_id)
+        self.refresh()
+
+    def flush(self) -> None:
+        """Save the streaming reply's text now (quitting or switching mid-reply)."""
+        self.recorder.interrupted()
+
+    def close(self) -> None:
+        self.flush()
+        self.store.close()
+
+    # -- the sidebar --------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        query = self.sidebar.search_text()
+        found = self.store.search(query) if query else self.store.list_conversations()
+        self.sidebar.set_conversations([ConversationRow(c.id, c.title, c.updated) for c in found])
+        self.sidebar.set_current(self.conversation_id)
+
+    def _rename(self, conversation_id: int, title: str) -> None:
+        try:
+            self.store.rename(conversation_id, title)
+        except (KeyError, ValueError) as error:
+            self.window.show_status(f"Could not rename: {error}")
+        self.refresh()
+
+    def _delete(self, conversation_id: int) -> None:
+        self.store.delete(conversation_id)
+        if conversation_id == self.conversation_id:
+            self.window.new_chat()
+        self.refresh()
+
+    def _set_completion(self, on: bool) -> None:
+        """The open conversation keeps the mode the user switched it to (a new one takes the
+        switch's state when it is created, with the settings)."""
+        if self.conversation_id is not None:
+            self.store.update_conversation(self.conversation_id, completion=on)
+
+    def _restore(self, conversation_id: int) -> None:
+        self.store.restore(conversation_id)
+        self.refresh()
+
+    def _export(self, conversation_id: int, fmt: str) -> None:
+        conversation = self.store.conversation(conversation_id)
+        if conversation is None:
+            return
+        default = str(Path.home() / suggested_filename(conversation, fmt))
+        path, _ = QFileDialog.getSaveFileName(self.window, "Export conversation", default)
+        if not path:
+            return
+        try:
+            written = export_conversation(self.store, conversation_id, fmt, Path(path))
+        except OSError as error:
+            QMessageBox.warning(self.window, "Export failed", f"Could not write {path}: {error}")
+            return
+        self.window.show_status(f"Exported to {written}")

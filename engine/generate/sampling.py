@@ -1,0 +1,102 @@
+"""Turn one step's logits into the next token: repetition penalty, temperature, top-k, top-p.
+
+The order and the arithmetic follow transformers' logits processors, so a seeded run is
+reproducible and greedy decoding picks exactly what `model.generate(do_sample=False)` picks.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from engine.generate.largest import argmax, top_k_support
+from engine.settings import GenerationSettings
+
+
+class Sampler:
+    """Chooses tokens for one generation; holds its seeded random generator."""
+
+    def __init__(self, settings: GenerationSettings, device: torch.device) -> None:
+        self.settings = settings
+        self.seed = settings.seed if settings.seed is not None else random.randrange(2**31)
+        self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        # On a GPU the filters run over the whole vocabulary: nothing there waits for the host
+        # (the CPU's shortcuts below pick indices with nonzero, a sync on a GPU).
+        self.on_device = device.type == "cuda"
+        self._kept: tuple[torch.Tensor, torch.Tensor] | None = None  # (probs, its support)
+
+    def distribution(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """The probabilities the next token is drawn from. logits: [vocab] float32; history: [n]."""
+        s = self.settings
+        scores = penalize_repetition(logits, history, s.repetition_penalty)
+        if s.greedy:  # all the probability on the likeliest token
+            return torch.zeros_like(scores).index_fill_(0, argmax(scores), 1.0)
+        scores = scores / s.temperature
+        if self.on_device:
+            return torch.softmax(keep_top_p(keep_top_k(scores, s.top_k), s.top_p), dim=-1)
+        if 0 < s.top_k < scores.numel():
+            kept = top_k_support(scores, s.top_k)
+            probs = _within(scores, kept, s.top_p)
+            self._kept = (probs, kept)
+            return probs
+        scores = keep_top_p(scores, s.top_p)
+        return torch.softmax(scores, dim=-1)
+
+    def choose(self, probs: torch.Tensor) -> torch.Tensor:
+        """A 0-d tensor holding the chosen token id (still on the device).
+
+        Drawn among the tokens the filters kept: torch's multinomial over the whole vocabulary
+        took ~1.9 ms a step here (49,152 tokens), over the 50 of the default top-k ~10 µs.
+        The same distribution, drawn from with the same seeded generator."""
+        if self.settings.greedy:
+            return argmax(probs)
+        if self.on_device:  # no support to find: the draw stays on the device
+            return torch.multinomial(probs, 1, generator=self.generator)[0]
+        if self._kept is not None and self._kept[0] is probs:
+            support = self._kept[1]  # what `distribution` kept: no pass over the vocabulary
+        else:
+            support = probs.nonzero()[:, 0]
+        pick = torch.multinomial(probs[support], 1, generator=self.generator)[0]
+        return support[pick]
+
+
+def penalize_repetition(
+    logits: torch.Tensor, history: torch.Tensor, penalty: float
+) -> torch.Tensor:
+    """Make tokens already in the context less likely (penalty > 1), as in CTRL."""
+    if penalty == 1.0 or history.numel() == 0:
+        return logits
+    seen = logits.gather(0, history)
+    seen = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return logits.scatter(0, history, seen)
+
+
+def keep_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Scores below the k-th largest set to -inf (ties with it kept), as transformers does."""
+    if not 0 < k < scores.numel():
+        return scores
+    return scores.masked_fill(scores < scores.topk(k).values[-1], float("-inf"))
+
+
+def _within(scores: torch.Tensor, kept: torch.Tensor, p: float) -> torch.Tensor:
+    """softmax(keep_top_p(scores, p)) once every score but top-k's `kept` is -inf (the order
+    and arithmetic of transformers' top-k then top-p), worked out on the kept tokens alone.
+
+    Over the whole vocabulary, top-p sorted 49,152 scores a step (~1.8 ms here) of which all
+    but the top k were already -inf, and those add nothing to its softmax or its sums.
+    """
+    probs = torch.zeros_like(scores)
+    probs[kept] = torch.softmax(keep_top_p(scores[kept], p), dim=-1)
+    return probs
+
+
+def keep_top_p(scores: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability adds up to at least p."""
+    if p >= 1.0:
+        return scores
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative <= (1 - p)
+    drop[-1] = False  # always keep the most likely token
+    return scores.masked_fill(drop.scatter(0, order, drop), float("-inf"))

@@ -1,0 +1,409 @@
+"""A chat session: prefill the prompt, decode token by token, and report it all as events.
+
+    session = ChatSession(load_model(LoadRequest()))
+    for event in session.generate(messages, GenerationSettings(greedy=True)):
+        ...  # PrefillDone, Token..., (Failed), Finished
+
+The session keeps the KV cache and the token ids it holds between turns: a prompt that extends
+them is prefilled from where the cache ends; an edited history is cropped back to the longest
+common prefix (or rebuilt). Cancel is a flag checked between steps.
+
+The loop in `_reply`, in the style of gpt-fast: `prefill` runs the prompt's uncached part,
+then per token the sampler picks from the last pass's logits and `decode_one_token` runs that
+token; each pass is a `Forward` (logits, attention probe, positions run and cached), timed on
+its own and placed on the roofline (engine/measure/roofline.py) against the machine's peaks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import cast
+
+import torch
+
+from engine import token_labels
+from engine.events import (
+    Attention,
+    Candidate,
+    Event,
+    Failed,
+    FinishReason,
+    Peaks,
+    PrefillDone,
+    Roofline,
+    Tally,
+    Token,
+    Transfer,
+    frozen_array,
+)
+from engine.generate import context
+from engine.generate.context import ContextFull
+from engine.generate.pacing import PacedGeneration
+from engine.generate.sampling import Sampler
+from engine.load.loader import LoadedModel
+from engine.measure.device import stopwatch
+from engine.measure.peaks import peaks_or_none
+from engine.measure.roofline import ForwardCost, Meter
+from engine.model.attention_probe import AttentionProbe
+from engine.model.decoder import Cache, decoder_for
+from engine.settings import GenerationSettings, Message, ProbeSettings
+from engine.text import chat_format
+from engine.text.detokenize import TextStream
+from engine.text.prompt import encoder
+
+log = logging.getLogger(__name__)
+
+
+class ChatSession(PacedGeneration):
+    def __init__(self, loaded: LoadedModel, peaks: Peaks | None = None) -> None:
+        """`peaks`: the machine's ceilings for the roofline; measured (or read from the cache)
+        for the model's device and compute dtype when not given."""
+        super().__init__()
+        self.model = loaded.model
+        self.compiling = loaded.compiling  # the compiled decode step on its way, if any
+        # What a placed model's hooks move per pass (None: all in place, nothing to measure)
+        self.transfers = loaded.transfers
+        self.decoder = decoder_for(loaded.model)  # transformers or Glassbox's own GGUF model
+        self.tokenizer = loaded.tokenizer
+        self.device = self.decoder.device
+        peaks = peaks or peaks_or_none(self.device, loaded.info.dtype)
+        cost = ForwardCost.of(loaded.model, loaded.info)
+        self.info = replace(
+            loaded.info,
+            peaks=peaks,
+            weight_bytes=cost.weight_bytes,
+            embedding_row_bytes=cost.row_bytes,
+        )
+        self.meter = Meter(cost, peaks)
+        self._special_ids = token_labels.special_ids(self.tokenizer)
+        self._cache: Cache | None = None
+        self._cached_ids: list[int] = []
+        self.eos_ids = self._eos_ids()
+
+    # -- public API -------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the KV cache (a new chat, or after an error)."""
+        self._cache, self._cached_ids = None, []
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self._cached_ids)
+
+    def count_tokens(self, messages: Sequence[Message], completion: bool = False) -> int:
+        return len(encoder(completion)(self.tokenizer, messages))
+
+    def _generate(
+        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+    ) -> Iterator[Event]:
+        tally = Tally(started=time.perf_counter())
+        stream: TextStream | None = None
+        try:
+            try:
+                fitted = self._fit(messages, settings)
+            except ContextFull as error:
+                tally.tokenize_s = time.perf_counter() - tally.started
+                yield Failed(str(error), "ContextFull")
+                yield tally.finished("context_full", "")
+                return
+            prompt = fitted.prompt_ids
+            tally.tokenize_s = time.perf_counter() - tally.started
+            tally.prompt_tokens = len(prompt)
+            room = self.info.max_context - len(prompt) if self.info.max_context else None
+            stream = TextStream(self.tokenizer, prompt, self._stop_strings(settings))
+            yield from self._reply(prompt, settings, probes, tally, stream, room, fitted.dropped)
+        except torch.OutOfMemoryError:
+            self._recover()
+            yield Failed(
+                "The device ran out of memory. The reply was cut here and the cache freed;"
+                " try a shorter conversation, fewer watched layers or a smaller model.",
+                "OutOfMemoryError",
+            )
+            yield tally.finished("error", stream.text if stream else "")
+        except Exception as error:  # the app must survive anything the model throws
+            log.exception("generation failed")
+            self._recover()
+            yield Failed(f"Generation failed: {error}", type(error).__name__)
+            yield tally.finished("error", stream.text if stream else "")
+
+    # -- the generation loop ----------------------------------------------------------------
+
+    def _fit(self, messages: Sequence[Message], settings: GenerationSettings) -> context.Fitted:
+        """Apply the context policy, keeping room for a reply of up to 1/4 of the window."""
+        limit = self.info.max_context
+        reserve = min(settings.max_new_tokens, limit // 4) if limit else 0
+        encode = partial(encoder(settings.completion), self.tokenizer)
+        # GenerationSettings has checked the policy's value; its field is typed as a plain str.
+        policy = cast(context.Policy, settings.context_policy)
+        return context.fit(messages, encode, limit, reserve, policy)
+
+    def _reply(
+        self,
+        prompt: list[int],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+        tally: Tally,
+        stream: TextStream,
+        room: int | None,
+        dropped: int,
+    ) -> Iterator[Event]:
+        """Prefill, then sample and decode one token at a time until a stop reason."""
+        budget = settings.max_new_tokens if room is None else min(settings.max_new_tokens, room)
+        sampler = Sampler(settings, self.device)
+        clock = stopwatch(self.device)
+        history = torch.tensor(prompt, device=self.device)  # [T]: prompt + tokens so far
+
+        clock.start()
+        forward = self.prefill(prompt, settings.use_cache, probes)
+        tally.prefill_s, tally.reused_tokens = clock.stop(), forward.cached
+        yield self._prefill_event(prompt, forward, tally, probes, dropped)
+        if settings.pause_after_prefill:
+            self.pacer.pause()
+
+        reason: FinishReason | None = None
+        token_id, chosen = -1, history[-1]
+        for index in range(budget):
+            # Each step waits for the pacer first (at full speed it answers at once), outside
+            # every clock: a paused or slowed reply has the timings of an unpaused one.
+            tally.paused_s += self.pacer.wait(self._cancel)
+            if self._cancel.is_set():  # Stop while held: no further step
+                reason = "cancelled"
+                break
+            transfer = None
+            clock.start()
+            if index > 0:  # the last token through the model (token 0 came from the prefill)
+                self._begin_transfer()
+                history = torch.cat([history, chosen.view(1)])  # [T + 1], still on the device
+                forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
+                transfer = self._transfer()
+            probs = sampler.distribution(forward.logits, history)  # [vocab]
+            chosen = sampler.choose(probs)
+            token_id = int(chosen)  # the one host sync a step waits on (on a GPU)
+            reason = self._stop_reason(token_id, index, budget, settings)
+            token = self._token_event(index, token_id, forward, probs, probes, stream, reason)
+            # token 0's latency starts with the prefill
+            step_s = clock.stop() + (tally.prefill_s if index == 0 else 0.0)
+            _count(tally, index, step_s)
+            roofline = self._roofline(forward, step_s) if index > 0 else None
+            yield replace(token, seconds=step_s, roofline=roofline, transfer=transfer)
+            reason = self._after_token(reason, stream)
+            if reason is not None:
+                break
+        yield tally.finished(reason or "length", stream.text)
+
+    def prefill(self, prompt: list[int], use_cache: bool, probes: ProbeSettings) -> Forward:
+        """One pass over the prompt's uncached part (all of it without a cache)."""
+        if use_cache:
+            reused = self._reuse_cache(prompt)
+        else:  # teaching mode: no cache at all, every step re-reads the whole sequence
+            self.reset()
+            reused = 0
+        ids = torch.tensor([prompt[reused:]], device=self.device)  # [1, n]
+        probe = self._probe(probes, rows=probes.prompt_rows(len(prompt) - reused, len(prompt)))
+        logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
+        self._cached_ids = list(prompt) if use_cache else []
+        return Forward(logits, probe, new=len(prompt) - reused, cached=reused, with_cache=use_cache)
+
+    def decode_one_token(
+        self, token_id: int, history: torch.Tensor, use_cache: bool, probes: ProbeSettings
+    ) -> Forward:
+        """One pass for `token_id`, the last of `history` [T] (without a cache: all T again)."""
+        ids = history[None, -1:] if use_cache else history[None, :]  # [1, 1] or [1, T]
+        probe = self._probe(probes, rows=1)
+        logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
+        if use_cache:
+            self._cached_ids.append(token_id)
+        new = ids.shape[1]
+        return Forward(logits, probe, new=new, cached=len(history) - new, with_cache=use_cache)
+
+    def _stop_reason(
+        self, token_id: int, index: int, budget: int, settings: GenerationSettings
+    ) -> FinishReason | None:
+        """Why the reply ends with this token, as far as is known before its text streams."""
+        if token_id in self.eos_ids and not settings.ignore_eos:
+            return "eos"
+        if self._cancel.is_set():
+            return "cancelled"
+        if index + 1 == budget:
+            return "length"
+        return None
+
+    def _after_token(self, reason: FinishReason | None, stream: TextStream) -> FinishReason | None:
+        """The reason, once the token's text has streamed (a stop string) and its event was
+        handled (Stop may have been pressed meanwhile)."""
+        if reason == "eos":
+            return reason
+        if stream.stopped:
+            return "stop_string"
+        if self._cancel.is_set():
+            return "cancelled"
+        return reason
+
+    def _begin_transfer(self) -> None:
+        if self.transfers is not None:
+            self.transfers.begin()
+
+    def _transfer(self) -> Transfer | None:
+        """The weights the last pass moved in, against the placement's prediction."""
+        if self.transfers is None or self.info.placement is None:
+            return None
+        moved, seconds = self.transfers.take()
+        placement = self.info.placement
+        predicted = self.transfers.predicted_s()  # the fast model's, from what was missing
+        if predicted is None:  # accelerate's hooks move the same bytes every pass
+            return Transfer(
+                moved, seconds, placement.predicted_transfer_s, placement.predicted_step_s
+            )
+        return Transfer(moved, seconds, predicted, placement.compute_s + predicted)
+
+    def _roofline(self, forward: Forward, seconds: float) -> Roofline:
+        return self.meter.measure(forward.new, forward.cached, seconds, forward.with_cache)
+
+    def _reuse_cache(self, prompt: list[int]) -> int:
+        """Make the cache hold a prefix of `prompt`; return how many tokens it holds."""
+        common = 0
+        for cached, new in zip(self._cached_ids, prompt, strict=False):
+            if cached != new:
+                break
+            common += 1
+        common = min(common, len(prompt) - 1)  # the last prompt token must run for logits
+        if self._cache is None or common == 0:
+            self._cache, self._cached_ids = self.decoder.new_cache(), []
+            return 0
+        if common < len(self._cached_ids) and not self._cache.truncate(common):
+            self._cache, self._cached_ids = self.decoder.new_cache(), []
+            return 0
+        self._cached_ids = self._cached_ids[:common]
+        return common
+
+    def _probe(self, probes: ProbeSettings, rows: int) -> AttentionProbe | None:
+        if not probes.attention_layers:
+            return None
+        return AttentionProbe(frozenset(probes.attention_layers), rows=max(rows, 1))
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _prefill_event(
+        self,
+        prompt: list[int],
+        forward: Forward,
+        tally: Tally,
+        probes: ProbeSettings,
+        dropped: int,
+    ) -> PrefillDone:
+        per_layer = self._cache.layer_bytes() if self._cache is not None else ()
+        pieces = [self._piece(i) for i in prompt]
+        return PrefillDone(
+            prompt_tokens=len(prompt),
+            reused_tokens=forward.cached,
+            processed_tokens=forward.new,
+            tokenize_s=tally.tokenize_s,
+            seconds=tally.prefill_s,
+            kv_bytes=sum(per_layer),
+            kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
+            prompt_token_ids=tuple(prompt),
+            token_texts=tuple(pieces) if probes.attention_layers else (),
+            attention=_attention(forward.probe, squeeze=False),
+            dropped_messages=dropped,
+            roofline=self._roofline(forward, tally.prefill_s),
+            prompt_labels=tuple(
+                token_labels.label(self.tokenizer, i, piece) or piece
+                for i, piece in zip(prompt, pieces, strict=True)
+            ),
+            special_ids=tuple(sorted(self._special_ids.intersection(prompt))),
+        )
+
+    def _token_event(
+        self,
+        index: int,
+        token_id: int,
+        forward: Forward,
+        probs: torch.Tensor,
+        probes: ProbeSettings,
+        stream: TextStream,
+        reason: FinishReason | None,
+    ) -> Token:
+        """The token as sampled; `seconds` and `roofline` are filled in once it is timed."""
+        per_layer = self._cache.layer_bytes() if self._cache is not None else ()
+        piece = self._piece(token_id)
+        return Token(
+            index=index,
+            token_id=token_id,
+            text=stream.push(token_id, last=reason is not None),
+            piece=piece,
+            seconds=0.0,
+            kv_bytes=sum(per_layer),
+            kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
+            attention=_attention(forward.probe, squeeze=True) if index > 0 else {},
+            top_k=self._top_k(forward.logits, probs, probes.top_k),
+            label=token_labels.label(self.tokenizer, token_id, piece),
+        )
+
+    def _top_k(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> tuple[Candidate, ...]:
+        if k <= 0:
+            return ()
+        top = torch.softmax(logits, dim=-1).topk(k)
+        sampled = probs[top.indices].tolist()
+        return tuple(
+            Candidate(token_id=i, text=self._piece(i), prob=p, sampled_prob=q)
+            for i, p, q in zip(top.indices.tolist(), top.values.tolist(), sampled, strict=True)
+        )
+
+    def _piece(self, token_id: int) -> str:
+        # One list of ids decodes to one string (the stub also allows a batch's list).
+        return cast(str, self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
+
+    def _eos_ids(self) -> frozenset[int]:
+        """The model's EOS, and the end-of-turn token its chat template writes (a chat model
+        ends its reply there, and may never write an EOS at all)."""
+        generation = getattr(self.model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        ids = frozenset([eos] if isinstance(eos, int) else (eos or ()))
+        return ids | chat_format.end_of_turn_ids(self.tokenizer)
+
+    def _stop_strings(self, settings: GenerationSettings) -> tuple[str, ...]:
+        """The settings' stop strings; a chat without a template also stops where the model
+        starts the user's next line of the plain transcript."""
+        if settings.completion or self.tokenizer.chat_template:
+            return settings.stop_strings
+        return settings.stop_strings + chat_format.PLAIN_STOP_STRINGS
+
+    def _recover(self) -> None:
+        self.reset()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """One forward pass: the last position's logits, and what the probes and roofline need."""
+
+    logits: torch.Tensor  # [vocab] float32
+    probe: AttentionProbe | None  # the attention it recorded
+    new: int  # positions run now
+    cached: int  # positions read from the cache (0 without one)
+    with_cache: bool
+
+
+def _count(tally: Tally, index: int, step_s: float) -> None:
+    """Token 0 closes the time to first token; every later one is a decode step."""
+    if index == 0:
+        tally.ttft_s = tally.tokenize_s + step_s
+    else:
+        tally.decode_s += step_s
+    tally.generated = index + 1
+
+
+def _attention(probe: AttentionProbe | None, squeeze: bool) -> Attention:
+    if probe is None:
+        return {}
+    return {
+        layer: frozen_array((w[:, -1] if squeeze else w).cpu().numpy())
+        for layer, w in sorted(probe.weights.items())
+    }

@@ -1,0 +1,95 @@
+"""Capture attention weights without giving up SDPA.
+
+`glassbox_attention` is registered through transformers' `AttentionInterface` (with the SDPA
+mask builder through `AttentionMaskInterface`). It always computes the layer's output with
+SDPA; for the layers an `AttentionProbe` watches it also computes softmax(q·kᵀ·scale + mask)
+for the last `rows` query rows, the only weights the view needs. `output_attentions=True` would
+instead force eager attention on every layer and materialise every matrix.
+
+transformers is imported only when a transformers model registers the probe: Glassbox's own
+GGUF model (engine/model/llama.py) uses `attention_weights` without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ATTN_IMPLEMENTATION = "glassbox"
+PROBE_KWARG = "glassbox_probe"
+
+
+@dataclass
+class AttentionProbe:
+    """Which layers to watch in one forward pass, and what they attended to."""
+
+    layers: frozenset[int]
+    rows: int = 1  # how many of the last query rows to keep
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, rows, keys]
+
+    def wants(self, layer: int | None) -> bool:
+        return layer is not None and layer in self.layers
+
+
+def attention_weights(
+    query: torch.Tensor,  # [1, heads, q, head_dim]
+    key: torch.Tensor,  # [1, kv_heads, k, head_dim]
+    mask: torch.Tensor | None,  # [1, 1, q, k] bool (True = attend) or additive float; None = causal
+    scaling: float,
+    rows: int,
+) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + mask) for the last `rows` queries: [heads, rows, keys], float32."""
+    kv_heads, k_len, head_dim = key.shape[1], key.shape[2], key.shape[3]
+    heads, q_len = query.shape[1], query.shape[2]
+    rows = min(rows, q_len)
+    # Each key head serves `heads // kv_heads` query heads in a row: one batched product per
+    # key head, its query heads' rows stacked, instead of copying the keys once per query head
+    # (at 1,000 keys that copy, and a broadcast matmul, were most of a decode step's probe).
+    q = query[0, :, q_len - rows :].float().reshape(kv_heads, -1, head_dim)
+    k = key[0].float()  # [kv_heads, keys, head_dim]
+    scores = torch.bmm(q, k.transpose(1, 2)).reshape(heads, rows, k_len) * scaling
+    if mask is None:
+        # SDPA skipped the mask because it is purely causal: queries are the last q_len
+        # positions, so the very last one (a decode step's) sees every key.
+        if rows > 1:
+            query_pos = torch.arange(k_len - rows, k_len, device=scores.device)[:, None]
+            allowed = torch.arange(k_len, device=scores.device)[None, :] <= query_pos
+            scores = scores.masked_fill(~allowed, float("-inf"))
+    else:
+        mask = mask[0, 0, q_len - rows :, -k_len:]
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.float()
+    return torch.softmax(scores, dim=-1)
+
+
+def glassbox_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    probe: AttentionProbe | None = kwargs.pop(PROBE_KWARG, None)
+    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    layer = getattr(module, "layer_idx", None)
+    if probe is not None and layer is not None and probe.wants(layer) and query.shape[0] == 1:
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        probe.weights[layer] = attention_weights(query, key, attention_mask, scaling, probe.rows)
+    return output, None
+
+
+def register() -> str:
+    """Register the probe (idempotent); returns the name to pass as attn_implementation."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, glassbox_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    return ATTN_IMPLEMENTATION

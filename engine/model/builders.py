@@ -1,0 +1,733 @@
+"""Build models from a GGUF file: Glassbox's quantised GGUFLlama, or a transformers reference.
+
+Both read the same tensors through GGUFFile. llama.cpp's converter stores the q and k weights
+of `llama` models with the rows of each head interleaved for its RoPE layout; rows are
+independent in every GGUF type, so they are put back in transformers' order (rotate-half RoPE)
+by reordering raw rows, exactly, before anything is dequantised or repacked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import functools
+import logging
+import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from engine.gguf import blocks as ggml_blocks
+from engine.gguf.reader import GGUFFile
+from engine.model.gemma import (
+    GemmaAttention,
+    GemmaBlock,
+    GemmaEmbedding,
+    GemmaFeedForward,
+    GGUFGemma,
+)
+from engine.model.llama import (
+    Attention,
+    Block,
+    Embedding,
+    FeedForward,
+    GGUFLlama,
+    Head,
+    LlamaShape,
+    QKNormAttention,
+    qk_norm_weights,
+)
+from engine.weights import ggml_kernel
+from engine.weights import linear as quant
+from engine.weights.pack_cache import PackCache
+
+if TYPE_CHECKING:
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        PreTrainedModel,
+        Qwen2Config,
+        Qwen3Config,
+    )
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+# Gemma 3's layers attend within a window but every GEMMA_GLOBAL-th, which sees everything:
+# the file does not say so; llama.cpp (set_swa_pattern(6)) and transformers both assume it.
+GEMMA_GLOBAL = 6
+GEMMA_LOCAL_ROPE_BASE = 10000.0  # the sliding layers' RoPE base (also not in the file)
+# Called per tensor: (tensors done, tensors in all).
+TensorProgress = Callable[[int, int], None]
+ROW_CHUNK = 2048  # rows repacked at a time, so a large lm_head never exists in float32 whole
+
+
+class Unsupported(ValueError):
+    """The GGUF holds a model the own engine cannot run; the message says what."""
+
+
+def read_shape(file: GGUFFile) -> LlamaShape:
+    """The model's dimensions from the metadata, or Unsupported with the reason."""
+    arch = file.get("general.architecture", "?")
+    if arch not in ARCHITECTURES:
+        raise Unsupported(f"architecture '{arch}' (the own engine runs {', '.join(ARCHITECTURES)})")
+
+    def meta(key: str, default: Any = None) -> Any:  # a metadata value, as the file types it
+        value = file.get(f"{arch}.{key}", default)
+        if value is None:
+            raise Unsupported(f"metadata {arch}.{key} is missing")
+        return value
+
+    scaling = file.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise Unsupported(f"RoPE scaling '{scaling}'")
+    dim, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
+    head_dim = int(meta("attention.key_length", dim // heads))
+    if int(meta("rope.dimension_count", head_dim)) != head_dim:
+        raise Unsupported("partial RoPE (rotary dimensions below the head size)")
+    if "token_embd.weight" not in file.tensors:
+        raise Unsupported("no token_embd.weight tensor")
+    shape = LlamaShape(
+        vocab=file.tensors["token_embd.weight"].shape[0],
+        dim=dim,
+        layers=int(meta("block_count")),
+        heads=heads,
+        kv_heads=int(meta("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        ffn=int(meta("feed_forward_length")),
+        eps=float(meta("attention.layer_norm_rms_epsilon")),
+        rope_base=float(meta("rope.freq_base", 10000.0)),
+        context=int(meta("context_length", 2048)),
+        architecture=arch,
+        parameters=sum(math.prod(info.shape) for info in file.tensors.values()),
+    )
+    return _gemma_shape(shape, int(meta("attention.sliding_window"))) if arch == "gemma3" else shape
+
+
+def _gemma_shape(shape: LlamaShape, window: int) -> LlamaShape:
+    """Gemma 3's sliding layers, window and q·k scale, as llama.cpp reads them: the scale is
+    head_dim ** -0.5, but (dim / heads) ** -0.5 on the 62-layer 27B (query_pre_attn_scalar)."""
+    layers = tuple(i for i in range(shape.layers) if (i + 1) % GEMMA_GLOBAL)
+    scalar = shape.dim // shape.heads if shape.layers == 62 else shape.head_dim
+    return dataclasses.replace(
+        shape,
+        sliding_layers=layers,
+        sliding_window=window,
+        local_rope_base=GEMMA_LOCAL_ROPE_BASE,
+        query_scale=scalar**-0.5,
+    )
+
+
+def raw_rows(file: GGUFFile, shape: LlamaShape, name: str) -> torch.Tensor:
+    """A tensor's raw rows (uint8 [rows, row_bytes]) in transformers' row order."""
+    rows = torch.from_numpy(file.read(name))
+    if shape.architecture != "llama":  # only llama's converter permutes
+        return rows
+    if name.endswith("attn_q.weight"):
+        return _unpermute(rows, shape.heads)
+    if name.endswith("attn_k.weight"):
+        return _unpermute(rows, shape.kv_heads)
+    return rows
+
+
+def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's per-head (d/2, 2) -> (2, d/2) row interleave (as transformers does)."""
+    half = rows.shape[0] // heads // 2
+    return rows.reshape(heads, half, 2, -1).transpose(1, 2).reshape(rows.shape)
+
+
+# -- the quantised model ---------------------------------------------------------------------
+
+
+def build_fast(
+    file: GGUFFile,
+    progress: TensorProgress | None = None,
+    packs: PackCache | None = None,
+    kernels: bool = True,
+    mapped_layers: frozenset[int] = frozenset(),
+) -> GGUFLlama:
+    """GGUFLlama on the file's quantised weights: the file's blocks in the GGML kernels where
+    they run and `kernels` allows (a GPU's form is made from the int4 layouts instead), else
+    int4 weights repacked (others dequantised to bf16); with `packs`, what is repacked comes
+    from (and goes to) the cache folder's pack. The GGML weights of `mapped_layers` (placed
+    on disk) are views of the mapped file instead of copies read in, fused where the file
+    holds the parts side by side (llama's q/k, whose rows are reordered, are copied all the
+    same)."""
+    shape = read_shape(file)
+    ggml = kernels and ggml_kernel.in_use()
+    names = list(file.tensors)
+    done = [0]
+    dense_parts: list[str] = []
+
+    def advance(tensors: int) -> None:
+        done[0] += tensors
+        if progress is not None:
+            progress(done[0], len(names))
+
+    def take(*parts: str) -> torch.Tensor:
+        advance(len(parts))
+        rows = [raw_rows(file, shape, p) for p in parts]
+        return rows[0] if len(rows) == 1 else torch.cat(rows)  # a lone part: not copied again
+
+    def in_place(parts: list[str]) -> torch.Tensor:
+        """The parts' rows as a view of the mapped file (adjacent there: see _in_file_runs)."""
+        advance(len(parts))
+        return torch.from_numpy(file.raw_run(parts))
+
+    def linear(*parts: str, in_file: bool = False) -> quant.Linear:
+        """The fused weight of `parts`: each run of parts of one layout is one product (with
+        `in_file`, GGML runs are cut where the parts cannot be one view of the file)."""
+        runs = _runs(file, parts, ggml)
+        if in_file:
+            runs = _in_file_runs(file, shape, runs)
+        built = [layout_linear(layout, run, in_file) for layout, run in runs]
+        return built[0] if len(built) == 1 else quant.PartsLinear(built)
+
+    def layout_linear(layout: str, parts: list[str], in_file: bool = False) -> quant.Part:
+        rows = sum(file.tensors[p].shape[0] for p in parts)
+        columns = file.tensors[parts[0]].shape[-1]
+
+        if layout.startswith(GGML):  # the file's own blocks: nothing to repack or keep
+            viewed = in_file and not _reordered(shape, parts[0])
+            weight = in_place(parts) if viewed else take(*parts)
+            return quant.GGMLLinear(weight, file.tensors[parts[0]].type, columns)
+
+        def build() -> quant.Part:
+            if layout == BF16:
+                advance(len(parts))
+                return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
+            if layout == Q6_INT4:
+                return quant.Q6KLinear.from_blocks(take(*parts))
+            return _int4_run([(take(p), file.tensors[p].type) for p in parts])
+
+        if layout == BF16:
+            dense_parts.extend(parts)
+        if packs is None:
+            return build()
+        before = done[0]
+        built = packs.linear(parts[0], rows, columns, build)
+        advance(len(parts) - (done[0] - before))  # a stored linear read nothing: count it
+        return built
+
+    def vector(name: str) -> torch.Tensor:
+        info = file.tensors[name]
+        return quant.dense(take(name), info.type, info.shape[-1]).reshape(-1).clone()
+
+    gemma = shape.architecture == "gemma3"
+    blocks: list[Block] = []
+    for i in range(shape.layers):
+        p, in_file = f"blk.{i}.", i in mapped_layers
+        qkv = linear(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight", in_file=in_file)
+        out = linear(p + "attn_output.weight", in_file=in_file)
+        gate_up = linear(p + "ffn_gate.weight", p + "ffn_up.weight", in_file=in_file)
+        down = linear(p + "ffn_down.weight", in_file=in_file)
+        if gemma:
+            blocks.append(_gemma_block(shape, i, (qkv, out, gate_up, down), p, vector))
+            release_freed_memory()
+            continue
+        attention = _attention(shape, qkv, out, p, file, vector)
+        feed_forward = FeedForward(gate_up, down, shape.ffn)
+        norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
+        blocks.append(Block(attention, feed_forward, norms, shape.eps))
+        release_freed_memory()
+    output = _head(file, shape, packs, ggml)
+    advance(1)
+    embedding = _embedding(file, shape)
+    norm = vector("output_norm.weight")
+    if dense_parts:
+        log.info(_dense_note(file, dense_parts))
+    model: GGUFLlama
+    if gemma:
+        local = _frequencies(shape.head_dim, shape.local_rope_base)
+        embedding = GemmaEmbedding(embedding.lookup, shape.dim)
+        model = GGUFGemma(shape, embedding, blocks, norm, output, _inv_freq(file, shape), local)
+    else:
+        model = GGUFLlama(shape, embedding, blocks, norm, output, _inv_freq(file, shape))
+    model.eval()
+    release_freed_memory()
+    if packs is not None:
+        packs.save()
+    return model
+
+
+def _attention(
+    shape: LlamaShape,
+    qkv: quant.Linear,
+    out: quant.Linear,
+    prefix: str,
+    file: GGUFFile,
+    vector: Callable[[str], torch.Tensor],
+) -> Attention:
+    """Llama's attention, with Qwen2's q/k/v biases or Qwen3's QK-norm where the file has them."""
+    if prefix + "attn_q_norm.weight" in file.tensors:  # Qwen3
+        q_norm, k_norm = (vector(f"{prefix}attn_{x}_norm.weight") for x in "qk")
+        return QKNormAttention(shape, qkv, out, qk_norm_weights(shape, q_norm, k_norm))
+    bias_names = [prefix + f"attn_{x}.bias" for x in "qkv"]
+    bias = None
+    if all(b in file.tensors for b in bias_names):
+        bias = torch.cat([vector(b) for b in bias_names]).to(torch.bfloat16)
+    return Attention(shape, qkv, out, bias)
+
+
+def _gemma_block(
+    shape: LlamaShape,
+    layer: int,
+    linears: tuple[quant.Linear, quant.Linear, quant.Linear, quant.Linear],
+    prefix: str,
+    vector: Callable[[str], torch.Tensor],
+) -> GemmaBlock:
+    """A Gemma 3 block from its linears (qkv, out, gate_up, down) and the file's norms, which
+    llama.cpp's converter stores as 1 + w already (its norm_shift): used as they are."""
+    qkv, out, gate_up, down = linears
+    q_norm, k_norm = vector(prefix + "attn_q_norm.weight"), vector(prefix + "attn_k_norm.weight")
+    qk_norm = qk_norm_weights(shape, q_norm, k_norm)
+    window = shape.sliding_window if layer in shape.sliding_layers else None
+    attention = GemmaAttention(shape, qkv, out, qk_norm, window)
+    names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+    before, after_attention, before_ffn, after_ffn = (vector(f"{prefix}{n}.weight") for n in names)
+    norms = (before, after_attention, before_ffn, after_ffn)
+    return GemmaBlock(attention, GemmaFeedForward(gate_up, down, shape.ffn), norms, shape.eps)
+
+
+def release_freed_memory() -> None:
+    """Hand the repacking's freed temporaries back to the OS (glibc keeps them otherwise:
+    100 MB of resident memory on the bundled model, more than its weights)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None elsewhere. Looked up once: find_library runs ldconfig,
+    ~4 ms a call, and loading calls this after every chunk."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
+
+
+# the layouts of a weight
+BF16, PLAIN_INT4, SPLIT_INT4, Q6_INT4 = "bf16", "int4", "int4 halves", "int4 per 16"
+GGML = "ggml"  # the GGML kernels, "ggml <type>": one product per type
+
+
+def _layout(file: GGUFFile, name: str, ggml: bool) -> str:
+    """How a weight is held: a type the GGML kernels read, as the file's blocks where they are
+    loaded (engine/weights/ggml_kernel.py); otherwise 4-bit types repacked as they are for torch's
+    int4 kernel, 5- and 8-bit ones in two int4 halves, Q6_K in int4 groups of its own
+    (quant.Q6KLinear) where the AVX-512 kernels run (under AVX2 a bf16 copy multiplies
+    faster), others (F16, Q2_K...) dequantised to bf16."""
+    info = file.tensors[name]
+    whole_blocks = info.shape[-1] % ggml_blocks.BLOCK_VALUES.get(info.type, 1) == 0
+    if ggml and whole_blocks and ggml_kernel.holds(info.type):
+        return f"{GGML} {info.type}"
+    if info.shape[0] % 16:  # the int4 kernel's rule
+        return BF16
+    if info.type == quant.Q6_K:
+        return Q6_INT4 if quant.kernel_block_rows() == 64 else BF16
+    return (
+        PLAIN_INT4 if info.type in quant.PLAIN else SPLIT_INT4 if info.type in quant.SPLIT else BF16
+    )
+
+
+def _runs(file: GGUFFile, parts: Iterable[str], ggml: bool) -> list[tuple[str, list[str]]]:
+    """`parts` in runs of one layout, in order: q, k (Q4_K) and v (Q6_K) -> [q, k], [v]."""
+    runs: list[tuple[str, list[str]]] = []
+    for name in parts:
+        layout = _layout(file, name, ggml)
+        if runs and runs[-1][0] == layout:
+            runs[-1][1].append(name)
+        else:
+            runs.append((layout, [name]))
+    return runs
+
+
+def _reordered(shape: LlamaShape, name: str) -> bool:
+    """Whether raw_rows reorders this tensor's rows (llama's q and k): it cannot be a view."""
+    return shape.architecture == "llama" and name.endswith(("attn_q.weight", "attn_k.weight"))
+
+
+def _in_file_runs(
+    file: GGUFFile, shape: LlamaShape, runs: list[tuple[str, list[str]]]
+) -> list[tuple[str, list[str]]]:
+    """GGML runs cut so that each piece is one view of the mapped file (its parts adjacent
+    there) or one copy (parts whose rows are reordered, fused as before)."""
+    cut: list[tuple[str, list[str]]] = []
+    for layout, run in runs:
+        if not layout.startswith(GGML):
+            cut.append((layout, run))
+            continue
+        piece = [run[0]]
+        for name in run[1:]:
+            copied = _reordered(shape, piece[-1])
+            if copied == _reordered(shape, name) and (copied or file.adjacent(piece[-1], name)):
+                piece.append(name)
+            else:
+                cut.append((layout, piece))
+                piece = [name]
+        cut.append((layout, piece))
+    return cut
+
+
+def _dense_note(file: GGUFFile, names: list[str]) -> str:
+    """One line: which tensors were dequantised to bf16, and what that costs in memory."""
+    infos = [file.tensors[n] for n in names]
+    stored = sum(info.nbytes for info in infos)
+    held = sum(2 * math.prod(info.shape) for info in infos)
+    kinds: dict[str, int] = {}  # names with the layer number left out, counted
+    for name in names:
+        kind = ".".join("*" if part.isdigit() else part for part in name.split("."))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    types = ", ".join(sorted({info.type_name for info in infos}))
+    listed = ", ".join(f"{kind} ({count})" if count > 1 else kind for kind, count in kinds.items())
+    return (
+        f"{len(names)} tensors ({types}) have no exact int4 layout and were dequantised to bf16:"
+        f" {held / 1e6:.0f} MB held for {stored / 1e6:.0f} MB in the file"
+        f" (+{(held - stored) / 1e6:.0f} MB): {listed}"
+    )
+
+
+def _int4_run(
+    parts: list[tuple[torch.Tensor, int]], dtype: torch.dtype = torch.bfloat16
+) -> quant.Int4Linear:
+    """Raw rows of PLAIN (or of SPLIT) types as one linear (scales in `dtype`), repacked in
+    chunks of ROW_CHUNK rows across the parts, so a large weight never exists unpacked whole."""
+
+    def build(start: int) -> quant.Int4Linear:
+        pieces, offset = [], 0
+        for raw, qtype in parts:
+            low, high = max(start - offset, 0), min(start + ROW_CHUNK - offset, raw.shape[0])
+            if low < high:
+                pieces.append((raw[low:high], qtype))
+            offset += raw.shape[0]
+        return quant.Int4Linear.from_parts(pieces, dtype)
+
+    return _join(build, sum(raw.shape[0] for raw, _ in parts))
+
+
+def _join(build: Callable[[int], quant.Int4Linear], rows: int) -> quant.Int4Linear:
+    """One linear from `build(start)` of each chunk of ROW_CHUNK rows (a multiple of 64, so
+    the packed chunks join row-wise; a split weight keeps its [hi rows; lo rows] order)."""
+    parts = []
+    for start in range(0, rows, ROW_CHUNK):
+        parts.append(build(start))
+        release_freed_memory()
+    if len(parts) == 1:
+        return parts[0]
+    halves = (0,) if parts[0].plain else (0, 1)
+    packed, scales = [], []
+    for half in halves:
+        for part in parts:
+            n = part.out_features
+            packed.append(part.packed[half * n : (half + 1) * n])
+            scales.append(part.scales_zeros[:, half * n : (half + 1) * n])
+    return quant.Int4Linear(torch.cat(packed), torch.cat(scales, dim=1), rows)
+
+
+def _embedding(file: GGUFFile, shape: LlamaShape) -> Embedding:
+    """Rows stay as stored (mapped from the file); a lookup expands only the rows it needs."""
+    info = file.tensors["token_embd.weight"]
+    return Embedding(quant.RowReader(torch.from_numpy(file.raw(info.name)), info.type, shape.dim))
+
+
+def _head(
+    file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None, ggml: bool = False
+) -> Head:
+    """The lm_head (the embedding when tied): a bulk product of every logit, then the 64
+    highest recomputed in float32 from the file's rows (mapped). In the GGML kernels, where
+    they hold it, the bulk is as _ggml_bulk says. In torch's int4 kernel Q4 rows are repacked
+    as they are, others requantised to 4 bits: the int4 kernel cannot hold Q6_K's scales per
+    16 values, Q8_0 would be two halves."""
+    name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
+    info = file.tensors[name]
+    rows = quant.RowReader(torch.from_numpy(file.raw(name)), info.type, shape.dim)
+    held = _ggml_bulk(file, name, shape.dim, rows, packs) if ggml else None
+    if held is not None:
+        return Head(held, rows)
+    if rows.raw.shape[0] % 16:  # the int4 kernel's rule
+        return Head(quant.DenseLinear(rows.all().to(torch.bfloat16)), rows)
+    if info.type in quant.PLAIN:
+
+        def build(start: int) -> quant.Int4Linear:
+            chunk = torch.from_numpy(file.read(name, start, start + ROW_CHUNK))
+            return quant.Int4Linear.from_blocks(chunk, info.type, torch.bfloat16)
+
+    else:
+
+        def build(start: int) -> quant.Int4Linear:
+            chunk = torch.from_numpy(file.read(name, start, start + ROW_CHUNK))
+            return quant.Int4Linear.requantized(
+                quant.dense(chunk, info.type, shape.dim), torch.bfloat16
+            )
+
+    vocab = rows.raw.shape[0]
+    if packs is None:
+        return Head(_join(build, vocab), rows)
+    bulk = packs.linear(f"{name} (4-bit bulk)", vocab, shape.dim, lambda: _join(build, vocab))
+    return Head(bulk, rows)
+
+
+def _ggml_bulk(
+    file: GGUFFile, name: str, dim: int, rows: quant.RowReader, packs: PackCache | None
+) -> quant.GGMLLinear | None:
+    """The lm_head's bulk product in the GGML kernels, or None where torch's int4 kernel does
+    it better: a 4-bit file's own rows where the kernels hold their type; any other type
+    requantised to Q4_K (4.5 bits a value; Qwen2.5-1.5B's Q6_K lm_head: 131 MB a token against
+    191) or else to Q4_1 where the kernels hold those, or its own rows (not Q8_0's: twice an
+    int4 bulk's bytes). Requantised blocks
+    are kept in the pack: seconds of numpy for a large vocabulary."""
+    qtype = file.tensors[name].type
+    if qtype in quant.PLAIN and ggml_kernel.holds(qtype):
+        return quant.GGMLLinear(rows.raw, qtype, dim)
+    for target in (quant.Q4_K, quant.Q4_1):
+        if ggml_kernel.holds(target) and dim % ggml_blocks.BLOCK_VALUES[target] == 0:
+            return _requantized_bulk(file, name, dim, target, packs)
+    if ggml_kernel.holds(qtype) and qtype != quant.Q8_0:
+        return quant.GGMLLinear(rows.raw, qtype, dim)
+    return None
+
+
+def _requantized_bulk(
+    file: GGUFFile, name: str, dim: int, target: int, packs: PackCache | None
+) -> quant.GGMLLinear:
+    qtype, vocab = file.tensors[name].type, file.tensors[name].shape[0]
+
+    def build() -> quant.GGMLLinear:
+        chunks = []
+        for start in range(0, vocab, ROW_CHUNK):
+            chunk = quant.dense(
+                torch.from_numpy(file.read(name, start, start + ROW_CHUNK)), qtype, dim
+            )
+            chunks.append(quant.GGMLLinear.requantized(chunk, target).raw)
+        return quant.GGMLLinear(torch.cat(chunks), target, dim)
+
+    if packs is None:
+        return build()
+    built = packs.linear(f"{name} (ggml {target} bulk)", vocab, dim, build)
+    return cast(quant.GGMLLinear, built)  # the key holds only what build() made
+
+
+def _frequencies(head_dim: int, base: float) -> torch.Tensor:
+    half = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    return 1.0 / (base**half)
+
+
+def _inv_freq(file: GGUFFile, shape: LlamaShape) -> torch.Tensor:
+    inv_freq = _frequencies(shape.head_dim, shape.rope_base)
+    if "rope_freqs.weight" in file.tensors:  # Llama 3.1+ long-context factors, per frequency
+        factors = file.tensors["rope_freqs.weight"]
+        inv_freq = inv_freq / quant.dense(torch.from_numpy(file.read(factors.name)),
+                                          factors.type, factors.shape[-1]).reshape(-1)  # fmt: skip
+    return inv_freq
+
+
+def _dense(file: GGUFFile, shape: LlamaShape, names: Iterable[str]) -> torch.Tensor:
+    parts = []
+    for name in names:
+        info = file.tensors[name]
+        parts.append(quant.dense(raw_rows(file, shape, name), info.type, info.shape[-1]))
+    return torch.cat(parts)
+
+
+class _Sized(torch.nn.Module):
+    """A unit of the fast model's plan: its bytes, as a weight on the meta device."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(
+            torch.empty(size, dtype=torch.uint8, device="meta"), requires_grad=False
+        )
+
+
+def fast_skeleton(file: GGUFFile) -> torch.nn.Module:
+    """The fast model as a placement plans it: each decoder layer ("model.layers.N") and the
+    head ("lm_head") with the bytes the file gives its weights. The embedding is left out:
+    its rows are always read from the mapped file, the few a token looks up."""
+    shape = read_shape(file)
+    by_layer = [0] * shape.layers
+    for name, info in file.tensors.items():
+        if name.startswith("blk."):
+            by_layer[int(name.split(".")[1])] += info.nbytes
+    head = file.tensors.get("output.weight") or file.tensors["token_embd.weight"]
+    skeleton = torch.nn.Module()
+    skeleton.model = torch.nn.Module()
+    skeleton.model.layers = torch.nn.ModuleList(_Sized(size) for size in by_layer)
+    skeleton.lm_head = _Sized(head.nbytes)
+    return skeleton
+
+
+def fast_bytes(file: GGUFFile) -> int:
+    """What the fast model holds in memory, about: the units of its plan (fast_skeleton)."""
+    return sum(weight.numel() for weight in fast_skeleton(file).parameters())
+
+
+# -- the transformers reference ------------------------------------------------------------
+
+HF_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3's (and Gemma 3's) QK-norm
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+
+
+# Gemma 3 names its norms after where they sit: its ffn_norm is the one before the feed-forward.
+GEMMA_HF_NAMES = {
+    **HF_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+
+
+def hf_name(name: str, architecture: str = "llama") -> str | None:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    if name.startswith("blk."):
+        _, index, rest = name.split(".", 2)
+        names = GEMMA_HF_NAMES if architecture == "gemma3" else HF_NAMES
+        if rest in names:
+            return f"model.layers.{index}.{names[rest]}"
+    return None
+
+
+def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config | Qwen3Config | Gemma3TextConfig:
+    """A transformers config for the GGUF's model (Llama, Qwen2, Qwen3 or Gemma3 classes)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    shape = read_shape(file)
+    if shape.architecture == "gemma3":
+        return _gemma_config(file, shape)
+    if "rope_freqs.weight" in file.tensors:
+        raise Unsupported("Llama 3 RoPE frequency factors in the transformers reference")
+    classes: dict[str, type[LlamaConfig] | type[Qwen2Config] | type[Qwen3Config]] = {
+        "llama": LlamaConfig,
+        "qwen2": Qwen2Config,
+        "qwen3": Qwen3Config,
+    }
+    config_class = classes[shape.architecture]
+    # head_dim and rope_theta go through the configs' **kwargs (read into rope_parameters);
+    # their typed signatures leave them out.
+    config: LlamaConfig | Qwen2Config | Qwen3Config = config_class(  # type: ignore[call-arg]
+        vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.ffn,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=shape.eps,
+        rope_theta=shape.rope_base, max_position_embeddings=shape.context,
+        tie_word_embeddings="output.weight" not in file.tensors,
+        bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=file.get("tokenizer.ggml.padding_token_id"),
+        architectures=[config_class.__name__.replace("Config", "ForCausalLM")],
+    )  # fmt: skip
+    return config
+
+
+def _gemma_config(file: GGUFFile, shape: LlamaShape) -> Gemma3TextConfig:
+    """Gemma3TextConfig of the shape read_shape found: its layer types, window, both RoPE bases
+    and q·k scale spelled out, rather than left to the config's defaults."""
+    from transformers import Gemma3TextConfig
+
+    sliding = set(shape.sliding_layers)
+    kinds = ["sliding_attention" if i in sliding else "full_attention" for i in range(shape.layers)]
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": shape.rope_base},
+        "sliding_attention": {"rope_type": "default", "rope_theta": shape.local_rope_base},
+    }
+    return Gemma3TextConfig(
+        vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.ffn,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=shape.eps,
+        rope_parameters=rope, max_position_embeddings=shape.context,
+        sliding_window=shape.sliding_window, layer_types=kinds,
+        query_pre_attn_scalar=round(shape.query_scale**-2),
+        tie_word_embeddings="output.weight" not in file.tensors,
+        bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=file.get("tokenizer.ggml.padding_token_id"),
+        architectures=["Gemma3ForCausalLM"],
+    )  # fmt: skip
+
+
+def exact_skeleton(file: GGUFFile, dtype: torch.dtype) -> PreTrainedModel:
+    """The transformers model of the GGUF on the meta device: its shapes, no weights (what a
+    placement is planned on before anything is dequantised)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(hf_config(file), dtype=dtype)  # type: ignore[no-untyped-call]
+    return model
+
+
+def exact_bytes(file: GGUFFile, dtype: torch.dtype) -> int:
+    """What the dequantised weights take in `dtype` (an estimate: tensors the file holds)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(math.prod(info.shape) * size for info in file.tensors.values())
+
+
+# Takes a dequantised weight (its transformers name) out of RAM, e.g. to disk; False: keep it.
+WeightSink = Callable[[str, torch.Tensor], bool]
+
+
+def build_exact(
+    file: GGUFFile,
+    dtype: torch.dtype,
+    progress: TensorProgress | None = None,
+    sink: WeightSink | None = None,
+) -> PreTrainedModel:
+    """The transformers model with every weight dequantised to `dtype` (no copy on disk).
+
+    `sink` may take each weight as it is made (a placement writing it to disk): a weight it
+    takes stays on the meta device, so a model larger than RAM never sits in it whole."""
+    config = hf_config(file)
+    shape = read_shape(file)
+    state = {}
+    taken: set[str] = set()
+    names = list(file.tensors)
+    gemma = shape.architecture == "gemma3"
+    for done, name in enumerate(names, 1):
+        target = hf_name(name, shape.architecture)
+        if target == "lm_head.weight" and config.tie_word_embeddings:
+            target = None  # the head is the embedding
+        if target is not None:
+            info = file.tensors[name]
+            rows = raw_rows(file, shape, name)
+            weight = quant.dense(rows, info.type, info.shape[-1]).reshape(info.shape)
+            if gemma and name.endswith("norm.weight"):  # the file's 1 + w, Gemma3RMSNorm's w
+                weight = weight - 1
+            weight = weight.to(dtype, copy=True)
+            if sink is not None and sink(target, weight):
+                taken.add(target)
+            else:
+                state[target] = weight
+        if progress is not None:
+            progress(done, len(names))
+    model = exact_skeleton(file, dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta and n not in taken]
+    if missing:
+        raise Unsupported(f"the GGUF lacks {', '.join(missing[:3])}")
+    # The rotary tables are buffers computed at construction, which happened on the meta device.
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    if gemma:  # so is the embedding's √dim, made in the model's dtype as transformers does
+        scale = torch.tensor(config.hidden_size**0.5, dtype=dtype)
+        model.model.embed_tokens.embed_scale = scale
+    exact: PreTrainedModel = model.eval()  # type: ignore[no-untyped-call]
+    return exact

@@ -1,0 +1,448 @@
+"""Glassbox's own Llama-family model (Llama, SmolLM, Mistral, Qwen2) running on quantised weights.
+
+Plain torch in the style of gpt-fast: the weights stay in the GGUF's 4/8-bit blocks and go
+through int4/int8 CPU kernels (engine/weights/linear.py); activations run in bf16, the residual
+stream in float32. Keys and values live in a KVBuffer that grows in place. The probes see this
+model's own numbers: attention from its q and k, logits from its lm_head, bytes from its cache.
+
+Shapes: B = 1 always, so the residual stream is [n, dim]; n = new positions; T = positions
+in the cache after this pass. A decode step is ~40 small ops per layer, each costing a few
+microseconds of dispatch here, so the code below counts ops (see Rope, rms_norm, Head), and
+calls submodules through `.forward`: nn.Module.__call__'s hook checks, ~210 calls a step,
+measured 7-13% of a decode step's CPU time (no hooks are ever set on this model).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.model.attention_probe import AttentionProbe, attention_weights
+from engine.model.kv_buffer import KVBuffer
+from engine.weights.linear import Linear, RowReader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    vocab: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    eps: float
+    rope_base: float
+    context: int
+    architecture: str = "llama"
+    parameters: int = 0  # weights in the file (as transformers counts them)
+    # Gemma 3 only (the defaults leave the Llama family as it was):
+    sliding_layers: tuple[int, ...] = ()  # layers that attend within a window
+    sliding_window: int = 0  # keys a sliding layer's query sees, itself included
+    local_rope_base: float = 10000.0  # RoPE base of the sliding layers
+    query_scale: float = 0.0  # q·k scale; 0: head_dim ** -0.5
+
+
+class StaticStep(Protocol):
+    """A one-token pass with every shape fixed, for a GPU to capture (engine/step/static.py):
+    run() returns the logits [vocab], or None where it cannot take the pass."""
+
+    def new_cache(self) -> KVBuffer: ...
+
+    def run(
+        self, ids: torch.Tensor, cache: KVBuffer, probe: AttentionProbe | None
+    ) -> torch.Tensor | None: ...
+
+
+class DecodeStep(Protocol):
+    """Every layer of a one-token pass in one call (engine/step/compiled.py builds one):
+    x [1, dim], the rotation matrix [1, d, d], the position and the cache -> x after the last
+    layer and each layer's queries [1, heads, 1, d]."""
+
+    def __call__(
+        self, x: torch.Tensor, rotation: torch.Tensor, start: int, cache: KVBuffer
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 [n, dim] -> RMS-normalised and scaled in float32, out in bf16.
+
+    For one position (a decode step, 61 calls) the mean square is one matmul, x·xᵀ/dim + eps,
+    and the cast to bf16 happens in the last multiply: 4 ops where F.rms_norm and a cast run
+    9, ~0.9 ms of a 15 ms step here. Longer inputs take the fused op.
+    """
+    if x.shape[0] != 1:
+        return F.rms_norm(x, weight.shape, weight, eps).to(torch.bfloat16)
+    inverse_rms = torch.addmm(eps_tensor(eps, x.device), x, x.t(), alpha=1 / x.shape[1]).rsqrt_()
+    return torch.mul(x, weight * inverse_rms, out=torch.empty_like(x, dtype=torch.bfloat16))
+
+
+@functools.cache
+def eps_tensor(eps: float, device: torch.device) -> torch.Tensor:
+    return torch.full((1, 1), eps, device=device)
+
+
+# Up to this many new positions, RoPE is one batched matmul with a rotation matrix per position
+# (3 ops: 11 µs a decode step against 22 µs elementwise); more, and the matrices cost more.
+ROPE_MATRIX_ROWS = 8
+
+
+class Rope:
+    """Rotary position embedding for positions start..start+n-1, rotate-half layout, float32.
+
+    Built once per forward pass, applied in every layer. x [n, heads, d] bf16 -> same, rotated.
+    """
+
+    def __init__(
+        self, inv_freq: torch.Tensor, start: int, n: int, matrix_rows: int = ROPE_MATRIX_ROWS
+    ) -> None:
+        positions = torch.arange(start, start + n, device=inv_freq.device, dtype=torch.float32)
+        angles = torch.outer(positions, inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)[:, None]  # [n, 1, d]
+        cos, sin = angles.cos(), angles.sin()
+        half = inv_freq.shape[0]
+        # rotate_half(x)·sin = roll(x, half)·(sin with its first half negated)
+        self.cos, self.half = cos, half
+        self.sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        self.matrix = rotation_matrices(cos[:, 0], sin[:, 0]) if n <= matrix_rows else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        if self.matrix is not None:  # row vectors: x·M
+            return torch.matmul(x, self.matrix).to(torch.bfloat16)
+        # not addcmul: its fused multiply-add rounds differently from the reference formula
+        return (x * self.cos + x.roll(self.half, -1) * self.sin).to(torch.bfloat16)
+
+
+def rotation_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """[n, d] cos and sin -> [n, d, d] matrices M with x·M = x·cos + rotate_half(x)·sin."""
+    d = cos.shape[-1]
+    half = d // 2
+    rotate = torch.zeros(d, d, device=cos.device)  # rotate_half(x) = x·rotate
+    index = torch.arange(half, device=cos.device)
+    rotate[index + half, index] = -1.0
+    rotate[index, index + half] = 1.0
+    eye = torch.eye(d, device=cos.device)
+    return eye * cos[:, None, :] + rotate * sin[:, None, :]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What every layer of one forward pass shares: the positions' rotation, the cache its keys
+    and values go to (None in the no-cache teaching mode), its first position, the probe."""
+
+    rope: Rope
+    cache: KVBuffer | None
+    start: int
+    probe: AttentionProbe | None
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal attention of queries at positions start.. over keys 0..T-1.
+
+    q: [1, h, n, d]; k, v: [1, kv_h, T, d] -> [1, h, n, d].
+    """
+    n, total = q.shape[2], k.shape[2]
+    if n == 1:
+        return decode_attention(q, k, v)
+    if start == 0:
+        mask, causal = None, True
+    else:  # a prompt after reused positions: row i sees keys up to start + i
+        rows = torch.arange(start, total, device=q.device)[:, None]
+        mask, causal = torch.arange(total, device=q.device)[None, :] <= rows, False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+    )
+
+
+# From this many keys, a decode step's attention runs as two bf16 matmuls instead of SDPA on
+# float32 copies: copies of a long cache no longer fit in the CPU's caches (see below).
+LONG_DECODE_KEYS = 1024
+
+
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """One query over the whole cache: q [1, h, 1, d], k and v [1, kv_h, T, d] -> [1, h, 1, d],
+    scores scaled by `scale` (default d ** -0.5).
+
+    torch's CPU attention kernel is slow in bf16 for a single query (5.1-5.3 ms a layer of the
+    bundled model at 5,000 keys, under the AVX2 and the AVX-512 kernel sets alike). On float32
+    copies it is fast while they fit in the caches (21 µs at 40 keys, 330 µs at 2,048, one
+    thread), then not (3.9 ms at 5,000: the copies are 4x the bytes the cache holds). Past
+    LONG_DECODE_KEYS, two batched bf16 matmuls read the cache as it is, each group of query
+    heads against its key head, with the softmax in float32: 1.1 ms at 5,000 (Qwen2.5-1.5B's
+    layer: 2.1 against 4.2 ms).
+    """
+    heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[3]
+    if k.shape[2] < LONG_DECODE_KEYS:
+        gqa = kv_heads != heads
+        y = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), scale=scale, enable_gqa=gqa
+        )
+        return y.to(q.dtype)
+    grouped = q.view(kv_heads, heads // kv_heads, d)  # query heads of one key head together
+    scores = torch.matmul(grouped, k[0].transpose(1, 2)).float().mul_(scale or d**-0.5)
+    weights = scores.softmax(-1).to(v.dtype)  # [kv_h, h / kv_h, T]
+    return torch.matmul(weights, v[0]).view(1, heads, 1, d)
+
+
+class Attention(nn.Module):
+    bias: torch.Tensor | None  # a buffer, declared for the type checker
+
+    def __init__(
+        self, shape: LlamaShape, qkv: Linear, out: Linear, bias: torch.Tensor | None
+    ) -> None:
+        super().__init__()
+        self.qkv, self.out = qkv, out  # qkv: q, k, v projections fused into one matmul
+        self.register_buffer("bias", bias, persistent=False)  # Qwen2 has q/k/v biases
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+
+    def forward(self, x: torch.Tensor, layer: int, where: Pass) -> torch.Tensor:
+        n, d = x.shape[0], self.head_dim
+        qkv = self.qkv.forward(x)  # [n, (h + 2·kv_h)·d]
+        if self.bias is not None:
+            qkv = qkv + self.bias
+        qk_heads = self.heads + self.kv_heads
+        qk = where.rope(self.before_rope(qkv[:, : qk_heads * d].view(n, qk_heads, d)))
+        # [1, heads, n, d]; one position is a plain view, which SDPA reads ~25% faster
+        qk = qk.view(1, qk_heads, 1, d) if n == 1 else qk.transpose(0, 1)[None]
+        q, k = qk[:, : self.heads], qk[:, self.heads :]  # [1, h, n, d], [1, kv_h, n, d]
+        v = qkv[:, qk_heads * d :].view(n, self.kv_heads, d).transpose(0, 1)[None]
+        if where.cache is not None:
+            k, v = where.cache.write(layer, where.start, k, v)  # [1, kv_h, T, d]
+        probe = where.probe
+        if probe is not None and probe.wants(layer):
+            probe.weights[layer] = self.probe_weights(q, k, where.start, probe.rows)
+        y = self.attend(q, k, v, where.start)
+        return self.out.forward(y[0].transpose(0, 1).reshape(n, self.heads * d))
+
+    def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
+        """q and k [n, h + kv_h, d] before they are rotated: as they are (Gemma norms them)."""
+        return qk
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        """Causal attention over every key: [1, h, n, d]."""
+        return attend(q, k, v, start)
+
+    def probe_weights(
+        self, q: torch.Tensor, k: torch.Tensor, start: int, rows: int
+    ) -> torch.Tensor:
+        """The attention weights of a watched layer's last `rows` queries, as attend weighs."""
+        return attention_weights(q, k, None, self.head_dim**-0.5, rows)
+
+
+class QKNormAttention(Attention):
+    """Attention whose q and k heads are each RMS-normalised over their values before RoPE
+    (Qwen3's q_norm/k_norm, Gemma 3's QK-norm), in float32 as RoPE works anyway."""
+
+    qk_norm: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(self, shape: LlamaShape, qkv: Linear, out: Linear, qk_norm: torch.Tensor) -> None:
+        super().__init__(shape, qkv, out, None)
+        # [h + kv_h, d] float32: q's norm weights once per query head, then k's per key head
+        self.register_buffer("qk_norm", qk_norm, persistent=False)
+        self.eps = shape.eps
+
+    def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
+        qk = qk.float()
+        inverse_rms = qk.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return qk.mul(inverse_rms).mul_(self.qk_norm)
+
+
+def qk_norm_weights(shape: LlamaShape, q_norm: torch.Tensor, k_norm: torch.Tensor) -> torch.Tensor:
+    """The [d] q and k norm weights laid out per head as QKNormAttention applies them."""
+    return torch.cat([q_norm.expand(shape.heads, -1), k_norm.expand(shape.kv_heads, -1)])
+
+
+class FeedForward(nn.Module):
+    def __init__(self, gate_up: Linear, down: Linear, ffn: int) -> None:
+        super().__init__()
+        self.gate_up, self.down, self.ffn = gate_up, down, ffn  # gate and up fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up.forward(x)
+        return self.down.forward(F.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn :])
+
+
+class Block(nn.Module):
+    attention_norm: torch.Tensor  # buffers, declared for the type checker
+    ffn_norm: torch.Tensor
+
+    def __init__(
+        self,
+        attention: Attention,
+        feed_forward: FeedForward,
+        norms: tuple[torch.Tensor, torch.Tensor],
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.attention, self.feed_forward = attention, feed_forward
+        self.register_buffer("attention_norm", norms[0], persistent=False)
+        self.register_buffer("ffn_norm", norms[1], persistent=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, layer: int, where: Pass) -> torch.Tensor:
+        h = rms_norm(x, self.attention_norm, self.eps)
+        x = x + self.attention.forward(h, layer, where)
+        return x + self.feed_forward.forward(rms_norm(x, self.ffn_norm, self.eps))
+
+
+class Embedding(nn.Module):
+    """Token embeddings kept in the file's compact rows; only the looked-up rows are expanded."""
+
+    rows: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(self, rows: RowReader) -> None:
+        super().__init__()
+        self.register_buffer("rows", rows.raw, persistent=False)
+        self.lookup = rows
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lookup(ids.reshape(-1))  # [n, dim] float32
+
+
+class Head(nn.Module):
+    """The lm_head: every logit from a 4-bit matmul, the likeliest ones recomputed exactly.
+
+    The int4 kernel rounds its output to bf16, 0.06 apart at a logit of 16, enough to swap
+    close candidates: on the bundled model it agreed with the exact model's top-1 on only
+    96.4% of a 690-token text. So the `candidates` highest logits are recomputed in float32
+    from the file's own rows (dequantised on the spot, a few hundred KB per step): 98.8%.
+    The rest keep the matmul's values, whose probabilities are tiny.
+    """
+
+    rows: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(self, bulk: Linear, rows: RowReader, candidates: int = 64) -> None:
+        super().__init__()
+        self.bulk, self.lookup, self.candidates = bulk, rows, candidates
+        self.register_buffer("rows", rows.raw, persistent=False)  # the file's [vocab, bytes]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, dim] (bf16) -> logits [n, vocab] float32."""
+        logits = self.bulk.forward(x)
+        top = logits.topk(self.candidates, dim=-1, sorted=False).indices  # [n, c]
+        weights = self.lookup(top.reshape(-1)).view(*top.shape, -1)  # [n, c, dim]
+        exact = (weights @ x.float()[..., None])[..., 0]  # [n, c]
+        return logits.float().scatter_(-1, top, exact)
+
+
+class GGUFLlama(nn.Module):
+    """The model behind `fast` precision: forward(ids, cache, probe) -> last position's logits."""
+
+    norm: torch.Tensor  # buffers, declared for the type checker
+    inv_freq: torch.Tensor
+    # Why compiled_decode's step (Llama's ops, written flat) cannot run this model, if not
+    compile_refusal: str | None = None
+    rope_matrix_rows = ROPE_MATRIX_ROWS  # passes up to this long rotate by matrices (see Rope)
+
+    def __init__(self, shape: LlamaShape, embedding: Embedding, blocks: list[Block],
+                 norm: torch.Tensor, output: Head, inv_freq: torch.Tensor) -> None:  # fmt: skip
+        super().__init__()
+        self.shape = shape
+        self.embedding, self.blocks, self.output = embedding, nn.ModuleList(blocks), output
+        self.register_buffer("norm", norm, persistent=False)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [d / 2] float32
+        self.cache_dtype = torch.bfloat16
+        # one-token passes through a cache run here once compiled (engine/step/compiled.py)
+        self.decode_step: DecodeStep | None = None
+        # one-token passes on a GPU go through a static step instead (engine/step/static.py)
+        self.static_step: StaticStep | None = None
+        # called with a layer's index (the head's: the layer count) before it runs, when some
+        # are placed on disk (engine/placement/mapped.py); the compiled step is then refused
+        self.read_in: Callable[[int], None] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.inv_freq.device
+
+    def new_cache(self) -> KVBuffer:
+        if self.static_step is not None:
+            return self.static_step.new_cache()
+        s = self.shape
+        return KVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        ids: torch.Tensor,
+        cache: KVBuffer | None,
+        probe: AttentionProbe | None,
+        every_position: bool = False,
+    ) -> torch.Tensor:
+        """ids [1, n] after the cache's positions (or the whole sequence without a cache).
+
+        Returns the last position's logits [vocab] (float32), or [n, vocab] for every position.
+        """
+        start, n = (cache.length if cache is not None else 0), ids.shape[1]
+        if self.static_step is not None and cache is not None and n == 1 and start:
+            logits = self.static_step.run(ids, cache, probe)
+            if logits is not None:
+                return logits[None] if every_position else logits
+        if cache is not None:
+            cache.reserve(start + n)
+        rope = Rope(self.inv_freq, start, n, self.rope_matrix_rows)
+        x = self.embedding.forward(ids)  # [n, dim] float32
+        x = self._layers(x, Pass(rope, cache, start, probe))
+        if cache is not None:
+            cache.length = start + n
+        if not every_position:
+            x = x[-1:]
+        if self.read_in is not None:
+            self.read_in(self.shape.layers)
+        logits = self.output.forward(rms_norm(x, self.norm, self.shape.eps))
+        return logits if every_position else logits[-1]
+
+    def _layers(self, x: torch.Tensor, where: Pass) -> torch.Tensor:
+        """Every block, through the compiled step when it can take this pass: one token after
+        at least one cached position (what it was compiled for)."""
+        cache = where.cache
+        if self.decode_step is not None and x.shape[0] == 1 and cache is not None and where.start:
+            try:
+                return self._compiled_layers(self.decode_step, x, where, cache)
+            except RuntimeError as error:  # inputs it was not compiled for: eager from now on
+                log.warning("the compiled decode step failed, decoding eagerly: %s", error)
+                self.decode_step = None
+        read_in = self.read_in
+        for layer, block in enumerate(self.blocks):
+            if read_in is not None:
+                read_in(layer)
+            x = block.forward(x, layer, where)
+        return x
+
+    def _compiled_layers(
+        self, step: DecodeStep, x: torch.Tensor, where: Pass, cache: KVBuffer
+    ) -> torch.Tensor:
+        """One token through the compiled step; a watched layer's attention from the queries
+        it returns and the keys it wrote."""
+        rope, start, probe = where.rope, where.start, where.probe
+        assert rope.matrix is not None  # one position: always the matrix form
+        cache.reserve(start + 2)  # it was compiled for a cache with room after this position
+        x, queries = step(x, rope.matrix, start, cache)
+        if probe is None:
+            return x
+        for layer in sorted(probe.layers):
+            if layer < len(queries):
+                keys = cache.keys[layer][:, :, : start + 1]
+                attention = cast("Attention", self.blocks[layer].attention)
+                probe.weights[layer] = attention.probe_weights(
+                    queries[layer], keys, start, probe.rows
+                )
+        return x
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights a decode step reads (the mapped lookup rows excluded)."""
+        mapped = {self.embedding.rows.data_ptr(), self.output.rows.data_ptr()}
+        return sum(
+            b.numel() * b.element_size() for b in self.buffers() if b.data_ptr() not in mapped
+        )

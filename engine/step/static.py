@@ -1,0 +1,351 @@
+"""The fast model's decode step with fixed shapes, for a GPU to capture as one CUDA graph.
+
+A decode step of the bundled model is ~1,000 small kernels; on an H100 the card is busy
+~2.5 ms of a 20-29 ms step and the rest is Python dispatch and launches. Replaying the whole
+step as one CUDA graph removes both, as in gpt-fast: the KV cache preallocated, the position
+a device tensor updated in place, every shape fixed. Here:
+
+- the cache comes in buckets (256, 512, 1024, ... up to the model's context): each bucket's
+  tensors are allocated once per model and reused by every conversation, so a graph records
+  their addresses once; growing to the next bucket copies the filled part once and records a
+  graph for that bucket (`BucketedKVBuffer`, `StaticDecode.builds` counts the recordings);
+- the step (`static_step`) embeds the token from a dense table, builds the rotation from the
+  device position, writes k and v at that position and attends over the whole bucket with a
+  mask beyond it, then runs the lm_head: the model's own modules, the same ops as
+  llama.Block for one token, with no host value anywhere;
+- the probes stay outside the graph: the step returns every layer's queries (as the CPU's
+  compiled step does, engine/step/compiled.py), and a watched layer's attention is computed
+  from them and the cached keys right after the step, before the next replay overwrites its
+  outputs; the logits are cloned out. Changing the watched layers never records again.
+
+Backends (`choose_backend`): on CUDA with Triton, `torch.compile(mode="reduce-overhead",
+fullgraph=True)` (CUDA graphs through inductor); on CUDA without Triton (Windows), a plain
+`torch.cuda.CUDAGraph` capture of the eager static step, warmed up on a side stream first;
+elsewhere the same step runs uncaptured (what the CPU tests exercise; the CPU's default stays
+the AOTInductor step). Prefill stays eager, writing into the same bucketed cache.
+
+Waits for a GPU (never run on the machines this was written on, which have none): both
+captures themselves, and the speed targets (bundled shape decode >= 1.0x transformers' static
+compiled `generate`, ~260 tok/s on an H100, aiming >= 1,000; Qwen2.5-1.5B shape >= 1.0x; the
+live view on costing <= 5%). `glassbox bench --device cuda` measures them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+
+from engine.model.attention_probe import AttentionProbe
+from engine.model.kv_buffer import KVBuffer
+from engine.model.llama import Attention, Block, GGUFLlama, QKNormAttention, rotation_matrices
+from engine.step.compiled import one_row_norm
+
+log = logging.getLogger(__name__)
+
+FIRST_BUCKET = 256  # positions of the smallest cache; each next bucket doubles it
+
+EAGER, COMPILE, CAPTURE = "eager", "torch.compile", "captured"
+STATES = {COMPILE: "cuda graph (torch.compile)", CAPTURE: "cuda graph (captured)"}
+WARMUP = 3  # uncaptured runs on a side stream before a capture (the CUDA graph docs' advice)
+
+Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # keys, values per layer
+StepOut = tuple[torch.Tensor, list[torch.Tensor]]  # logits [vocab], queries [1, h, 1, d]
+
+
+def bucket_for(tokens: int, context: int, first: int = FIRST_BUCKET) -> int:
+    """The smallest bucket holding `tokens` positions: first, 2·first, ... capped at the
+    model's context (0: unknown), and never smaller than `tokens`."""
+    size = first
+    while size < tokens:
+        size *= 2
+    if context:
+        size = min(size, context)
+    return max(size, tokens)
+
+
+def triton_available() -> bool:
+    """Whether torch.compile can generate CUDA kernels here (Triton has no Windows build)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def choose_backend(device: torch.device) -> tuple[str, str | None]:
+    """The backend for `device` and, where it is eager, why."""
+    if device.type != "cuda":
+        return EAGER, f"no CUDA graph on {device.type} (the static step runs uncaptured)"
+    return (COMPILE if triton_available() else CAPTURE), None
+
+
+def refusal(model: GGUFLlama) -> str | None:
+    """Why the static step cannot run this model, or None if it can."""
+    if model.compile_refusal is not None:
+        return model.compile_refusal.replace("compiled step", "static step")
+    for block in model.blocks:
+        if type(block) is not Block:
+            return f"its {type(block).__name__} layers are not in the static step"
+        if type(block.attention) not in (Attention, QKNormAttention):
+            return "its attention is not in the static step"
+    return None
+
+
+class BucketedKVBuffer(KVBuffer):
+    """A KVBuffer whose tensors are whole buckets drawn from `buffers(capacity)`: the same
+    tensors every time a bucket is used, so a graph recorded over them stays valid."""
+
+    def __init__(
+        self, model: GGUFLlama, buffers: Callable[[int], Buffers], first: int = FIRST_BUCKET
+    ) -> None:
+        s = model.shape
+        super().__init__(s.layers, s.kv_heads, s.head_dim, model.cache_dtype, model.device)
+        self.context, self.buffers, self.first = s.context, buffers, first
+
+    def reserve(self, tokens: int) -> None:
+        """Room for `tokens` positions: the next bucket, the filled part copied there once."""
+        if tokens <= self.capacity:
+            return
+        keys, values = self.buffers(bucket_for(tokens, self.context, self.first))
+        for old, new in ((self.keys, keys), (self.values, values)):
+            for layer, tensor in enumerate(old):
+                new[layer][:, :, : self.length] = tensor[:, :, : self.length]
+        self.keys, self.values = list(keys), list(values)
+
+
+def rotation_at(position: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """llama.Rope's matrix for the position held in `position` [1] (int64, on the device):
+    [1, d, d] float32, the same arithmetic as Rope(inv_freq, start, 1)."""
+    angles = torch.outer(position.float(), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)  # [1, d]
+    return rotation_matrices(angles.cos(), angles.sin())
+
+
+def static_step(
+    model: GGUFLlama,
+    table: torch.Tensor,
+    token: torch.Tensor,
+    position: torch.Tensor,
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+) -> StepOut:
+    """One token through every layer and the lm_head, every shape fixed by the bucket.
+
+    table [vocab, dim] float32 (the embedding rows); token, position [1] int64; keys/values
+    [1, kv_h, bucket, d] per layer, written at `position`. Returns the logits [vocab] float32
+    and each layer's queries [1, h, 1, d] bf16.
+    """
+    eps = torch.full((1, 1), model.shape.eps, device=table.device)
+    x = table[token]  # [1, dim] float32
+    rotation = rotation_at(position, model.inv_freq)  # [1, d, d]
+    seen = torch.arange(keys[0].shape[2], device=table.device) <= position  # [bucket]
+    queries = []
+    for layer, module in enumerate(model.blocks):
+        block = cast(Block, module)
+        h = one_row_norm(x, block.attention_norm, eps)
+        y, q = attention_step(block.attention, h, rotation, position, keys[layer], values[layer],
+                              seen)  # fmt: skip
+        x = x + y
+        x = x + block.feed_forward.forward(one_row_norm(x, block.ffn_norm, eps))
+        queries.append(q)
+    logits = model.output.forward(one_row_norm(x, model.norm, eps))
+    return logits[0], queries
+
+
+def attention_step(
+    attention: Attention,
+    h: torch.Tensor,
+    rotation: torch.Tensor,
+    position: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    seen: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.Attention.forward for one token over a whole bucket: (output [1, dim], q)."""
+    heads, kv_heads, d = attention.heads, attention.kv_heads, attention.head_dim
+    qkv = attention.qkv.forward(h)  # [1, (h + 2·kv_h)·d]
+    if attention.bias is not None:
+        qkv = qkv + attention.bias
+    qk_heads = heads + kv_heads
+    qk = attention.before_rope(qkv[:, : qk_heads * d].view(1, qk_heads, d))
+    qk = torch.matmul(qk.float(), rotation).to(torch.bfloat16).view(1, qk_heads, 1, d)
+    q, k = qk[:, :heads], qk[:, heads:]
+    v = qkv[:, qk_heads * d :].view(1, kv_heads, 1, d)
+    keys.index_copy_(2, position, k.to(keys.dtype))
+    values.index_copy_(2, position, v.to(values.dtype))
+    y = F.scaled_dot_product_attention(
+        q.float(), keys.float(), values.float(), attn_mask=seen.view(1, 1, 1, -1),
+        enable_gqa=kv_heads != heads,
+    )  # fmt: skip
+    out = attention.out.forward(y.to(torch.bfloat16).view(1, heads * d))
+    return out, q
+
+
+class StaticDecode:
+    """The model's one-token passes through a static step: buckets, graphs, probes.
+
+    `run(ids, cache, probe)` returns the logits, or None where it cannot take the pass (a cache
+    it did not make); GGUFLlama.forward then runs eagerly. One cache per model at a time: a new
+    cache reuses the bucket tensors of the last one (a session holds one).
+    """
+
+    def __init__(
+        self, model: GGUFLlama, backend: str, reason: str | None = None, first: int = FIRST_BUCKET
+    ) -> None:
+        self.model, self.backend, self.first = model, backend, first
+        self.reason = reason  # why it runs uncaptured, if it does
+        self.table = model.embedding.lookup.all().to(model.device)  # [vocab, dim] float32
+        self.token = torch.zeros(1, dtype=torch.long, device=model.device)
+        self.position = torch.zeros(1, dtype=torch.long, device=model.device)
+        self.pool: dict[int, Buffers] = {}
+        self.steps: dict[int, Callable[[], StepOut]] = {}
+        self.builds = 0  # graphs recorded (or uncaptured steps bound): one per bucket used
+
+    @property
+    def state(self) -> str:
+        """What the status shows: "cuda graph (torch.compile)", "... (captured)", "eager: why"."""
+        return STATES.get(self.backend, f"eager: {self.reason}")
+
+    def new_cache(self) -> BucketedKVBuffer:
+        return BucketedKVBuffer(self.model, self.buffers, self.first)
+
+    def buffers(self, capacity: int) -> Buffers:
+        """The bucket's tensors, allocated on first use and kept for the model's life."""
+        if capacity not in self.pool:
+            s = self.model.shape
+            shape = (1, s.kv_heads, capacity, s.head_dim)
+            new = [torch.zeros(shape, dtype=self.model.cache_dtype, device=self.model.device)
+                   for _ in range(2 * s.layers)]  # fmt: skip
+            self.pool[capacity] = (new[: s.layers], new[s.layers :])
+        return self.pool[capacity]
+
+    def run(
+        self, ids: torch.Tensor, cache: KVBuffer, probe: AttentionProbe | None
+    ) -> torch.Tensor | None:
+        """ids [1, 1] (on the device) after the cache's positions -> logits [vocab]."""
+        if not isinstance(cache, BucketedKVBuffer) or cache.buffers != self.buffers:
+            return None
+        start = cache.length
+        cache.reserve(start + 1)
+        self.token.copy_(ids.reshape(1))  # device to device: no host sync
+        self.position.fill_(start)
+        logits, queries = self._step(cache.capacity)()
+        cache.length = start + 1
+        if probe is not None:
+            self._probe(probe, queries, cache, start)
+        # a graph's outputs are overwritten by its next replay: the caller keeps a copy
+        return logits if self.backend == EAGER else logits.clone()
+
+    def _probe(
+        self, probe: AttentionProbe, queries: list[torch.Tensor], cache: KVBuffer, start: int
+    ) -> None:
+        """Watched layers' attention from the step's queries and the keys it cached."""
+        for layer in sorted(probe.layers):
+            if layer < len(queries):
+                attention = cast(Block, self.model.blocks[layer]).attention
+                keys = cache.keys[layer][:, :, : start + 1]
+                probe.weights[layer] = attention.probe_weights(
+                    queries[layer], keys, start, probe.rows
+                )
+
+    def _step(self, capacity: int) -> Callable[[], StepOut]:
+        if capacity not in self.steps:
+            self.steps[capacity] = self._build(capacity)
+        return self.steps[capacity]
+
+    def _build(self, capacity: int) -> Callable[[], StepOut]:
+        """The step over the bucket's tensors, captured by the backend (eager if it fails)."""
+        self.builds += 1
+        keys, values = self.pool[capacity]
+        model, table, token, position = self.model, self.table, self.token, self.position
+
+        def step(*inputs: Any) -> StepOut:
+            return static_step(model, table, *inputs)
+
+        inputs = (token, position, keys, values)
+        try:
+            if self.backend == COMPILE:
+                return compiled(step, inputs)
+            if self.backend == CAPTURE:
+                return captured(step, inputs)
+        except Exception as error:  # the uncaptured step still decodes: say why, once
+            self.backend, self.reason = EAGER, f"{type(error).__name__}: {error}"
+            log.warning("the decode step stays uncaptured: %s", self.reason)
+        return lambda: step(*inputs)
+
+
+def captured(step: Callable[..., StepOut], inputs: tuple[Any, ...]) -> Callable[[], StepOut]:
+    """A plain torch.cuda.CUDAGraph of the eager step (no Triton needed). The warm-up runs the
+    step for real: it writes the same k and v at the same position the replay will."""
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP):
+            step(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*inputs)
+
+    def replay() -> StepOut:
+        graph.replay()
+        return out
+
+    return replay
+
+
+_compile_lock = threading.Lock()
+
+
+def compiled(step: Callable[..., StepOut], inputs: tuple[Any, ...]) -> Callable[[], StepOut]:
+    """torch.compile(mode="reduce-overhead"): inductor's kernels replayed as CUDA graphs. The
+    cache tensors are marked static, so they are written in place and never copied; a bucket
+    is a new shape, so one compile each (the limit raised to cover every bucket)."""
+    import torch._dynamo
+
+    with _compile_lock:
+        config = torch._dynamo.config
+        if getattr(config, "recompile_limit", 0) < 16:
+            config.recompile_limit = 16
+    token, position, keys, values = inputs
+    for tensor in (token, position, *keys, *values):
+        torch._dynamo.mark_static_address(tensor)
+    fn = torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+    def run() -> StepOut:
+        torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
+        out: StepOut = fn(*inputs)
+        return out
+
+    run()  # compile and record now: the bench times this apart from decoding
+    return run
+
+
+class StepState:
+    """What the server reports as the `decode_step` status (as compiled_decode.Attacher):
+    known at load, so `done` is set at once; `state` follows a fallback to uncaptured."""
+
+    def __init__(self, step: StaticDecode) -> None:
+        self.step = step
+        self.done = threading.Event()
+        self.done.set()
+        self.error: str | None = None
+
+    @property
+    def state(self) -> str:
+        return self.step.state
+
+
+def attach(model: GGUFLlama, device: torch.device | None = None) -> StepState | None:
+    """Give `model` the static step for its device; None (and logged why) where it cannot."""
+    reason = refusal(model)
+    if reason is not None:
+        log.info("the decode step stays eager: %s", reason)
+        return None
+    backend, why = choose_backend(device or model.device)
+    step = StaticDecode(model, backend, why)
+    model.static_step = step
+    log.info("decode step: %s", step.state)
+    return StepState(step)

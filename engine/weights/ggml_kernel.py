@@ -1,0 +1,162 @@
+"""The GGML kernels (engine/kernels/ggml_dot.cpp): built once per machine, loaded as torch ops.
+
+torch's CPU int4 kernel widens every weight to floats: under AVX2 it moves 7-10 GB/s of
+weights a thread, and a Q6_K weight has to be held in 1.25 bytes a value to fit it. The
+kernels here multiply the file's own blocks with integer dot products, as llama.cpp does, on
+activations rounded in two int8 terms (ggml_dot.cpp's Q8): Qwen2.5-1.5B's Q6_K ffn_down,
+2 threads, 0.31-0.39 ms against 1.73 under torch's AVX2 kernels and 0.77 under AVX-512, with
+the weight at its file size.
+
+They are compiled with the C++ compiler the compiled decode step already needs, into the
+cache folder, keyed by the source, torch and the flags; one build at a time
+(engine/disk/build_lock.py). Where they cannot run (no compiler, a CPU without AVX2, torch's
+kernel set forced to DEFAULT) `ensure()` says why, and the weights take torch's int4 kernel;
+$GLASSBOX_GGML_KERNELS=0 turns them off, =all gives them every type (to compare, or to test
+either path). Which types they hold where: `holds`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from engine.disk import build_lock
+from engine.disk.cache_folder import default_cache_dir
+from engine.gguf.blocks import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "ggml_dot.cpp"
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
+TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)  # the ggml types the kernels read
+
+_state: dict[str, str | None] = {}  # "reason": why the kernels did not load, once tried
+
+
+def library_path(folder: Path) -> Path:
+    """Where the built library is kept: named by its source, torch and the flags."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    version = torch.__version__.replace("+", "-")
+    return folder / "kernels" / f"ggml_dot-torch{version}-{key}.so"
+
+
+# The types the kernels hold under torch's AVX-512 kernels: where they beat its int4 kernel,
+# 2 threads, one row of Qwen2.5-1.5B's (Gemma-3-270M's, the bundled model's) weights: Q4_K
+# 0.27 against 0.39 ms, Q6_K 0.31 against 0.77, Q5_0 0.08 against 0.09 (Gemma's ffn_gate,
+# at 0.69 bytes a value against 1.25), Q8_0 1.09 against 1.76 (the bundled model's embedding
+# as a product); not the 32-value 4-bit types (Q4_1: 0.034 against 0.030 ms), nor Q5_1
+# (unmeasured). Under AVX2 they beat it at every type they read (Q4_K 0.27 against 0.83,
+# Q5_0 0.06 against 0.17, Q4_1 0.05 against 0.06).
+AVX512_TYPES = (Q5_0, Q8_0, Q4_K, Q6_K)
+
+
+def in_use() -> bool:
+    """Whether any weight goes to the GGML kernels: loaded (built first where needed, once a
+    process) and not turned off by $GLASSBOX_GGML_KERNELS=0 (read at each call)."""
+    return os.environ.get("GLASSBOX_GGML_KERNELS") != "0" and ensure() is None
+
+
+def holds(qtype: int) -> bool:
+    """Whether weights of `qtype` go to the GGML kernels: every type they read under torch's
+    AVX2 kernels, AVX512_TYPES under AVX-512 (where they are faster, measured above);
+    $GLASSBOX_GGML_KERNELS=all gives them every type anywhere."""
+    if qtype not in TYPES or not in_use():
+        return False
+    every = os.environ.get("GLASSBOX_GGML_KERNELS") == "all"
+    return every or qtype in AVX512_TYPES or torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+def ensure() -> str | None:
+    """Load the kernels, building them first where the cache folder has none (~10 s, once
+    per machine and torch). Returns why they cannot be used, or None. Tried once a process."""
+    if "reason" not in _state:
+        _state["reason"] = _refusal() or _load(library_path(default_cache_dir()))
+        if _state["reason"] is not None:
+            log.info("the GGML kernels are off, torch's int4 kernel runs: %s", _state["reason"])
+    return _state["reason"]
+
+
+def _refusal() -> str | None:
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"torch's CPU kernel set is {capability}, not AVX2 or AVX-512"
+    if shutil.which(_compiler()) is None:
+        return f"no C++ compiler ({_compiler()}) on the PATH"
+    return None
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def _load(path: Path) -> str | None:
+    try:
+        with build_lock.building(path) as missing:
+            if missing:
+                _build(path)
+        torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as error:
+        return f"the kernels did not build or load: {_last_line(error)}"
+    _register_fakes()
+    return None
+
+
+def _build(path: Path) -> None:
+    from torch.utils import cpp_extension
+
+    partial = build_lock.partial_folder(path)
+    partial.mkdir(parents=True, exist_ok=True)
+    try:
+        built = partial / path.name
+        abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+        includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+        includes.append(f"-I{sysconfig.get_paths()['include']}")
+        libraries = [f"-L{p}" for p in cpp_extension.library_paths()]
+        rpath = [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
+        command = [_compiler(), *FLAGS, abi, *includes, str(SOURCE), "-o", str(built)]
+        command += [*libraries, *rpath, "-lc10", "-ltorch_cpu"]
+        log.info("building the GGML kernels (once, ~10 s)")
+        subprocess.run(command, check=True, capture_output=True, text=True)
+        built.replace(path)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    _remove_older(path)
+
+
+def _remove_older(path: Path) -> None:
+    """Delete the libraries of other sources or torch versions beside `path`, and their locks:
+    no run loads them again (a process that has one loaded keeps its mapping)."""
+    for other in path.parent.glob("ggml_dot-*.so*"):
+        if other.name not in (path.name, build_lock.lock_path(path).name):
+            other.unlink(missing_ok=True)
+
+
+def _last_line(error: BaseException) -> str:
+    text = getattr(error, "stderr", None) or str(error)
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+@functools.cache
+def _register_fakes() -> None:
+    """Shapes for torch.export (the compiled decode step), without running the kernels."""
+
+    @torch.library.register_fake("glassbox::ggml_mm")  # type: ignore[untyped-decorator]
+    def _mm(x: torch.Tensor, raw: torch.Tensor, qtype: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], raw.shape[0])
+
+    @torch.library.register_fake("glassbox::attend_one")  # type: ignore[untyped-decorator]
+    def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return q.new_empty(q.shape, dtype=torch.float32)
+
+    @torch.library.register_fake("glassbox::ggml_dequantize")  # type: ignore[untyped-decorator]
+    def _dequantize(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:
+        return raw.new_empty(raw.shape[0], columns, dtype=torch.bfloat16)

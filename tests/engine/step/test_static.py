@@ -1,0 +1,203 @@
+"""The static decode step (engine/step/static.py), uncaptured on the CPU and captured on a
+GPU where one is present: held to the eager step it replaces (tokens, logits, probes), its
+buckets, its graph count, and the choice of backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.gguf.reader import GGUFFile
+from engine.model import builders
+from engine.model.attention_probe import AttentionProbe
+from engine.model.llama import GGUFLlama
+from engine.step import static as static_decode
+from engine.step.static import CAPTURE, COMPILE, EAGER, StaticDecode
+from tests.engine.measure.test_accelerator import DEVICES
+from tests.engine.model.test_fast import hf_model
+from tests.gguf_files import Q4_1, Q8_0, write_gguf
+
+STEPS = 44  # decode steps: from a 16-position bucket past 32 into the 64 one
+FIRST = 16  # the smallest bucket in these tests, so that few steps cross two boundaries
+PROMPT = 5
+# The static step attends over the whole bucket with a mask where the eager one attends over
+# the filled part: the same numbers summed in another order, within float32's rounding, and
+# bf16 activations that round alike (measured: identical logits on the CPU).
+LOGIT_ATOL = 8e-3
+ATTENTION_ATOL = 1e-5
+DEVICES_HERE = [d for d in DEVICES if d != "mps"]  # a CUDA graph or the CPU's uncaptured step
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "llama.gguf"
+    return write_gguf(path, hf_model("llama"), Q4_1, Q8_0)
+
+
+def build(path, device: str = "cpu") -> GGUFLlama:
+    model = builders.build_fast(GGUFFile(path), kernels=False)  # the GPU's form, as loaded
+    if device != "cpu":
+        from engine.model.to_device import to_device
+
+        model = to_device(model, torch.device(device))
+    return model
+
+
+def greedy(model: GGUFLlama, layers: frozenset[int], steps: int = STEPS):
+    """Prefill PROMPT tokens, then `steps` greedy steps: (tokens, logits, probe weights)."""
+    cache = model.new_cache()
+    ids = torch.arange(3, 3 + PROMPT, device=model.device)[None]
+    logits = model.forward(ids, cache, None)
+    tokens, all_logits, probes = [], [], []
+    for _ in range(steps):
+        token = logits.argmax()
+        tokens.append(int(token))
+        probe = AttentionProbe(layers)
+        logits = model.forward(token.view(1, 1), cache, probe)
+        all_logits.append(logits.float().cpu())
+        probes.append({k: v.cpu() for k, v in probe.weights.items()})
+    return tokens, all_logits, probes, cache
+
+
+def static(model: GGUFLlama, backend: str = EAGER) -> StaticDecode:
+    step = StaticDecode(model, backend, "test", first=FIRST)
+    model.static_step = step
+    return step
+
+
+@pytest.mark.parametrize("device", DEVICES_HERE)
+def test_static_steps_follow_the_eager_steps_across_buckets(tiny_gguf, device):
+    layers = frozenset({0, 1})
+    model = build(tiny_gguf, device)
+    eager = greedy(model, layers)
+    backend = static_decode.choose_backend(torch.device(device))[0]
+    step = static(model, backend)
+    fast = greedy(model, layers)
+    assert fast[0] == eager[0]
+    for got, want in zip(fast[1], eager[1], strict=True):
+        torch.testing.assert_close(got, want, atol=LOGIT_ATOL, rtol=0)
+    for got, want in zip(fast[2], eager[2], strict=True):
+        assert got.keys() == want.keys() == layers
+        for layer in layers:
+            torch.testing.assert_close(got[layer], want[layer], atol=ATTENTION_ATOL, rtol=0)
+    assert fast[3].capacity == 64 and sorted(step.pool) == [16, 32, 64]
+    assert step.builds == 3  # one step bound (on a GPU: recorded) per bucket
+
+
+def test_a_grown_bucket_keeps_the_filled_positions(tiny_gguf):
+    model = build(tiny_gguf)
+    static(model)
+    cache = model.new_cache()
+    model.forward(torch.arange(3, 3 + 14)[None], cache, None)  # 14 positions: bucket 16
+    before = [k[:, :, :14].clone() for k in cache.keys]
+    assert cache.capacity == 16
+    for token in (20, 21, 22):  # the third step needs position 16: bucket 32
+        model.forward(torch.tensor([[token]]), cache, None)
+    assert cache.capacity == 32 and cache.length == 17
+    for layer, keys in enumerate(before):
+        torch.testing.assert_close(cache.keys[layer][:, :, :14], keys, atol=0, rtol=0)
+
+
+def test_changing_the_watched_layers_records_nothing_new(tiny_gguf):
+    model = build(tiny_gguf)
+    step = static(model)
+    cache = model.new_cache()
+    model.forward(torch.arange(3, 8)[None], cache, None)
+    for layers in ({0}, {1}, {0, 1}, set(), {1}):
+        probe = AttentionProbe(frozenset(layers))
+        model.forward(torch.tensor([[9]]), cache, probe)
+        assert probe.weights.keys() == layers
+    assert step.builds == 1
+    model.forward(torch.arange(3, 8)[None], model.new_cache(), None)  # a new conversation
+    model.forward(torch.tensor([[9]]), model.static_step.new_cache(), None)
+    assert step.builds == 1
+
+
+@pytest.mark.parametrize(
+    ("cuda", "triton", "backend"),
+    [(False, False, EAGER), (False, True, EAGER), (True, False, CAPTURE), (True, True, COMPILE)],
+)
+def test_the_backend_follows_cuda_and_triton(monkeypatch, cuda, triton, backend):
+    monkeypatch.setattr(static_decode, "triton_available", lambda: triton)
+    device = torch.device("cuda" if cuda else "cpu")
+    chosen, reason = static_decode.choose_backend(device)
+    assert chosen == backend
+    assert (reason is None) == (backend != EAGER)
+
+
+def test_the_state_names_the_backend_and_a_failed_capture_falls_back(tiny_gguf, monkeypatch):
+    model = build(tiny_gguf)
+    assert StaticDecode(model, COMPILE).state == "cuda graph (torch.compile)"
+    assert StaticDecode(model, CAPTURE).state == "cuda graph (captured)"
+
+    def failing(*args):
+        raise RuntimeError("no graph here")
+
+    monkeypatch.setattr(static_decode, "captured", failing)
+    step = static(model, CAPTURE)
+    cache = model.new_cache()
+    model.forward(torch.arange(3, 8)[None], cache, None)
+    logits = model.forward(torch.tensor([[9]]), cache, None)
+    assert logits.shape == (model.shape.vocab,)
+    assert step.state == "eager: RuntimeError: no graph here"
+
+
+def test_gemma_stays_eager_and_says_why():
+    class Gemma:
+        compile_refusal = "gemma3's norms and window are not in the compiled step yet"
+
+    assert static_decode.refusal(Gemma()) == (  # type: ignore[arg-type]
+        "gemma3's norms and window are not in the static step yet"
+    )
+
+
+def test_buckets_double_up_to_the_context():
+    assert [static_decode.bucket_for(n, 2048) for n in (1, 256, 257, 1500, 2048)] == [
+        256, 256, 512, 2048, 2048,
+    ]  # fmt: skip
+    assert static_decode.bucket_for(3000, 2048) == 3000  # past the context: exactly enough
+    assert static_decode.bucket_for(600, 0) == 1024  # context unknown
+
+
+def test_the_device_form_is_bf16_and_follows_the_int4_model(tiny_gguf):
+    from engine.model.to_device import to_device
+    from engine.weights.linear import DenseLinear
+
+    reference = build(tiny_gguf)
+    model = to_device(build(tiny_gguf), torch.device("cpu"))
+    linears = [m for m in model.modules() if hasattr(m, "out_features") and m is not model]
+    assert linears and all(type(m) is DenseLinear for m in linears)
+    assert all(m.weight.dtype == torch.bfloat16 for m in linears)
+    ids = torch.arange(3, 3 + PROMPT)[None]
+    want = reference.forward(ids, reference.new_cache(), None)
+    got = model.forward(ids, model.new_cache(), None)
+    # the same weights; the int4 kernel and a bf16 matmul round their sums differently
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's int4 kernel needs a GPU")
+def test_the_cuda_int4_repack_multiplies_as_the_dequantised_weight(tiny_gguf):
+    from engine.model.to_device import Int4CudaLinear, int4_fits
+    from engine.weights.linear import Int4Linear
+
+    model = build(tiny_gguf)
+    linear = next(m for m in model.modules() if isinstance(m, Int4Linear) and int4_fits(m))
+    cuda = Int4CudaLinear(linear, torch.device("cuda"))
+    x = torch.randn(1, linear.in_features, dtype=torch.bfloat16)
+    want = x.float() @ linear.dense().float().t()
+    torch.testing.assert_close(cuda(x.cuda()).float().cpu(), want, atol=5e-2, rtol=2e-2)
+
+
+def test_the_nibbles_cuda_repacks_are_the_cpu_weights_values(tiny_gguf):
+    from engine.model.to_device import int4_fits, nibbles, pair_nibbles
+    from engine.weights.linear import BLOCK, Int4Linear
+
+    model = build(tiny_gguf)
+    linear = next(m for m in model.modules() if isinstance(m, Int4Linear) and int4_fits(m))
+    q = nibbles(linear)  # [out, in]
+    scale, zero = linear.scales_zeros.float().unbind(-1)  # [in / 32, out]
+    groups = q.float().view(q.shape[0], -1, BLOCK) - 8
+    dense = (groups * scale.t()[..., None] + zero.t()[..., None]).view_as(q)
+    torch.testing.assert_close(dense, linear.dense().float(), atol=1e-2, rtol=1e-2)
+    paired = pair_nibbles(q)
+    assert torch.equal(paired >> 4, q[:, ::2]) and torch.equal(paired & 15, q[:, 1::2])

@@ -1,0 +1,232 @@
+"""The GGML kernels (engine/kernels/ggml_dot.cpp) against gguf's own dequantize: their
+dequantisation bit for bit, their products within what rounding the activations to int8 per
+block can change, and a fast model built on them against the exact model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.gguf import blocks as ggml_blocks
+from engine.gguf.reader import GGUFFile
+from engine.model import builders
+from engine.step import compiled
+from engine.weights import ggml_kernel
+from engine.weights import linear as quant
+from tests.engine.model.test_fast import assert_follows_logits
+from tests.engine.weights.test_linear import mixed_gguf, random_blocks, reference
+from tests.gguf_files import Q6_K
+
+pytestmark = pytest.mark.skipif(
+    ggml_kernel.ensure() is not None, reason=f"no GGML kernels here: {ggml_kernel.ensure()}"
+)
+
+TYPES = list(ggml_kernel.TYPES)
+
+
+def rounded_activations(x: torch.Tensor, size: int) -> torch.Tensor:
+    """x [m, k] as the kernels round it: int8 = rint(x·127/max|x|) per `size` values."""
+    blocks = x.float().numpy().reshape(x.shape[0], -1, size)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    inverse = np.where(amax > 0, np.float32(127) / np.maximum(amax, 1e-30), 0).astype(np.float32)
+    q = np.rint(blocks * inverse)
+    return torch.from_numpy((q * (amax / np.float32(127))).reshape(x.shape))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_is_gguf_dequantize_rounded_to_bf16(qtype):
+    raw = random_blocks(qtype, 48, 512, seed=qtype)
+    ours = torch.ops.glassbox.ggml_dequantize(raw, qtype, 512)
+    assert ours.dtype == torch.bfloat16
+    assert torch.equal(ours, reference(raw, qtype).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_product_is_the_matmul_within_the_activations_rounding(qtype, rows):
+    """|kernel - x·Wᵀ| stays within Σ|w|·|x - x̂| (x̂: x rounded as the kernel rounds it), a
+    bound any misread nibble, scale or offset breaks by orders of magnitude."""
+    raw = random_blocks(qtype, 64, 512, seed=qtype + rows)
+    weights = reference(raw, qtype).double()
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(qtype))
+    rounded = rounded_activations(x, ggml_blocks.BLOCK_VALUES[qtype]).double()
+    exact = x.double() @ weights.T
+    # the 32-value types multiply their offsets by the unrounded sums: |w - offset| bounds theirs
+    offsets = reference_offsets(raw, qtype)
+    bound = (weights.abs() + offsets).matmul((x.double() - rounded).abs().T).T
+    ours = torch.ops.glassbox.ggml_mm(x, raw, qtype).double()
+    assert ours.shape == (rows, 64)
+    slack = 1e-5 * exact.abs().max()  # float32 sums
+    assert ((ours - exact).abs() <= bound + slack).all()
+    assert (ours - exact).abs().max() > 0  # the rounding is there: this is not the reference
+
+
+def reference_offsets(raw: torch.Tensor, qtype: int) -> torch.Tensor:
+    """|offset| per weight for the 32-value types (0 for the others), [rows, columns]."""
+    if qtype not in (quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1):
+        return torch.zeros(1, dtype=torch.float64)
+    _, _, offset = ggml_blocks.unpack(raw, qtype)
+    return offset.double().abs().repeat_interleave(32, dim=1)
+
+
+def test_bf16_activations_give_bf16_and_float_give_float():
+    raw = random_blocks(quant.Q4_K, 16, 256)
+    x = torch.randn(2, 256)
+    assert torch.ops.glassbox.ggml_mm(x, raw, quant.Q4_K).dtype == torch.float32
+    assert torch.ops.glassbox.ggml_mm(x.bfloat16(), raw, quant.Q4_K).dtype == torch.bfloat16
+
+
+def test_a_row_of_the_wrong_size_is_refused():
+    raw = random_blocks(quant.Q4_K, 16, 512)
+    with pytest.raises(RuntimeError, match="row bytes do not match"):
+        torch.ops.glassbox.ggml_mm(torch.randn(1, 256), raw[:, :144], quant.Q6_K)
+    with pytest.raises(RuntimeError, match="no kernel here"):
+        torch.ops.glassbox.ggml_mm(torch.randn(1, 512), raw, quant.Q5_K)
+
+
+@pytest.mark.parametrize("qtype", [quant.Q4_K, quant.Q6_K])
+def test_a_prefill_dequantises_and_a_step_takes_the_kernel(qtype):
+    """From GGML_DENSE_ROWS rows the product is the dequantised matmul; below, the kernel's:
+    both within a percent of x·Wᵀ."""
+    raw = random_blocks(qtype, 64, 512, seed=3)
+    linear = quant.GGMLLinear(raw, qtype, 512)
+    weights = reference(raw, qtype)
+    for rows in (1, quant.GGML_DENSE_ROWS - 1, quant.GGML_DENSE_ROWS, 40):
+        x = torch.randn(rows, 512)
+        expected = x @ weights.T
+        y = linear(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, 64)
+        assert (y.float() - expected).norm() / expected.norm() < 1e-2
+    batch = torch.randn(2, quant.GGML_DENSE_ROWS, 512)  # leading dims kept
+    assert linear(batch).shape == (2, quant.GGML_DENSE_ROWS, 64)
+
+
+@pytest.mark.parametrize("qtype", [quant.Q4_1, quant.Q4_K])
+def test_the_requantised_head_is_within_half_its_own_step_of_its_weights(qtype):
+    """The lm_head's bulk requantised to Q4_1 or Q4_K, read back by gguf's own dequantize: each
+    value within half a step of its block, and a step near range/15 of its 32 values."""
+    weight = torch.randn(64, 512, generator=torch.Generator().manual_seed(qtype)) * 0.05
+    weight[3, 7] = 0.9  # an outlier: its block's step is wide, the others' are not
+    linear = quant.GGMLLinear.requantized(weight, qtype)
+    assert linear.qtype == qtype
+    assert (
+        linear.nbytes
+        == 64 * 512 // ggml_blocks.BLOCK_VALUES[qtype] * ggml_blocks.BLOCK_BYTES[qtype]
+    )
+    _, scale, _ = ggml_blocks.unpack(linear.raw, qtype)  # each block's own step
+    error = (reference(linear.raw, qtype) - weight).abs().reshape(64, -1, 32)
+    assert (error <= scale[..., None] / 2 * (1 + 1e-3) + 1e-7).all()
+    groups = weight.reshape(64, -1, 32)
+    spread = (groups.amax(-1) - groups.amin(-1)) / 15
+    assert (scale < 1.25 * spread + 1e-3).all()  # the 6-bit scales cost little
+
+
+def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_path, monkeypatch):
+    """Q4_K q/k (one product), Q6_K v, Q5_0 gate and Q8_0 up (two products), a Q5_K output
+    (no GGML kernel: torch's int4 halves), Q6_K down: each run of one type the kernels read
+    is one GGML product, at the file's size; logits of a prefill and of steps through the
+    cache follow the exact model's."""
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
+    file = GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", Q6_K))
+    fast = builders.build_fast(file)
+    block = fast.blocks[0]
+    q_k, v = block.attention.qkv.linears()
+    assert isinstance(q_k, quant.GGMLLinear) and q_k.qtype == quant.Q4_K
+    assert q_k.out_features == 256 + 128
+    assert isinstance(v, quant.GGMLLinear) and v.qtype == quant.Q6_K
+    assert v.nbytes == file.tensors["blk.0.attn_v.weight"].nbytes  # the file's size
+    gate, up = block.feed_forward.gate_up.linears()
+    assert isinstance(gate, quant.GGMLLinear) and gate.qtype == quant.Q5_0
+    assert isinstance(up, quant.GGMLLinear) and up.qtype == quant.Q8_0
+    assert isinstance(block.feed_forward.down, quant.GGMLLinear)
+    assert isinstance(block.attention.out, quant.Int4Linear)  # Q5_K: torch's int4 halves
+    assert isinstance(fast.output.bulk, quant.GGMLLinear)  # the Q6_K head requantised
+    assert fast.output.bulk.qtype == quant.Q4_K  # 4.5 bits a value (its top logits: exact)
+    if compiled._package_loader() is not None:  # else it refuses for the torch
+        assert compiled.refusal(fast) is None
+
+    exact = builders.build_exact(file, torch.float32)
+    ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = exact(ids).logits[0]
+    assert_follows_logits(fast, ids, expected, expected.abs().max() * 0.1, prefill=9)
+
+
+@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
+def test_which_types_the_kernels_hold_under_each_kernel_set(capability, monkeypatch):
+    """Every type they read under AVX2 (where torch's int4 kernel is slow), the K-quants and
+    Q8_0 under AVX-512; all of them when asked."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    held = [t for t in ggml_kernel.TYPES if ggml_kernel.holds(t)]
+    avx512 = [quant.Q5_0, quant.Q8_0, quant.Q4_K, quant.Q6_K]  # not Q4_0/Q4_1: torch's is faster
+    assert held == (list(ggml_kernel.TYPES) if capability == "AVX2" else avx512)
+    assert not ggml_kernel.holds(quant.Q5_K)  # no kernel for it
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
+    assert [t for t in ggml_kernel.TYPES if ggml_kernel.holds(t)] == list(ggml_kernel.TYPES)
+
+
+def test_turned_off_the_weights_take_torchs_int4_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "0")
+    assert not ggml_kernel.in_use()
+    fast = builders.build_fast(GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", Q6_K)))
+    assert not any(isinstance(m, quant.GGMLLinear) for m in fast.modules())
+
+
+def test_a_build_that_fails_is_a_reason_not_a_crash(tmp_path, monkeypatch):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(ggml_kernel, "SOURCE", broken)
+    reason = ggml_kernel._load(ggml_kernel.library_path(tmp_path))
+    assert reason is not None and reason.startswith("the kernels did not build or load")
+    assert not list((tmp_path / "kernels").glob("*.so"))  # nothing half-built left
+    assert not list((tmp_path / "kernels").glob("*.partial"))
+
+
+def test_a_build_removes_the_libraries_of_older_sources(tmp_path):
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    older = [
+        folder / "ggml_dot-torch1.0-aaaaaaaaaaaa.so",
+        folder / "ggml_dot-torch1.0-aaaaaaaaaaaa.so.lock",
+    ]
+    for path in older:
+        path.write_bytes(b"old")
+    other = folder / "notes.txt"  # not ours: kept
+    other.write_text("kept")
+    path = ggml_kernel.library_path(tmp_path)  # as a build just made it (not loaded: a second
+    path.write_bytes(b"new")  # library of the same ops would abort the process)
+    ggml_kernel._remove_older(path)
+    assert path.is_file() and other.is_file()
+    assert not any(p.exists() for p in older)
+
+
+def test_no_compiler_is_a_reason(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert "no C++ compiler" in str(ggml_kernel._refusal())
+
+
+@pytest.mark.parametrize(
+    ("heads", "group", "d", "length"),
+    [(3, 3, 64, 1), (3, 3, 64, 700), (2, 6, 128, 257), (1, 4, 256, 9)],
+)
+def test_attend_one_is_the_softmax_over_the_cache_it_is_given(heads, group, d, length):
+    """One query per head against a view of a bf16 cache (keys in tasks of 256, their partial
+    softmaxes combined), against float64 attention on the same bf16 numbers."""
+    generator = torch.Generator().manual_seed(length)
+    cache = torch.randn(2, 1, heads, 768, d, generator=generator).to(torch.bfloat16)
+    k, v = cache[0, 0, :, :length], cache[1, 0, :, :length]  # strided as the step's views
+    q = (torch.randn(heads, group, d, generator=generator) * 3).to(torch.bfloat16)
+    scores = q.double() @ k.double().transpose(1, 2) / d**0.5
+    expected = scores.softmax(-1) @ v.double()
+    ours = torch.ops.glassbox.attend_one(q, k, v)
+    assert ours.dtype == torch.float32 and ours.shape == (heads, group, d)
+    torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6)
+
+
+def test_attend_one_refuses_a_cache_it_cannot_read():
+    k = torch.randn(2, 10, 64).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="a bf16 cache"):
+        torch.ops.glassbox.attend_one(torch.randn(2, 3, 64), k.float(), k.float())
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        torch.ops.glassbox.attend_one(torch.randn(2, 3, 32), k, k)
