@@ -69,6 +69,21 @@ def test_import_contracts_catch_a_circle_inside_the_engine(tmp_path):
     assert "No cycles are allowed in engine." in result.stdout
 
 
+def test_import_contracts_catch_a_part_importing_upward(tmp_path):
+    """The model sits below the session loop: the model importing the session breaks the
+    engine's layers contract, not only the no-circles one."""
+
+    def upward(root: Path) -> None:
+        (root / "engine" / "model" / "upward.py").write_text(
+            "from engine.generate import session  # noqa: F401\n"
+        )
+
+    result = lint_a_copy(tmp_path, upward)
+    assert result.returncode != 0
+    assert "The engine's parts import downward only BROKEN" in result.stdout
+    assert "engine.model.upward -> engine.generate.session" in result.stdout
+
+
 def test_importing_the_engine_loads_no_qt():
     code = (
         "import importlib, pkgutil, sys\n"
