@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from engine.gguf.blocks import BLOCK_BYTES, BLOCK_VALUES, Q4_0, Q4_1, Q5_0, Q5_K, Q6_K, Q8_0, Q4_K
+from engine.gguf.blocks import BLOCK_BYTES, BLOCK_VALUES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0
 
 # Per type: (byte offset of an f16 field, its value as a multiple of std) for each field.
 # The divisors are the spread of a block's random quants times its random sub-scales: Q8_0's
@@ -28,7 +28,9 @@ SCALE_FIELDS: dict[int, tuple[tuple[int, float], ...]] = {
 }
 
 
-def random_blocks(rows: int, columns: int, qtype: int, std: float, seed: int = 0) -> npt.NDArray[np.uint8]:
+def random_blocks(
+    rows: int, columns: int, qtype: int, std: float, seed: int = 0
+) -> npt.NDArray[np.uint8]:
     """Random `qtype` blocks for a [rows, columns] weight, as uint8 [rows, row bytes]."""
     if qtype not in SCALE_FIELDS:
         raise ValueError(f"no random blocks for GGML type {qtype}")

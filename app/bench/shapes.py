@@ -25,7 +25,7 @@ from app.bench import stand_in_tokenizer
 from app.bench.random_blocks import SCALE_FIELDS, random_blocks
 from app.bench.stand_in_tokenizer import TokenizerShape
 from engine.disk.cache_folder import default_cache_dir
-from engine.gguf.blocks import Q4_1, Q5_0, Q6_K, Q8_0, Q4_K
+from engine.gguf.blocks import Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 
 PREFIX = "shape:"  # how --model names a shape
 F32 = 0
@@ -55,7 +55,7 @@ class Shape:
     tokenizer: TokenizerShape
     more_bits: dict[str, tuple[int, frozenset[int]]] = field(default_factory=dict)
     chat_template: str = ""  # a file in templates/, or none (the engine then picks by arch)
-    finetune: str = ""  # general.finetune: a chat-tuned model's (the engine then guesses a template)
+    finetune: str = ""  # general.finetune: the engine guesses a template only for a tuned model
     file_type: int = 15  # general.file_type: 15 is MOSTLY_Q4_K_M
 
 
@@ -190,7 +190,8 @@ def shape_named(spec: str) -> Shape | None:
 
 def layout(shape: Shape) -> dict[str, tuple[tuple[int, ...], int]]:
     """Every tensor's name -> (shape in numpy order, rows first; GGML type), in file order."""
-    h, f, q, kv = shape.hidden, shape.ffn, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    h, f = shape.hidden, shape.ffn
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     tensors: dict[str, tuple[tuple[int, ...], int]] = {
         "token_embd.weight": ((shape.vocab, h), shape.types["token_embd"]),
         "output_norm.weight": ((h,), F32),

@@ -79,7 +79,9 @@ def _vocabulary(shape: TokenizerShape, vocab: int) -> tuple[list[str], list[int]
     free = (index for index, token in enumerate(tokens) if token is None)
     for token, index in zip(ordinary, free, strict=False):
         tokens[index] = token
-    filled = [token if token is not None else f"<filler{index}>" for index, token in enumerate(tokens)]
+    filled = [
+        token if token is not None else f"<filler{index}>" for index, token in enumerate(tokens)
+    ]
     return filled, types
 
 

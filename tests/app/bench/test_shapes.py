@@ -14,7 +14,7 @@ import torch
 from app.bench.command import model_shape
 from app.bench.random_blocks import SCALE_FIELDS, random_blocks
 from app.bench.shapes import SHAPES, Shape, layout, metadata, shape_file, shape_named
-from engine.gguf.blocks import Q4_1, Q5_0, Q5_K, Q6_K, Q8_0, Q4_K, dequantize
+from engine.gguf.blocks import Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, dequantize
 from engine.gguf.reader import GGUFFile
 
 F32 = 0
@@ -194,7 +194,7 @@ def test_random_blocks_give_weights_of_about_the_asked_size(qtype):
 def test_a_shape_name_is_resolved_and_an_unknown_one_refused(shapes_cache, monkeypatch):
     monkeypatch.setenv("GLASSBOX_CACHE_DIR", str(shapes_cache))
     assert shape_named("bundled") is None  # the real bundled model, not its shape
-    with pytest.raises(ValueError, match="known: bundled, qwen2.5-1.5b, gemma-3-270m"):
+    with pytest.raises(ValueError, match=r"known: bundled, qwen2\.5-1\.5b, gemma-3-270m"):
         shape_named("shape:llama-70b")
     args = argparse.Namespace(model="shape:bundled")
     assert model_shape(args) == "bundled"
@@ -218,7 +218,9 @@ def test_both_paths_load_a_shape_and_decode_greedy_tokens(bundled_shape, shapes_
     assert (loaded.info.layers, loaded.info.vocab_size, loaded.info.precision) == (
         30, 49152, precision,
     )  # fmt: skip
-    assert loaded.info.chat_format == "chatml"  # the stand-in has SmolLM2's turn tokens
+    assert loaded.info.chat_format == "own"  # SmolLM2's template, over the turn tokens
+    im_start = loaded.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert im_start == 1  # a control token of the stand-in, kept whole in the prompt
     settings = GenerationSettings(max_new_tokens=3, greedy=True, ignore_eos=True)
     *_, finished = ChatSession(loaded).generate([Message("user", "hello there")], settings)
     assert isinstance(finished, Finished)
