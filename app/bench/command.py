@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 def run_bench(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
-    try:
-        args.shape = model_shape(args)
-    except ValueError as error:
-        print(f"glassbox bench: {error}", file=sys.stderr)
+    speed_only = not (args.window or args.stepping or args.placement or args.gui_only)
+    if args.device.startswith("cuda") and speed_only:
+        return cuda_bench(args)
+    if not shape_resolved(args):
         return 1
     if args.window:
         return _finish(args, {"window": window_cost(args), "transport": transport_cost()})
@@ -33,8 +33,6 @@ def run_bench(args: argparse.Namespace) -> int:
         return _finish(args, {"stepping": stepping_cost(args)})
     if args.placement:
         return placement_cost(args)
-    if args.device.startswith("cuda") and not args.gui_only:
-        return cuda_bench(args)
     if not args.gui_only:
         from app.bench import speed as benchmark
         from engine.load.loader import ModelLoadError, resolve
@@ -63,6 +61,8 @@ def cuda_bench(args: argparse.Namespace) -> int:
     if missing is not None:
         print(missing, file=sys.stderr)
         return 2
+    if not shape_resolved(args):  # after the check: Qwen's shape is 1.1 GB to write
+        return 1
     request = replace(load_request(args), precision="auto")
     try:
         started = time.perf_counter()
@@ -80,6 +80,16 @@ def cuda_bench(args: argparse.Namespace) -> int:
         results["gui"] = gui_stall(args.gui_tokens, args.gui_rate)
     args.json = True  # its own shape: printed as JSON
     return _finish(args, results)
+
+
+def shape_resolved(args: argparse.Namespace) -> bool:
+    """Resolve --model shape:NAME (recorded as args.shape); False, said why, for an unknown one."""
+    try:
+        args.shape = model_shape(args)
+    except ValueError as error:
+        print(f"glassbox bench: {error}", file=sys.stderr)
+        return False
+    return True
 
 
 def model_shape(args: argparse.Namespace) -> str | None:

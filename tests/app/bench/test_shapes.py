@@ -4,6 +4,7 @@ and compared with the real files where they are present, and models both paths r
 from __future__ import annotations
 
 import argparse
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -158,11 +159,6 @@ def test_each_shapes_layout_and_metadata_are_the_real_files(name, request):
         file.close()
 
 
-@pytest.fixture(scope="module")
-def shapes_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("shapes")
-
-
 @pytest.mark.parametrize("name", ["bundled", "gemma-3-270m"])  # Qwen's is 1.1 GB to write
 def test_a_built_file_has_the_layout_and_is_written_once(name, shapes_cache):
     shape = SHAPES[name]
@@ -201,20 +197,13 @@ def test_a_shape_name_is_resolved_and_an_unknown_one_refused(shapes_cache, monke
     assert Path(args.model) == shape_file(SHAPES["bundled"], shapes_cache)
 
 
-@pytest.fixture(scope="module")
-def bundled_shape(shapes_cache) -> Path:
-    return shape_file(SHAPES["bundled"], shapes_cache)
-
-
 @pytest.mark.parametrize("precision", ["fast", "exact"])
-def test_both_paths_load_a_shape_and_decode_greedy_tokens(bundled_shape, shapes_cache, precision):
+def test_both_paths_load_a_shape_and_decode_greedy_tokens(request, precision):
     from engine.events import Finished
     from engine.generate.session import ChatSession
-    from engine.load.loader import load_model
-    from engine.settings import GenerationSettings, LoadRequest, Message
+    from engine.settings import GenerationSettings, Message
 
-    request = LoadRequest(spec=str(bundled_shape), precision=precision, compiled=False)
-    loaded = load_model(request, cache_dir=shapes_cache)
+    loaded = request.getfixturevalue(f"bundled_shape_{precision}")
     assert (loaded.info.layers, loaded.info.vocab_size, loaded.info.precision) == (
         30, 49152, precision,
     )  # fmt: skip
@@ -226,3 +215,19 @@ def test_both_paths_load_a_shape_and_decode_greedy_tokens(bundled_shape, shapes_
     assert isinstance(finished, Finished)
     assert finished.generated_tokens == 3
     assert finished.prompt_tokens > 5
+
+
+def test_the_bench_refuses_an_unknown_shape_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "bench", "--model", "shape:llama-70b", "--fast-only"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "GLASSBOX_CACHE_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "glassbox bench: no model shape 'llama-70b'; known: bundled, qwen2.5-1.5b, gemma-3-270m"
+    ]
+    assert not (tmp_path / "shapes").exists()
