@@ -3,6 +3,8 @@ GPU machine runs the same code through `glassbox bench --device cuda`)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -52,3 +54,24 @@ def test_with_the_exact_model_generate_is_timed_beside_it(
         report["decode_tokens_per_s"]["engine"] / 50.0
     )
     assert set(report["compile_s"]) == {"engine", "generate_static"}
+
+
+def test_the_command_loads_a_shape_and_reports_it_with_its_load_time(
+    tmp_path, monkeypatch, shapes_cache, bundled_shape, named_device, capsys
+):
+    from app.bench.command import cuda_bench
+    from app.options import parser
+
+    monkeypatch.setenv("GLASSBOX_CACHE_DIR", str(shapes_cache))  # where bundled_shape is
+    monkeypatch.setattr(gpu, "cuda_missing", lambda: None)  # the CPU stands in for the GPU
+    options = ["--model", "shape:bundled", "--fast-only", "--new-tokens", "2", "--repeats", "1"]
+    output = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--no-compile", *options, "--output", str(output)]
+    assert cuda_bench(parser().parse_args(argv)) == 0
+    report = json.loads(output.read_text())
+    assert json.loads(capsys.readouterr().out) == report
+    assert report["shape"] == "bundled"
+    assert report["model"] == bundled_shape.name
+    assert list(report["load_s"]) == ["fast"]
+    assert report["load_s"]["fast"] > 0
+    assert set(report["decode_tokens_per_s"]) == {"engine", "engine_view_on"}
