@@ -241,14 +241,15 @@ def shape_file(shape: Shape, cache_dir: Path | None = None) -> Path:
     return path
 
 
-def write(shape: Shape, path: Path) -> None:
-    """Write the shape's GGUF to `path`, one tensor at a time (the largest is 300 MB)."""
+def write(shape: Shape, path: Path, with_tensors: bool = True) -> None:
+    """Write the shape's GGUF to `path`, one tensor at a time (the largest is 300 MB); without
+    `with_tensors`, its metadata alone (what its tokenizer is read from)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), shape.architecture)
     for key, value in metadata(shape).items():
         _add(writer, key, value)
-    tensors = layout(shape)
+    tensors = layout(shape) if with_tensors else {}
     for name, (dims, qtype) in tensors.items():
         nbytes = _nbytes(dims, qtype)
         byte_shape = (*dims[:-1], nbytes // max(1, int(np.prod(dims[:-1]))))

@@ -14,7 +14,16 @@ import torch
 
 from app.bench.command import model_shape
 from app.bench.random_blocks import SCALE_FIELDS, random_blocks
-from app.bench.shapes import SHAPES, Shape, layout, metadata, shape_file, shape_named
+from app.bench.shapes import (
+    SHAPES,
+    TEMPLATES,
+    Shape,
+    layout,
+    metadata,
+    shape_file,
+    shape_named,
+    write,
+)
 from engine.gguf.blocks import Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, dequantize
 from engine.gguf.reader import GGUFFile
 
@@ -231,3 +240,27 @@ def test_the_bench_refuses_an_unknown_shape_in_one_line(tmp_path):
         "glassbox bench: no model shape 'llama-70b'; known: bundled, qwen2.5-1.5b, gemma-3-270m"
     ]
     assert not (tmp_path / "shapes").exists()
+
+
+@pytest.mark.parametrize("name", SHAPES)
+@pytest.mark.parametrize("lean", [False, True], ids=["transformers", "lean"])
+def test_each_stand_in_tokenizer_loads_with_the_vocabulary_and_turn_tokens(name, lean, tmp_path):
+    from engine.load.loader import gguf_tokenizer, instruction_tuned
+
+    shape = SHAPES[name]
+    path = tmp_path / f"{name}.gguf"
+    write(shape, path, with_tensors=False)
+    tokenizer = gguf_tokenizer(path, tmp_path, lambda stage, done: None, lean=lean)
+    assert len(tokenizer) == shape.vocab
+    for token_id, token in shape.tokenizer.special.items():
+        assert tokenizer.convert_tokens_to_ids(token) == token_id
+    assert tokenizer.eos_token_id == shape.tokenizer.ids["eos"]
+    assert instruction_tuned(path) == bool(shape.finetune)
+    if shape.chat_template:
+        assert tokenizer.chat_template == (TEMPLATES / shape.chat_template).read_text()
+    else:  # Gemma's file has none; a base model gets the plain transcript
+        assert tokenizer.chat_template is None
+    turn = "<|im_start|>" if shape.tokenizer.model == "gpt2" else "<start_of_turn>"
+    ids = tokenizer(f"{turn}user\nhello there", add_special_tokens=False)["input_ids"]
+    assert ids[0] == tokenizer.convert_tokens_to_ids(turn)  # kept whole
+    assert tokenizer.decode(ids[1:]) == "user\nhello there"
