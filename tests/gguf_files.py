@@ -12,8 +12,8 @@ import numpy as np
 Q4_0, Q4_1, Q8_0, F16, F32 = "Q4_0", "Q4_1", "Q8_0", "F16", "F32"
 Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"
 # gguf cannot quantise K-quants: their blocks are random bytes with f16 scales sized so the
-# weights come out about as large as the model's (the bytes at these offsets, and the divisor)
-K_QUANT_SCALES = {Q4_K: ((0, 2), 200.0), Q5_K: ((0, 2), 400.0), Q6_K: ((208,), 1000.0)}
+# weights come out about as large as the model's (app/bench/random_blocks.py)
+K_QUANT_TYPES = {Q4_K: 12, Q5_K: 13, Q6_K: 14}
 GGUF_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -62,18 +62,9 @@ def permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 def random_k_quant(data: np.ndarray, kind: str, seed: int = 0) -> np.ndarray:
     """Random `kind` blocks for a [rows, columns] weight, with weights about `data`'s size."""
-    from engine.gguf.blocks import BLOCK_BYTES, BLOCK_VALUES
+    from app.bench.random_blocks import random_blocks
 
-    qtype = {Q4_K: 12, Q5_K: 13, Q6_K: 14}[kind]
-    rows, columns = data.shape
-    rng = np.random.default_rng(seed)
-    shape = (rows, columns // BLOCK_VALUES[qtype], BLOCK_BYTES[qtype])
-    raw = rng.integers(0, 256, shape, dtype=np.uint8)
-    offsets, divisor = K_QUANT_SCALES[kind]
-    for at in offsets:
-        halves = np.full((*shape[:2], 1), data.std() / divisor, np.float16)
-        raw[..., at : at + 2] = halves.view(np.uint8)
-    return raw.reshape(rows, -1)
+    return random_blocks(*data.shape, K_QUANT_TYPES[kind], float(data.std()), seed)
 
 
 def write_gguf(
@@ -124,7 +115,7 @@ def write_gguf(
             named = target == suffix or target.endswith("." + suffix)
             kind = chosen if named and data.ndim == 2 else kind
         qtype = gguf.GGMLQuantizationType[kind]
-        if kind in K_QUANT_SCALES:
+        if kind in K_QUANT_TYPES:
             raw = random_k_quant(data, kind, seed=zlib.crc32(target.encode()))
             writer.add_tensor(target, raw, raw_dtype=qtype)
         elif kind == F32:

@@ -1,0 +1,77 @@
+"""app/bench/gpu.py's report, run on the CPU: its figures come from the replies it times (a
+GPU machine runs the same code through `glassbox bench --device cuda`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from app.bench import gpu
+
+
+@pytest.fixture
+def named_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "the test's CPU")
+
+
+def test_the_engine_alone_reports_its_rates_ttft_and_first_reply(bundled_shape_fast, named_device):
+    report = gpu.run(bundled_shape_fast, None, new_tokens=3, repeats=2)
+    assert set(report["decode_tokens_per_s"]) == {"engine", "engine_view_on"}
+    assert all(len(runs) == 2 and min(runs) > 0 for runs in report["runs"].values())
+    for name, runs in report["runs"].items():
+        assert report["decode_tokens_per_s"][name] == pytest.approx(sum(runs) / 2)
+    first = report["first_reply"]
+    assert 0 < first["ttft_s"] < first["total_s"] == report["compile_s"]["engine"]
+    assert set(report["ttft_s"]) == {"engine", "engine_view_on"}
+    assert all(seconds > 0 for seconds in report["ttft_s"].values())
+    off, on = (
+        report["decode_tokens_per_s"]["engine"],
+        report["decode_tokens_per_s"]["engine_view_on"],
+    )
+    assert report["view_on_cost"] == pytest.approx(1 - on / off)
+    assert "engine_vs_generate_static" not in report
+    assert report["device"] == "the test's CPU"
+
+
+def test_with_the_exact_model_generate_is_timed_beside_it(
+    bundled_shape_fast, bundled_shape_exact, named_device, monkeypatch
+):
+    calls: list[dict] = []
+
+    def rate(loaded, ids, new_tokens, **options):  # generate itself is timed in test_speed
+        calls.append(options)
+        return 50.0 if options else 10.0
+
+    monkeypatch.setattr(gpu, "generate_decode_rate", rate)
+    report = gpu.run(bundled_shape_fast, bundled_shape_exact, new_tokens=3, repeats=1)
+    assert report["decode_tokens_per_s"]["generate_static"] == 50.0
+    assert report["decode_tokens_per_s"]["generate_dynamic"] == 10.0
+    assert calls[0] == {"cache_implementation": "static"}  # its first reply: the compile
+    assert len(calls) == 3
+    assert report["engine_vs_generate_static"] == pytest.approx(
+        report["decode_tokens_per_s"]["engine"] / 50.0
+    )
+    assert set(report["compile_s"]) == {"engine", "generate_static"}
+
+
+def test_the_command_loads_a_shape_and_reports_it_with_its_load_time(
+    tmp_path, monkeypatch, shapes_cache, bundled_shape, named_device, capsys
+):
+    from app.bench.command import cuda_bench
+    from app.options import parser
+
+    monkeypatch.setenv("GLASSBOX_CACHE_DIR", str(shapes_cache))  # where bundled_shape is
+    monkeypatch.setattr(gpu, "cuda_missing", lambda: None)  # the CPU stands in for the GPU
+    options = ["--model", "shape:bundled", "--fast-only", "--new-tokens", "2", "--repeats", "1"]
+    output = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--no-compile", *options, "--output", str(output)]
+    assert cuda_bench(parser().parse_args(argv)) == 0
+    report = json.loads(output.read_text())
+    assert json.loads(capsys.readouterr().out) == report
+    assert report["shape"] == "bundled"
+    assert report["model"] == bundled_shape.name
+    assert list(report["load_s"]) == ["fast"]
+    assert report["load_s"]["fast"] > 0
+    assert set(report["decode_tokens_per_s"]) == {"engine", "engine_view_on"}
