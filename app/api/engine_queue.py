@@ -144,6 +144,7 @@ class Job:
         self._gone = gone
         self._watch: asyncio.Future[None] | None = None
         self._done = False  # the generator's end has been read
+        self._ended = False  # the generator has ended and the model was passed on
 
     def run(
         self,
@@ -164,6 +165,8 @@ class Job:
                 return
             for event in self._queue.engine.generate(messages, settings, probes):
                 self._loop.call_soon_threadsafe(put, event)
+                if isinstance(event, Finished):  # read or not: a dropped reply ends too
+                    self._loop.call_soon_threadsafe(self._queue.record, event)
                 if self._cancelled.is_set():  # a cancel that came before generate() began
                     self._queue.engine.cancel()
         except Exception as error:  # the server outlives anything the engine throws
@@ -171,7 +174,12 @@ class Job:
             self._loop.call_soon_threadsafe(put, Failed(str(error), type(error).__name__))
         finally:
             self._loop.call_soon_threadsafe(put, None)
-            self._loop.call_soon_threadsafe(self._queue.release)
+            self._loop.call_soon_threadsafe(self._end)
+
+    def _end(self) -> None:
+        """The server's loop: this generation is over, the model goes to the next in line."""
+        self._ended = True
+        self._queue.release()
 
     async def _cancel_on(self, gone: asyncio.Future[Any]) -> None:
         await gone
@@ -179,9 +187,11 @@ class Job:
         self.cancel()
 
     def cancel(self) -> None:
-        """Stop after the current step (the session's cancel flag); any thread."""
+        """Stop after the current step (the session's cancel flag). On the server's loop,
+        which also passes the model on (`_end`): a late cancel never reaches the next job."""
         self._cancelled.set()
-        self._queue.engine.cancel()
+        if not self._ended:
+            self._queue.engine.cancel()
 
     async def refuse_if_unfit(self) -> None:
         """Wait for the first event; a prompt the engine found too long is a 400."""
@@ -196,8 +206,6 @@ class Job:
         try:
             event = self._first
             while event is not None:
-                if isinstance(event, Finished):
-                    self._queue.record(event)
                 yield event
                 event = await self._events.get()
             self._done = True

@@ -80,7 +80,9 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def uvicorn_config(app: FastAPI, host: str, port: int, limits: Limits) -> uvicorn.Config:
+def uvicorn_config(
+    app: FastAPI, host: str, port: int, limits: Limits, log_level: str = "info"
+) -> uvicorn.Config:
     """Bounded connections (beyond the queue and a few listings: 503) and header sizes."""
     return uvicorn.Config(
         app,
@@ -89,7 +91,7 @@ def uvicorn_config(app: FastAPI, host: str, port: int, limits: Limits) -> uvicor
         limit_concurrency=limits.max_queue + 16,
         h11_max_incomplete_event_size=64 * 1024,
         timeout_keep_alive=5,
-        log_level="info",
+        log_level=log_level,
         server_header=False,
     )
 

@@ -34,8 +34,7 @@ def serving(engine: Engine, limits: Limits) -> Iterator[Served]:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))  # the OS picks a free port: no race with other tests
     port = listener.getsockname()[1]
-    config = uvicorn_config(app, "127.0.0.1", port, limits)
-    config.log_level = "warning"
+    config = uvicorn_config(app, "127.0.0.1", port, limits, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [listener]}, name="api-server", daemon=True
@@ -68,6 +67,7 @@ class HeldEngine:
         self.engine = engine
         self.release = threading.Event()
         self.started = threading.Event()
+        self.calls: list[str] = []  # each generation's last message, in the order they ran
 
     @property
     def model_id(self) -> str:
@@ -80,6 +80,7 @@ class HeldEngine:
     def generate(
         self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
     ) -> Iterator[Event]:
+        self.calls.append(messages[-1].content)
         self.started.set()
         assert self.release.wait(START_S), "a held generation was never released"
         return self.engine.generate(messages, settings, probes)

@@ -144,9 +144,7 @@ def test_completion_logprobs_in_the_legacy_shape(server, tiny_session, tiny_engi
 
 
 def test_a_seed_makes_a_sampled_reply_repeat(server, tiny_engine):
-    ask = dict(
-        model=tiny_engine.model_id, messages=MESSAGES, temperature=1.0, max_tokens=6, seed=7
-    )
+    ask = dict(model=tiny_engine.model_id, messages=MESSAGES, temperature=1.0, max_tokens=6, seed=7)
     api = client(server)
     first = api.chat.completions.create(**ask).choices[0].message.content
     assert api.chat.completions.create(**ask).choices[0].message.content == first
