@@ -159,14 +159,12 @@ class Job:
         self, messages: list[Message], settings: GenerationSettings, probes: ProbeSettings
     ) -> None:
         """The engine's thread: every event to the loop, then None, then the model is free."""
-        put = self._events.put_nowait
+        put = self._deliver
         try:
             if self._cancelled.is_set():  # gone before its turn's first step
                 return
             for event in self._queue.engine.generate(messages, settings, probes):
                 self._loop.call_soon_threadsafe(put, event)
-                if isinstance(event, Finished):  # read or not: a dropped reply ends too
-                    self._loop.call_soon_threadsafe(self._queue.record, event)
                 if self._cancelled.is_set():  # a cancel that came before generate() began
                     self._queue.engine.cancel()
         except Exception as error:  # the server outlives anything the engine throws
@@ -175,6 +173,12 @@ class Job:
         finally:
             self._loop.call_soon_threadsafe(put, None)
             self._loop.call_soon_threadsafe(self._end)
+
+    def _deliver(self, event: Event | None) -> None:
+        """The server's loop: an event to the reader; an ending is recorded, read or not."""
+        if isinstance(event, Finished):
+            self._queue.record(event)
+        self._events.put_nowait(event)
 
     def _end(self) -> None:
         """The server's loop: this generation is over, the model goes to the next in line."""

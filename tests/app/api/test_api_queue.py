@@ -84,7 +84,9 @@ def test_a_dropped_stream_frees_the_model_within_a_step(tiny_engine, tiny_sessio
         finally:
             tiny_session.pacer.resume()
         assert ask(served.base_url, model, "next").status_code == 200
-        assert served.queue.finished[-1].reason in ("length", "eos")
+        assert served.queue.finished[-1].reason in ("length", "eos"), [
+            (f.reason, f.prompt_tokens, f.generated_tokens) for f in served.queue.finished
+        ]
 
 
 def test_a_burst_of_clients_each_get_their_own_reply_or_429(tiny_engine, tiny_session):
