@@ -223,17 +223,18 @@ async def disconnected(request: Request) -> None:
 
 
 async def whole(job: Job, reply: Reply) -> dict[str, Any]:
-    failure = Failed("The engine failed.", "EngineError")
+    """The reply once its generation has ended (read to its end, so the job is closed)."""
+    failure, finished = Failed("The engine ended without finishing.", "EngineError"), None
     async for event in job.events():
         if isinstance(event, Token):
             reply.add(event)
         elif isinstance(event, Failed):
             failure = event
         elif isinstance(event, Finished):
-            if event.reason == "error":
-                raise ApiError(500, failure.message, code=failure.error_type)
-            return reply.whole(event)
-    raise ApiError(500, "The engine ended without finishing the reply.", code="engine_error")
+            finished = event
+    if finished is None or finished.reason == "error":
+        raise ApiError(500, failure.message, code=failure.error_type)
+    return reply.whole(finished)
 
 
 async def stream(job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[str]:

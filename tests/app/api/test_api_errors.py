@@ -4,12 +4,16 @@ hostile requests leaves the server up and answering."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
 import pytest
 
+from app.api.server import Limits
+from engine.events import Failed, Tally
 from tests.app.api.conftest import KEY, TINY_CONTEXT
+from tests.app.api.served import serving
 
 LIMIT_BODY = 64_000  # the `server` fixture's
 
@@ -145,3 +149,31 @@ def test_a_burst_of_hostile_requests_is_answered_and_the_server_stays_up(server,
         assert http.get("/models").status_code == 200
     reply = post(server, "/chat/completions", chat(tiny_engine.model_id, max_tokens=2))
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+
+
+class FailingEngine:
+    """An engine whose every reply fails as the session reports a failure: Failed, then
+    Finished("error")."""
+
+    model_id = "broken"
+    max_context = 100
+
+    def generate(self, messages, settings, probes):
+        yield Failed("The device ran out of memory.", "OutOfMemoryError")
+        yield Tally(started=time.perf_counter()).finished("error", "")
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_an_engine_failure_is_500_whole_or_an_error_event_streamed():
+    with serving(FailingEngine(), Limits()) as served:
+        error = error_of(post(served, "/chat/completions", chat("broken")), 500)
+        assert error["code"] == "OutOfMemoryError" and "memory" in error["message"]
+        api = openai.OpenAI(base_url=served.base_url, api_key="x", max_retries=0)
+        with pytest.raises(openai.APIError, match="memory"):
+            for _chunk in api.chat.completions.create(
+                model="broken", messages=[{"role": "user", "content": "hi"}], stream=True
+            ):
+                pass
+        assert httpx.get(served.base_url + "/models").status_code == 200
