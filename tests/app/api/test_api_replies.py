@@ -153,3 +153,37 @@ def test_a_seed_makes_a_sampled_reply_repeat(server, tiny_engine):
 def test_health_is_plain_json(server):
     answer = httpx.get(server.base_url.removesuffix("/v1") + "/health")
     assert answer.status_code == 200 and answer.json()["status"] == "ok"
+
+
+def test_a_stop_string_cuts_the_reply_where_the_session_does(server, tiny_session, tiny_engine):
+    _tokens, _prefill, finished = engine_reply(tiny_session, MESSAGES)
+    stop = finished.text.strip().split()[1]  # a word from the middle of the greedy reply
+    reply = client(server).chat.completions.create(
+        model=tiny_engine.model_id, messages=MESSAGES, temperature=0, max_tokens=TOKENS, stop=stop
+    )
+    assert reply.choices[0].message.content == finished.text[: finished.text.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_developer_turns_and_text_parts_are_the_same_messages(server, tiny_engine):
+    api = client(server)
+    plain = api.chat.completions.create(
+        model=tiny_engine.model_id, messages=MESSAGES, temperature=0, max_tokens=4
+    )
+    parts = api.chat.completions.create(
+        model=tiny_engine.model_id,
+        messages=[
+            {"role": "developer", "content": "You are terse."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Name three "},
+                    {"type": "text", "text": "colours."},
+                ],
+            },
+        ],
+        temperature=0,
+        max_tokens=4,
+    )
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
