@@ -81,6 +81,20 @@ def test_a_body_too_large_is_413(server, tiny_engine):
     assert error_of(post(server, "/chat/completions", body), 413)["code"] == "request_too_large"
 
 
+def test_a_chunked_body_is_cut_off_at_the_limit(server, tiny_engine):
+    """No Content-Length to refuse up front: the body is counted as it arrives."""
+
+    def pieces():
+        yield json.dumps(chat(tiny_engine.model_id))[:-1].encode() + b', "pad": "'
+        for _ in range(LIMIT_BODY // 1000 + 2):  # bounded: just past the limit
+            yield b"x" * 1000
+        yield b'"}'
+
+    answer = httpx.post(server.base_url + "/chat/completions", content=pieces(), timeout=60)
+    assert "content-length" not in answer.request.headers
+    assert error_of(answer, 413)["code"] == "request_too_large"
+
+
 def test_a_reply_longer_than_the_limit_is_400(server, tiny_engine):
     error = error_of(
         post(server, "/chat/completions", chat(tiny_engine.model_id, max_tokens=513)), 400
