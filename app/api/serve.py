@@ -83,12 +83,13 @@ def run_serve(args: argparse.Namespace) -> int:
 def uvicorn_config(
     app: FastAPI, host: str, port: int, limits: Limits, log_level: str = "info"
 ) -> uvicorn.Config:
-    """Bounded connections (beyond the queue and a few listings: 503) and header sizes."""
+    """Bounded connections and header sizes: the queue refuses with 429 well before uvicorn
+    refuses a connection with 503 (what is left is for listings and clients being refused)."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
-        limit_concurrency=limits.max_queue + 16,
+        limit_concurrency=limits.max_queue + 64,
         h11_max_incomplete_event_size=64 * 1024,
         timeout_keep_alive=5,
         log_level=log_level,
