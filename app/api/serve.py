@@ -1,0 +1,101 @@
+"""`glassbox serve`: load the model named by the model options, then answer OpenAI-style
+requests on http://HOST:PORT/v1 until Ctrl+C.
+
+Safe by default: it binds 127.0.0.1; any other address only with an API key (`--api-key` or
+$GLASSBOX_API_KEY), without which it refuses to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+import uvicorn
+from fastapi import FastAPI
+
+from app.api.server import Limits, create_app
+from app.options import KEY_VARIABLE, LOOPBACK, load_request
+
+
+def serve_limits(args: argparse.Namespace) -> Limits:
+    """The limits the options name; ValueError says what is wrong, before the model loads."""
+    key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE) or None
+    if not is_loopback(args.host) and not key:
+        raise ValueError(
+            f"listening on {args.host} lets other machines in: set an API key with --api-key"
+            f" or ${KEY_VARIABLE} (or listen on {LOOPBACK})"
+        )
+    if key is not None and len(key) < 8:
+        raise ValueError("the API key is too short: use at least 8 characters")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"port {args.port} is outside 1..65535")
+    for name in ("max_tokens", "max_queue", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    return Limits(
+        api_key=key,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens=args.max_tokens,
+        max_queue=args.max_queue,
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        limits = serve_limits(args)
+    except ValueError as error:
+        print(f"glassbox serve: {error}", file=sys.stderr)
+        return 2
+    from app.api.session_engine import SessionEngine
+    from engine.generate.session import ChatSession
+    from engine.load.loader import ModelLoadError, load_model
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        loaded = load_model(load_request(args), progress=_progress)
+    except ModelLoadError as error:
+        print(f"glassbox serve: {error}", file=sys.stderr)
+        return 1
+    engine = SessionEngine(ChatSession(loaded))
+    app = create_app(engine, limits)
+    print(
+        f"Serving {engine.model_id} at http://{args.host}:{args.port}/v1"
+        + (" (API key required)" if limits.api_key else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.Server(uvicorn_config(app, args.host, args.port, limits)).run()
+    return 0
+
+
+def uvicorn_config(
+    app: FastAPI, host: str, port: int, limits: Limits, log_level: str = "info"
+) -> uvicorn.Config:
+    """Bounded connections and header sizes: the queue refuses with 429 well before uvicorn
+    refuses a connection with 503 (what is left is for listings and clients being refused)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        limit_concurrency=limits.max_queue + 64,
+        h11_max_incomplete_event_size=64 * 1024,
+        timeout_keep_alive=5,
+        log_level=log_level,
+        server_header=False,
+    )
+
+
+def _progress(stage: str, fraction: float) -> None:
+    print(f"[{fraction:4.0%}] {stage}", file=sys.stderr, flush=True)
