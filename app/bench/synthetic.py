@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from engine.events import (
+    Attention,
     Candidate,
     Event,
     FinishReason,
+    HeadStatistics,
     ModelInfo,
     PrefillDone,
     Tally,
@@ -33,6 +35,7 @@ from engine.events import (
     frozen_array,
 )
 from engine.generate.pacing import PacedGeneration
+from engine.generate.step_ring import ATTENTION, StepRing
 from engine.kv_formula import formula_bytes
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
@@ -121,6 +124,7 @@ class SyntheticSession(PacedGeneration):
         self._ids = {piece: 1000 + i for i, piece in enumerate(vocabulary)}
         self._candidates = {p: self._top_k(p) for p in vocabulary}
         self._noise: dict[int, np.ndarray] = {}
+        self.steps = StepRing(ProbeSettings().ring_bytes)  # as ChatSession's
 
     def reset(self) -> None:
         self.resets += 1
@@ -138,6 +142,7 @@ class SyntheticSession(PacedGeneration):
         prompt = self.count_tokens(messages)
         layers = tuple(probes.attention_layers)
         self.token_texts = []
+        self.steps.start_reply(probes.ring_bytes)
         prefill = self._prefill(prompt, layers, probes)
         tally.add(prefill)
         yield prefill
@@ -190,6 +195,7 @@ class SyntheticSession(PacedGeneration):
         for layer in layers:
             weights = self._weights(layer, prompt)[:, None, :] * visible
             attention[layer] = frozen_array(weights / weights.sum(axis=2, keepdims=True))
+        self.steps.put(0, ATTENTION, {layer: block[:, -1] for layer, block in attention.items()})
         kv_bytes, per_layer = self._kv(prompt, probes)
         return PrefillDone(
             prompt_tokens=prompt,
@@ -202,17 +208,22 @@ class SyntheticSession(PacedGeneration):
             prompt_token_ids=tuple(range(prompt)),
             token_texts=tuple(f"p{i}" for i in range(prompt)),
             attention=attention,
+            head_stats={layer: _statistics(block) for layer, block in attention.items()},
         )
 
     def _token(
         self, index: int, piece: str, prompt: int, layers: tuple[int, ...], probes: ProbeSettings
     ) -> Token:
         keys = prompt + index  # the query producing token i sees the prompt and i - 1 tokens
-        attention = {}
+        attention: Attention = {}
         if index > 0:
             for layer in layers:
                 weights = self._weights(layer, keys)
                 attention[layer] = frozen_array(weights / weights.sum(axis=1, keepdims=True))
+            self.steps.put(index, ATTENTION, attention)
+        stats: HeadStatistics = {
+            layer: _statistics(row[:, None, :])[:, :, 0] for layer, row in attention.items()
+        }
         kv_bytes, per_layer = self._kv(prompt + index + 1, probes)
         return Token(
             index=index,
@@ -223,8 +234,9 @@ class SyntheticSession(PacedGeneration):
             seconds=self.step_s * (2 if index == 0 else 1),
             kv_bytes=kv_bytes,
             kv_bytes_per_layer=per_layer,
-            attention=attention,
+            attention=attention if probes.token_rows else {},
             top_k=self._candidates_of(piece)[: probes.top_k],
+            head_stats=stats,
         )
 
     def _weights(self, layer: int, keys: int) -> np.ndarray:
@@ -258,3 +270,13 @@ class SyntheticSession(PacedGeneration):
             Candidate(self._id(t), t, float(p), 1.0 if rank == 0 else 0.0)  # greedy
             for rank, (t, p) in enumerate(zip(texts, probs, strict=True))
         )
+
+
+def _statistics(rows: np.ndarray) -> np.ndarray:
+    """[2, heads, n] HeadStatistics of [heads, n, keys] causal rows (the last n positions),
+    in numpy: the synthetic engine has no torch (engine/generate/head_stats.py is the model's)."""
+    keys = rows.shape[2]
+    positions = np.arange(keys - rows.shape[1], keys)
+    largest = rows.max(axis=2)
+    entropy = -(rows * np.log(np.maximum(rows, np.finfo(np.float32).tiny))).sum(axis=2)
+    return frozen_array(np.stack([largest, entropy / np.log(np.maximum(positions + 1, 2))]))

@@ -45,6 +45,7 @@ from app.server.jobs import (
 )
 from app.server.pipe import send_message, widen_pipe
 from app.server.shared_arrays import SharedFolder
+from app.server.view_rows import ViewRows, ring_of
 from app.server.wire import (
     ALL_JOBS,
     Cancel,
@@ -53,6 +54,7 @@ from app.server.wire import (
     DecodeStep,
     Done,
     Events,
+    Fetch,
     Generate,
     Held,
     Load,
@@ -65,6 +67,7 @@ from app.server.wire import (
     Reply,
     Request,
     Reset,
+    Watch,
 )
 from engine.events import Event, Failed, Finished, PrefillDone, Token
 
@@ -275,6 +278,8 @@ class EngineServer:
         self._lock = threading.Lock()
         self._cancelled_upto = 0
         self._running_job = 0
+        self._reply_job = 0  # the latest Generate's: a Fetch is answered as its events
+        self.rows = ViewRows(self.outbox.put)  # what crosses of attention rows (view_rows.py)
 
     def serve(self, receive: Callable[[], Request]) -> None:
         """Listen in a thread of its own, say Ready and run jobs here until Quit; the replies
@@ -302,6 +307,12 @@ class EngineServer:
                     self.cancel(job)
                 case Pace():
                     self.pace(request)
+                case Watch():
+                    self.rows.watch(request)
+                case Fetch():
+                    with self._lock:
+                        session, job = self.session, self._reply_job
+                    self.rows.fetch(job, request, ring_of(session))
                 case Quit():
                     self.cancel(ALL_JOBS)
                     self.jobs.put(None)
@@ -385,10 +396,11 @@ class EngineServer:
     def generate(self, request: Generate) -> None:
         job = request.job
         with self._lock:
-            self._running_job = job
-        push = self._sender(job, request.stream)
+            self._running_job = self._reply_job = job
+        self.rows.start_reply()
+        push = self._sender(job, request.stream, pull=not request.probes.token_rows)
         if self.session is not None:  # the window shows when the reply is really held
-            self.session.pacer.on_hold = lambda held: self.outbox.put(Held(job, held))
+            self.session.pacer.on_hold = self._on_hold(job)
         self._set_threads("prefill")
         try:
             run_generation(
@@ -416,16 +428,32 @@ class EngineServer:
         if self.threads is not None and torch is not None:
             torch.set_num_threads(getattr(self.threads, phase))
 
-    def _sender(self, job: int, stream: bool) -> Callable[[list[Event]], None]:
-        """Events to the client as they come; without `stream`, only the reply's end."""
+    def _on_hold(self, job: int) -> Callable[[bool], None]:
+        """The pacer's hold, sent after the held step's rows (a teacher sees the step)."""
+
+        def held(on: bool) -> None:
+            if on:
+                self.rows.flush(ring_of(self.session))
+            self.outbox.put(Held(job, on))
+
+        return held
+
+    def _sender(self, job: int, stream: bool, pull: bool) -> Callable[[list[Event]], None]:
+        """Events to the client as they come; without `stream`, only the reply's end. `pull`:
+        the client pulls attention rows (ViewRows) rather than getting them with each token."""
+        ring = ring_of(self.session)
 
         def push(events: list[Event]) -> None:
             if not stream:
                 events = [e for e in events if isinstance(e, Failed | Finished)]
                 if not events:
                     return
+            if any(isinstance(e, Failed | Finished) for e in events):
+                self.rows.flush(ring)  # the last step's rows before the reply's end
+            events = self.rows.outgoing(events, pull)
             weight = sum(event_weight(event) for event in events)
             self.outbox.put(Events(job, tuple(events)), weight)
+            self.rows.after(job, events, ring)
             self.outbox.wait_for_room(lambda: self.cancelled(job))
 
         return push
