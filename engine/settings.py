@@ -107,7 +107,9 @@ class ProbeSettings:
         if self.prefill_cells is not None and self.prefill_cells < 1:
             raise SettingsError(f"prefill cells must be at least 1, got {self.prefill_cells}")
         if self.ring_bytes < 0:
-            raise SettingsError(f"the ring of steps' rows must be 0 bytes or more, got {self.ring_bytes}")
+            raise SettingsError(
+                f"the ring of steps must hold 0 bytes or more, not {self.ring_bytes}"
+            )
 
     def prompt_rows(self, queries: int, keys: int) -> int:
         """How many of a prompt's last `queries` rows to keep, each over `keys` keys."""

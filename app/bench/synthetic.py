@@ -124,7 +124,10 @@ class SyntheticSession(PacedGeneration):
         self._ids = {piece: 1000 + i for i, piece in enumerate(vocabulary)}
         self._candidates = {p: self._top_k(p) for p in vocabulary}
         self._noise: dict[int, np.ndarray] = {}
+        self._sums: dict[int, np.ndarray] = {}  # see _weights
+        self._maxima: dict[int, np.ndarray] = {}
         self.steps = StepRing(ProbeSettings().ring_bytes)  # as ChatSession's
+        self._next_at = 0.0  # when the next paced token is due (perf_counter)
 
     def reset(self) -> None:
         self.resets += 1
@@ -176,8 +179,11 @@ class SyntheticSession(PacedGeneration):
             while not self.gate.acquire(timeout=0.01):
                 if self._cancel.is_set():
                     return True
-        elif self.delay:
-            self._cancel.wait(self.delay)
+        elif self.delay:  # on a schedule: `delay` apart on average, whatever a token took
+            now = time.perf_counter()
+            self._next_at = max(self._next_at + self.delay, now - self.delay)
+            if self._next_at > now:
+                self._cancel.wait(self._next_at - now)
         return self._cancel.is_set()
 
     # -- events -----------------------------------------------------------------------------
@@ -216,14 +222,14 @@ class SyntheticSession(PacedGeneration):
     ) -> Token:
         keys = prompt + index  # the query producing token i sees the prompt and i - 1 tokens
         attention: Attention = {}
+        stats: HeadStatistics = {}
         if index > 0:
             for layer in layers:
                 weights = self._weights(layer, keys)
-                attention[layer] = frozen_array(weights / weights.sum(axis=1, keepdims=True))
+                total = weights.sum(axis=1, keepdims=True, dtype=np.float64)
+                attention[layer] = frozen_array(weights / total.astype(np.float32))
+                stats[layer] = self._row_statistics(layer, keys, weights, total[:, 0])
             self.steps.put(index, ATTENTION, attention)
-        stats: HeadStatistics = {
-            layer: _statistics(row[:, None, :])[:, :, 0] for layer, row in attention.items()
-        }
         kv_bytes, per_layer = self._kv(prompt + index + 1, probes)
         return Token(
             index=index,
@@ -246,10 +252,31 @@ class SyntheticSession(PacedGeneration):
             size = max(keys, 1024) * 2
             noise = self._rng.random((self.info.heads, size), dtype=np.float32) ** 4
             self._noise[layer] = noise
+            # Running sums of the noise's w·log w and maxima, so that a row's statistics take
+            # a few numbers per head, not a pass over its keys (a model's engine works them out
+            # on its device; this one must keep up with a GPU's token rate on a CPU)
+            wide = noise.astype(np.float64)
+            self._sums[layer] = np.cumsum(wide * np.log(np.maximum(wide, TINY)), axis=1)
+            self._maxima[layer] = np.maximum.accumulate(wide, axis=1)
         weights = noise[:, :keys].copy()
         weights[:, 0] += 0.2 * keys
         weights[:, -4:] += 0.05 * keys
         return weights
+
+    def _row_statistics(
+        self, layer: int, keys: int, weights: np.ndarray, total: np.ndarray
+    ) -> np.ndarray:
+        """[2, heads] HeadStatistics of the row `weights` / `total` (see _weights): from the
+        running sums over its untouched middle keys, and its first and last four directly."""
+        if keys < 16:
+            return _statistics((weights / total[:, None])[:, None, :])[:, :, 0]
+        edges = np.concatenate([weights[:, :1], weights[:, -4:]], axis=1).astype(np.float64)
+        sums, maxima = self._sums[layer], self._maxima[layer]
+        middle = sums[:, keys - 5] - sums[:, 0]  # keys 1 .. keys - 5
+        w_log_w = middle + (edges * np.log(np.maximum(edges, TINY))).sum(axis=1)
+        largest = np.maximum(maxima[:, keys - 5], edges.max(axis=1))
+        entropy = (np.log(total) - w_log_w / total) / np.log(max(keys, 2))
+        return frozen_array(np.stack([largest / total, entropy]))
 
     def _id(self, piece: str) -> int:
         """Pieces get ids as they are first seen (tests may change `pieces` between replies)."""
@@ -270,6 +297,9 @@ class SyntheticSession(PacedGeneration):
             Candidate(self._id(t), t, float(p), 1.0 if rank == 0 else 0.0)  # greedy
             for rank, (t, p) in enumerate(zip(texts, probs, strict=True))
         )
+
+
+TINY = float(np.finfo(np.float32).tiny)
 
 
 def _statistics(rows: np.ndarray) -> np.ndarray:

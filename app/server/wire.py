@@ -24,10 +24,10 @@ only remembers what it asked for, by id, to match the replies.
   Quit()                                                             step attached, or why not
                                         Done(job)                    a job ended (any kind)
 
-`Cancel`, `Pace`, `Watch`, `Fetch` and `Quit` are not queued: the server acts on them as they arrive, so Stop
-reaches a running reply within one step, and Next token a held one at once. A `Generate` with
-`stream=False` sends only the reply's end (Failed, Finished): its events stay in the engine (a
-reference reply for a benchmark, or a caller that wants the result only).
+`Cancel`, `Pace`, `Watch`, `Fetch` and `Quit` are not queued: the server acts on them as they
+arrive, so Stop reaches a running reply within one step, and Next token a held one at once.
+A `Generate` with `stream=False` sends only the reply's end (Failed, Finished): its events stay
+in the engine (a reference reply for a benchmark, or a caller that wants the result only).
 
 The messages travel over a transport (`Transport`): a pipe to the engine's child process
 (app.server.engine_process), or in-memory queues to a server in a thread of this process

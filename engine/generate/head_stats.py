@@ -54,4 +54,3 @@ def _one_row(row: torch.Tensor) -> torch.Tensor:
     largest = weights.amax(dim=-1)
     entropy = -(weights * weights.clamp_min(TINY).log()).sum(dim=-1)
     return torch.stack([largest, entropy / math.log(max(keys, 2))])
-

@@ -427,7 +427,4 @@ def _last_rows(probe: AttentionProbe | None) -> dict[int, torch.Tensor]:
 def _attention(probe: AttentionProbe | None) -> Attention:
     if probe is None:
         return {}
-    return {
-        layer: frozen_array(w.cpu().numpy())
-        for layer, w in sorted(probe.weights.items())
-    }
+    return {layer: frozen_array(w.cpu().numpy()) for layer, w in sorted(probe.weights.items())}

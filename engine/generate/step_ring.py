@@ -39,6 +39,7 @@ class StepRing:
         self.max_bytes = max_bytes
         self._steps: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._bytes: dict[int, int] = {}
+        self._total = 0  # the sum of _bytes
         self._lock = threading.Lock()
         self.reply = 0  # counts replies: a step number means something within one only
         self.latest: int | None = None  # the last step put
@@ -46,13 +47,14 @@ class StepRing:
     @property
     def bytes(self) -> int:
         with self._lock:
-            return sum(self._bytes.values())
+            return self._total
 
     def start_reply(self, max_bytes: int | None = None) -> None:
         """Forget every step: a new reply numbers its steps from 0 again."""
         with self._lock:
             self._steps.clear()
             self._bytes.clear()
+            self._total = 0
             self.latest = None
             self.reply += 1
             if max_bytes is not None:
@@ -66,13 +68,15 @@ class StepRing:
             if size > self.max_bytes:
                 return
             kinds = self._steps.setdefault(step, {})
-            self._bytes[step] = self._bytes.get(step, 0) - payload_bytes(kinds.get(kind)) + size
+            change = size - payload_bytes(kinds.get(kind))
+            self._bytes[step] = self._bytes.get(step, 0) + change
+            self._total += change
             kinds[kind] = payload
             self._steps.move_to_end(step)
             self.latest = step if self.latest is None else max(self.latest, step)
-            while sum(self._bytes.values()) > self.max_bytes and len(self._steps) > 1:
+            while self._total > self.max_bytes and len(self._steps) > 1:
                 oldest, _ = self._steps.popitem(last=False)
-                del self._bytes[oldest]
+                self._total -= self._bytes.pop(oldest)
 
     def get(self, step: int, kind: str) -> Any | None:
         """Step `step`'s `kind`, or None: never kept, or aged out."""

@@ -14,9 +14,9 @@ from app.bench.synthetic import SyntheticSession
 from app.storage import recorder
 from app.storage.store import ConversationStore, ReplySaver
 from engine.events import Finished, PrefillDone, StepRows, Token
-from ui.panels.docks import shown
 from engine.settings import GenerationSettings, Message
 from tests.ui.fakes import REPLY, FakeBackend, fake_info
+from ui.panels.docks import shown
 
 
 def send_and_wait(qtbot, parts, text: str) -> list:

@@ -31,7 +31,10 @@ def pulled(event):
 
 
 def reply_events(rng, steps: int = 6) -> list:
-    return [prefill(rng, prompt=8 * PROMPT), *(token(rng, i, prompt=8 * PROMPT) for i in range(steps))]
+    return [
+        prefill(rng, prompt=8 * PROMPT),
+        *(token(rng, i, prompt=8 * PROMPT) for i in range(steps)),
+    ]
 
 
 def test_the_engines_statistics_give_the_overview_the_windows_own_numbers():

@@ -465,7 +465,9 @@ def test_the_bench_windows_layouts(qapp):
 
 def test_bench_window_and_transport_report_their_numbers(qapp):
     """The --window benchmark's whole path, on the fake session instead of the real model."""
-    from app.bench.window import _paired, measure_transport, measure_window
+    from app.bench.measures import paired
+    from app.bench.transport import measure_transport
+    from app.bench.window import measure_window
 
     result = measure_window(fake_request(tokens=40), new_tokens=40, repeats=2, spec=FAKE)
     assert result["model"] == "fake" and result["repeats"] == 2
@@ -478,7 +480,7 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     # still pair them as the decode ratio is paired (test_decode_over_wall_time... for values).
     walls = {way: runs[f"{way}_decode_wall"] for way in ("window", "headless", "terminal")}
     assert all(len(values) == 2 and min(values) >= 0 for values in walls.values())
-    assert result["decode_wall_ratio_paired_median"] == _paired(walls["window"], walls["headless"])
+    assert result["decode_wall_ratio_paired_median"] == paired(walls["window"], walls["headless"])
     assert 0 < result["gui_cpu_per_s"] < 2  # the GUI thread's own CPU, not the process's
     assert 0 <= result["gui_cpu_idle_per_s"] < 2
     assert result["stall_replies"] == 1  # one per two pairs, beside the compared replies
@@ -502,12 +504,12 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
 
 
 def test_decode_over_wall_time_counts_what_happens_between_steps():
-    from app.bench.window import _wall_decode
+    from app.bench.measures import wall_decode
 
     ended = Finished("length", "", 100, 0, 11, 0.0, 0.8, 1.0, decode_s=1.5, total_s=3.0)
     assert ended.decode_tokens_per_s == pytest.approx(10 / 1.5)  # the steps' own timer
-    assert _wall_decode(ended) == pytest.approx(10 / 2.0)  # 0.5 s between the steps counts
-    assert _wall_decode(replace(ended, generated_tokens=1)) == 0.0
+    assert wall_decode(ended) == pytest.approx(10 / 2.0)  # 0.5 s between the steps counts
+    assert wall_decode(replace(ended, generated_tokens=1)) == 0.0
 
 
 def test_the_paired_interval_holds_the_median_and_narrows_with_more_pairs():

@@ -38,7 +38,9 @@ def test_head_statistics_equal_the_window_computation_on_random_rows():
     keys, rows = 50, 7
     scores = torch.randn(9, rows, keys, generator=generator)
     positions = torch.arange(keys - rows, keys)
-    scores = scores.masked_fill(torch.arange(keys)[None, None, :] > positions[None, :, None], -torch.inf)
+    scores = scores.masked_fill(
+        torch.arange(keys)[None, None, :] > positions[None, :, None], -torch.inf
+    )
     block = torch.softmax(scores, dim=-1)
     engine = prefill_statistics({3: block})[3]
     np.testing.assert_allclose(engine, window_stats(block.numpy()), rtol=1e-5, atol=1e-6)
