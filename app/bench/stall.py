@@ -75,6 +75,7 @@ class StallRun:
         from app.window.assembly import assemble
 
         self.engine_pid: int | None = None
+        self.session: SyntheticSession | None = None  # in this process only (not piped)
         if pipe:
             from app.server.engine_process import EngineProcess
 
@@ -83,7 +84,7 @@ class StallRun:
             self.engine_pid = process.pid
             self.worker = EngineClient(process)
         else:
-            session = SyntheticSession(delay=delay)
+            session = self.session = SyntheticSession(delay=delay)
             self.worker = EngineClient(
                 EngineThread(
                     loader=lambda _request, progress: _Loaded(session.info),

@@ -27,7 +27,9 @@ MAX_P99_STALL_MS = 300
 
 @pytest.fixture
 def run(qtbot, tmp_path):
-    stall_run = StallRun(tmp_path)
+    # Every token carries its rows (the heavier contract, still served): the attention panel
+    # then keeps and drops rows as it did before the view pulled only the latest.
+    stall_run = StallRun(tmp_path, rows_per_token=True)
     qtbot.addWidget(stall_run.window)
     yield stall_run
     stall_run.close()
