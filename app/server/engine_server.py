@@ -70,7 +70,7 @@ from app.server.wire import (
     Reset,
     Watch,
 )
-from engine.events import Event, Failed, Finished, PrefillDone, Token
+from engine.events import Event, Failed, Finished, PrefillDone, StepRows, Token
 
 if TYPE_CHECKING:
     from engine.settings import LoadRequest, Message
@@ -252,9 +252,12 @@ class Outbox:
 
 
 def _later_tokens(reply: Reply) -> bool:
-    """Events that may wait for the next message: tokens of a reply after its first."""
+    """Events that may wait for the next message: tokens of a reply after its first, and the
+    latest rows a panel draws (a step's rows asked for go at once)."""
     return isinstance(reply, Events) and all(
-        isinstance(event, Token) and event.index > 0 for event in reply.events
+        (isinstance(event, Token) and event.index > 0)
+        or (isinstance(event, StepRows) and event.latest)
+        for event in reply.events
     )
 
 
