@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from engine.events import HeadStatistics, frozen_array
@@ -29,13 +30,37 @@ def row_statistics(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def decode_statistics(rows: dict[int, torch.Tensor]) -> HeadStatistics:
     """layer -> [2, heads] of one decode row per layer ([heads, keys], its query the last key),
-    in one copy to the host for all layers."""
+    for all layers in one batch of operations and one copy to the host (a handful of ops a
+    token, whatever the number of watched layers)."""
     if not rows:
         return {}
     layers = sorted(rows)
-    stacked = torch.stack([_one_row(rows[layer]) for layer in layers])  # [layers, 2, heads]
-    host = stacked.cpu().numpy()
+    weights = torch.stack([rows[layer] for layer in layers]).float()  # [layers, heads, keys]
+    keys = weights.shape[-1]
+    if weights.device.type == "cpu":
+        host = _host_statistics(weights.numpy(), keys)
+    else:
+        host = _device_statistics(weights, keys)
     return {layer: frozen_array(host[i]) for i, layer in enumerate(layers)}
+
+
+def _device_statistics(weights: torch.Tensor, keys: int) -> np.ndarray:
+    """[layers, 2, heads] of [layers, heads, keys] rows, on their device; one copy back."""
+    largest = weights.amax(dim=-1)
+    w_log_w = (weights * weights.clamp_min(TINY).log()).sum(dim=-1)
+    stacked = torch.stack([largest, -w_log_w / math.log(max(keys, 2))], dim=1)
+    host: np.ndarray = stacked.cpu().numpy()
+    return host
+
+
+def _host_statistics(weights: np.ndarray, keys: int) -> np.ndarray:
+    """[layers, 2, heads] of [layers, heads, keys] rows in memory: numpy's logarithm is
+    vectorised where torch's CPU one was 4x slower (measured at 4 x 9 x 1,440 weights), and a
+    batched matmul sums w·log w in one pass."""
+    logs = np.log(np.maximum(weights, TINY))
+    w_log_w = (weights[..., None, :] @ logs[..., :, None])[..., 0, 0]  # [layers, heads]
+    entropy = -w_log_w / math.log(max(keys, 2))
+    return np.stack([weights.max(axis=-1), entropy], axis=1)
 
 
 def prefill_statistics(blocks: dict[int, torch.Tensor]) -> HeadStatistics:
@@ -46,11 +71,3 @@ def prefill_statistics(blocks: dict[int, torch.Tensor]) -> HeadStatistics:
         positions = torch.arange(keys - queries, keys, device=block.device)
         out[layer] = frozen_array(row_statistics(block, positions).cpu().numpy())
     return out
-
-
-def _one_row(row: torch.Tensor) -> torch.Tensor:
-    keys = row.shape[-1]
-    weights = row.float()
-    largest = weights.amax(dim=-1)
-    entropy = -(weights * weights.clamp_min(TINY).log()).sum(dim=-1)
-    return torch.stack([largest, entropy / math.log(max(keys, 2))])

@@ -513,15 +513,15 @@ def test_decode_over_wall_time_counts_what_happens_between_steps():
 
 
 def test_the_paired_interval_holds_the_median_and_narrows_with_more_pairs():
-    from app.bench.window import _paired, _paired_interval
+    from app.bench.measures import paired, paired_interval
 
-    assert _paired_interval([1.0], [1.0]) is None  # one pair has no spread to resample
-    assert _paired_interval([0.9] * 5, [1.0] * 5) == [0.9, 0.9]
+    assert paired_interval([1.0], [1.0]) is None  # one pair has no spread to resample
+    assert paired_interval([0.9] * 5, [1.0] * 5) == [0.9, 0.9]
     noisy = np.random.default_rng(1).normal(0.95, 0.08, 40)
-    few = _paired_interval(list(noisy[:6]), [1.0] * 6)
-    many = _paired_interval(list(noisy), [1.0] * 40)
+    few = paired_interval(list(noisy[:6]), [1.0] * 6)
+    many = paired_interval(list(noisy), [1.0] * 40)
     assert few is not None and many is not None
-    assert many[0] <= _paired(list(noisy), [1.0] * 40) <= many[1]
+    assert many[0] <= paired(list(noisy), [1.0] * 40) <= many[1]
     assert many[1] - many[0] < few[1] - few[0]
 
 

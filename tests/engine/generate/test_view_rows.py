@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.events import PrefillDone, Token
-from engine.generate.head_stats import decode_statistics, prefill_statistics
+from engine.generate.head_stats import _device_statistics, decode_statistics, prefill_statistics
 from engine.generate.session import ChatSession
 from engine.generate.step_ring import ATTENTION, StepRing, host_rows
 from engine.generate.trace import TraceRecorder
@@ -46,6 +46,9 @@ def test_head_statistics_equal_the_window_computation_on_random_rows():
     np.testing.assert_allclose(engine, window_stats(block.numpy()), rtol=1e-5, atol=1e-6)
     one = decode_statistics({3: block[:, -1]})[3]
     np.testing.assert_allclose(one, window_stats(block[:, -1:].numpy())[:, :, 0], rtol=1e-5)
+    # the way a GPU's rows go (torch on their device), here on the CPU's
+    on_device = _device_statistics(block[None, :, -1], keys)[0]
+    np.testing.assert_allclose(on_device, one, rtol=1e-5, atol=1e-7)
 
 
 def test_a_model_reply_statistics_equal_the_window_computation_on_its_rows(tokenizer):
