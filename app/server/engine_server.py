@@ -8,8 +8,9 @@ Three threads: the main one runs jobs in order; a listener reads requests and ac
 and Quit at once, so Stop reaches the session within one decode step and is never queued
 behind the reply it stops (a count is answered in order: the tokenizer is not shared between
 threads); a sender writes replies, so a reply never waits on the client's reader, and
-coalesces the events waiting into one message. Each event crosses once: an attention row is
-sent with its token, never again.
+coalesces the events waiting into one message. Each event crosses once. Attention rows cross
+as the client pulls them (app.server.view_rows): a visible panel's latest at its frame rate, a
+chosen step's from the session's ring on request; per token only their statistics.
 """
 
 from __future__ import annotations
