@@ -30,18 +30,22 @@ def row_statistics(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def decode_statistics(rows: dict[int, torch.Tensor]) -> HeadStatistics:
     """layer -> [2, heads] of one decode row per layer ([heads, keys], its query the last key),
-    for all layers in one batch of operations and one copy to the host (a handful of ops a
-    token, whatever the number of watched layers)."""
-    if not rows:
-        return {}
-    layers = sorted(rows)
-    weights = torch.stack([rows[layer] for layer in layers]).float()  # [layers, heads, keys]
-    keys = weights.shape[-1]
-    if weights.device.type == "cpu":
-        host = _host_statistics(weights.numpy(), keys)
-    else:
-        host = _device_statistics(weights, keys)
-    return {layer: frozen_array(host[i]) for i, layer in enumerate(layers)}
+    the layers of one length in one batch of operations and one copy to the host (a handful of
+    ops a token, whatever the number of watched layers; a sliding-window layer's rows are
+    shorter, a batch of their own)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for layer in sorted(rows):
+        groups.setdefault(tuple(rows[layer].shape), []).append(layer)
+    out: HeadStatistics = {}
+    for layers in groups.values():
+        weights = torch.stack([rows[layer] for layer in layers]).float()  # [layers, heads, keys]
+        keys = weights.shape[-1]
+        if weights.device.type == "cpu":
+            host = _host_statistics(weights.numpy(), keys)
+        else:
+            host = _device_statistics(weights, keys)
+        out.update({layer: frozen_array(host[i]) for i, layer in enumerate(layers)})
+    return dict(sorted(out.items()))
 
 
 def _device_statistics(weights: torch.Tensor, keys: int) -> np.ndarray:

@@ -44,15 +44,20 @@ def test_head_statistics_equal_the_window_computation_on_random_rows():
     block = torch.softmax(scores, dim=-1)
     engine = prefill_statistics({3: block})[3]
     np.testing.assert_allclose(engine, window_stats(block.numpy()), rtol=1e-5, atol=1e-6)
-    one = decode_statistics({3: block[:, -1]})[3]
+    one = decode_statistics({3: block[:, -1], 5: block[:, -1, :20]})[3]  # 5: a sliding layer
     np.testing.assert_allclose(one, window_stats(block[:, -1:].numpy())[:, :, 0], rtol=1e-5)
+    sliding = decode_statistics({5: block[:, -1, :20]})[5]
+    np.testing.assert_allclose(
+        sliding, window_stats(block[:, -1:, :20].numpy())[:, :, 0], rtol=1e-5
+    )
     # the way a GPU's rows go (torch on their device), here on the CPU's
     on_device = _device_statistics(block[None, :, -1], keys)[0]
     np.testing.assert_allclose(on_device, one, rtol=1e-5, atol=1e-7)
 
 
-def test_a_model_reply_statistics_equal_the_window_computation_on_its_rows(tokenizer):
-    session = ChatSession(make_tiny(tokenizer, "llama"))
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])  # gemma3: sliding-window layers
+def test_a_model_reply_statistics_equal_the_window_computation_on_its_rows(tokenizer, kind):
+    session = ChatSession(make_tiny(tokenizer, kind))
     events = reply(session, ProbeSettings(attention_layers=(0, 1), top_k=3))
     prefill = events[0]
     assert isinstance(prefill, PrefillDone)
