@@ -224,6 +224,19 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     switch(
         parser,
+        "--gui-pipe",
+        "run that reply's synthetic engine in an engine process, its events through the app's"
+        " pipe (the whole path at a GPU's rate with --gui-rate 2000), and report the engine's"
+        " sending thread's CPU",
+    )
+    switch(
+        parser,
+        "--gui-rows-per-token",
+        "send that reply's attention rows with every token, as before the view pulled them"
+        " (a baseline for the same measurement)",
+    )
+    switch(
+        parser,
         "--placement",
         "only what the placement given (--max-memory, --device-map) costs: the model placed"
         " against it in memory, replies alternated, each step's transfer against the"

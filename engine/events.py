@@ -18,6 +18,13 @@ Bound = Literal["compute", "memory"]
 
 # layer index -> attention weights; prefill: [heads, queries, keys], decode: [heads, keys].
 Attention = dict[int, np.ndarray]
+# layer index -> per-head statistics of its attention rows, HEAD_STATS in order on the first
+# axis; prefill: [2, heads, queries], decode: [2, heads] (the row of the query that made the
+# token). "max_weight": a row's largest weight; "entropy": -sum w log w over the keys the query
+# sees, divided by log(max(keys seen, 2)), its most (uniform). Computed where the model runs
+# (engine/generate/head_stats.py), so the window's overview needs no rows.
+HeadStatistics = dict[int, np.ndarray]
+HEAD_STATS = ("max_weight", "entropy")
 
 
 def frozen_array(values: np.ndarray) -> np.ndarray:
@@ -187,6 +194,9 @@ class PrefillDone:
     prompt_labels: tuple[str, ...] = ()
     # The tokenizer's special tokens among the prompt's (BOS, the chat template's markers).
     special_ids: tuple[int, ...] = ()
+    # layer -> [2, heads, queries]: the statistics of `attention`'s rows (the same rows), for
+    # every watched layer even where the rows themselves did not cross (see HeadStatistics).
+    head_stats: HeadStatistics = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -212,6 +222,8 @@ class Token:
     kv_bytes_per_layer: tuple[int, ...]
     # layer -> [heads, keys]: the attention of the query that produced this token (the previous
     # token) over the whole context. Empty for index 0: its query is PrefillDone's last row.
+    # Empty too where the generation keeps rows in its ring instead (ProbeSettings.token_rows
+    # False, the window's way): they come as StepRows when a panel draws or asks for them.
     attention: Attention = field(default_factory=dict)
     top_k: tuple[Candidate, ...] = ()
     # The decode step's forward pass that produced this token's logits, on the roofline
@@ -221,6 +233,26 @@ class Token:
     label: str = ""
     # The weights that step's pass moved in from RAM or disk (None: a model wholly in place).
     transfer: Transfer | None = None
+    # layer -> [2, heads]: the statistics of this step's attention row per watched layer (see
+    # HeadStatistics), whether or not the row itself is in `attention`. Empty for index 0.
+    head_stats: HeadStatistics = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRows:
+    """One step's attention rows, from the engine's ring of recent steps
+    (engine/generate/step_ring.py) rather than with its token.
+
+    `step` is the Token index whose query the rows are (step 0: the prompt's last row).
+    `latest`: sent because a visible panel draws these layers (at most at its frame rate);
+    otherwise asked for (a selected or stepped-to token). `aged_out`: the step has left the
+    ring (or never had rows): `attention` is empty.
+    """
+
+    step: int
+    attention: Attention
+    latest: bool = False
+    aged_out: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,4 +333,4 @@ class Tally:
         )  # fmt: skip
 
 
-Event = PrefillDone | Token | Failed | Finished
+Event = PrefillDone | Token | StepRows | Failed | Finished

@@ -84,6 +84,11 @@ class ProbeSettings:
     (the last ones), so a long prompt does not allocate heads x n x n floats per layer.
     `prefill_cells`: and at most this many weights per head (rows x keys; None: no bound), so
     a long context keeps fewer rows (see `rows_within`).
+    `token_rows`: whether each Token event carries its attention rows (the trace, the terminal
+    chat). The window sets it False: a Token then carries each watched layer's per-head
+    statistics only, and the rows stay in the session's ring of recent steps
+    (engine/generate/step_ring.py) until a panel pulls them.
+    `ring_bytes`: the most that ring holds; the oldest steps leave it first.
     """
 
     attention_layers: tuple[int, ...] = ()
@@ -91,6 +96,8 @@ class ProbeSettings:
     prefill_rows: int = 512
     kv_per_layer: bool = True
     prefill_cells: int | None = None
+    token_rows: bool = True
+    ring_bytes: int = 64 * 2**20
 
     def __post_init__(self) -> None:
         if self.top_k < 0:
@@ -99,6 +106,10 @@ class ProbeSettings:
             raise SettingsError(f"prefill rows must be at least 1, got {self.prefill_rows}")
         if self.prefill_cells is not None and self.prefill_cells < 1:
             raise SettingsError(f"prefill cells must be at least 1, got {self.prefill_cells}")
+        if self.ring_bytes < 0:
+            raise SettingsError(
+                f"the ring of steps must hold 0 bytes or more, not {self.ring_bytes}"
+            )
 
     def prompt_rows(self, queries: int, keys: int) -> int:
         """How many of a prompt's last `queries` rows to keep, each over `keys` keys."""

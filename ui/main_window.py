@@ -9,22 +9,15 @@ things happen; the chat view draws its changes and the store (app.window.control
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
 
 from PySide6.QtCore import QRect, QSettings, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
-    QHBoxLayout,
-    QLabel,
     QMainWindow,
-    QProgressBar,
-    QToolButton,
-    QVBoxLayout,
     QWidget,
 )
 
-from engine.device_map import format_bytes
 from engine.events import Event, Finished, ModelInfo, PrefillDone, Token
 from engine.settings import (
     GenerationSettings,
@@ -34,6 +27,8 @@ from engine.settings import (
     SettingsError,
 )
 from ui import layout
+from ui import window_chrome as chrome
+from ui.backend import Backend
 from ui.chat_view import ChatView
 from ui.conversation import Conversation, Entry, ReplyState
 from ui.input_box import EMPTY_MESSAGE, InputBox
@@ -41,70 +36,13 @@ from ui.model_picker import ModelPicker
 from ui.pacing import PaceControls
 from ui.reply_stats import finished_stats, prefill_line, speed_line, stats_line
 from ui.settings_panel import SettingsPanel
+from ui.status_lines import dropped_line, human_count, model_line
+
+__all__ = ["WAITING", "Backend", "MainWindow", "dropped_line", "human_count", "model_line"]
 
 STATUS_MS = 6000
 WAITING = "Waiting for the model: your message is answered as soon as it has loaded."
 STATE_VERSION = 3  # bump when the set of docks changes: older layouts are then ignored
-
-
-class Backend(Protocol):
-    """What the window needs of the engine (app.client.engine_client.EngineClient has it)."""
-
-    events: Any  # Signal(list of events)
-    loaded: Any  # Signal(ModelInfo)
-    load_progress: Any  # Signal(str, float)
-    load_failed: Any  # Signal(str)
-    load_proposed: Any  # Signal(LoadRequest): before load_failed, the request placed to fit
-    busy_changed: Any  # Signal(bool)
-    decode_step: Any  # Signal(str): "compiled", or "eager: why"
-    held_changed: Any  # Signal(bool): the reply is held by a pause, or goes on
-
-    @property
-    def info(self) -> ModelInfo | None: ...
-
-    @property
-    def busy(self) -> bool: ...
-
-    def load(self, request: LoadRequest) -> None: ...
-
-    def generate(
-        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
-    ) -> bool: ...
-
-    def stop(self) -> None: ...
-
-    def pace(self, action: str, rate: float = 0.0) -> None: ...
-
-    def reset(self) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-
-def human_count(n: int) -> str:
-    """135_000_000 -> "135M", 1_235_814_400 -> "1.2B", 950 -> "950"."""
-    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= size:
-            value = n / size
-            text = f"{value:.1f}" if value < 10 else f"{value:.0f}"
-            return text.removesuffix(".0") + unit
-    return str(n)
-
-
-def model_line(info: ModelInfo) -> str:
-    params = human_count(info.parameters)
-    line = f"{info.name} · {info.device} · {info.precision} {info.dtype} · {params} params"
-    placement = info.placement
-    if placement is not None and placement.moved_bytes:  # a model partly away from its device
-        places = ", ".join(f"{format_bytes(b)} {p}" for p, b in placement.place_bytes)
-        line += f" · placed: {places}"
-    return line
-
-
-def dropped_line(dropped: int, limit: int) -> str:
-    return (
-        f"The conversation outgrew the context window ({limit:,} tokens): the"
-        f" {dropped} oldest messages were left out of this request."
-    )
 
 
 class MainWindow(QMainWindow):
@@ -193,23 +131,8 @@ class MainWindow(QMainWindow):
         self.pace = PaceControls(self, lambda action, rate: self.backend.pace(action, rate))
 
     def _build_central(self) -> None:
-        send = QToolButton()
-        send.setDefaultAction(self.send_action)
-        stop = QToolButton()
-        stop.setDefaultAction(self.stop_action)
-        buttons = QVBoxLayout()
-        buttons.addWidget(send)
-        buttons.addWidget(stop)
-        buttons.addStretch(1)
-        row = QHBoxLayout()
-        row.addWidget(self.input, 1)
-        row.addLayout(buttons)
-        central = QWidget()
-        layout = QVBoxLayout(central)
-        layout.setContentsMargins(6, 6, 6, 6)
-        layout.addWidget(self.chat, 1)
-        layout.addLayout(row)
-        self.setCentralWidget(central)
+        self.setCentralWidget(chrome.central(self.chat, self.input, self.send_action,
+                                             self.stop_action))  # fmt: skip
         self.input.submitted.connect(self.send)
         self.input.refused.connect(self.show_status)
 
@@ -220,50 +143,18 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.settings_dock)
 
     def _build_menus_and_toolbar(self) -> None:
-        file_menu = self.menuBar().addMenu("&File")
-        file_menu.addAction(self.load_action)
-        file_menu.addSeparator()
-        file_menu.addAction(self.quit_action)
-        chat_menu = self.menuBar().addMenu("&Chat")
-        for action in (
-            self.send_action,
-            self.stop_action,
-            self.regenerate_action,
-            self.new_chat_action,
-        ):
-            chat_menu.addAction(action)
-        self.view_menu = self.menuBar().addMenu("&View")
-        self.view_menu.addAction(self.settings_dock.toggleViewAction())
-        toolbar = self.addToolBar("Chat")
-        toolbar.setObjectName("chat_toolbar")
-        for action in (
-            self.new_chat_action,
-            self.regenerate_action,
-            self.stop_action,
-            self.load_action,
-        ):
-            toolbar.addAction(action)
-        self.pace.add_to(toolbar)
-        step_menu = self.menuBar().addMenu("&Step")
-        for action in self.pace.actions:
-            step_menu.addAction(action)
-        step_menu.addAction(self.stop_action)
-        self.view_menu.addAction(toolbar.toggleViewAction())
+        file_actions = (self.load_action, None, self.quit_action)
+        chat_actions = (self.send_action, self.stop_action, self.regenerate_action,
+                        self.new_chat_action)  # fmt: skip
+        tools = (self.new_chat_action, self.regenerate_action, self.stop_action, self.load_action)
+        self.view_menu = chrome.menus_and_toolbar(
+            self, file_actions, chat_actions, tools, self.settings_dock, self.pace, self.stop_action
+        )
 
     def _build_status_bar(self) -> None:
-        self.load_progress = QProgressBar()
-        self.load_progress.setRange(0, 100)
-        self.load_progress.setMaximumWidth(160)
-        self.load_progress.setVisible(False)
-        self.model_label = QLabel("No model loaded")
-        self.context_label = QLabel()
-        self.context_label.setToolTip("Context used: prompt tokens / the model's maximum")
-        self.speed_label = QLabel()
-        bar = self.statusBar()
-        bar.addPermanentWidget(self.load_progress)
-        bar.addPermanentWidget(self.model_label)
-        bar.addPermanentWidget(self.context_label)
-        bar.addPermanentWidget(self.speed_label)
+        bar = chrome.StatusBar(self.statusBar())
+        self.load_progress, self.model_label = bar.load_progress, bar.model_label
+        self.context_label, self.speed_label = bar.context_label, bar.speed_label
 
     def _connect_backend(self) -> None:
         self.backend.events.connect(self._on_events)

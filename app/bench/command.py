@@ -47,7 +47,9 @@ def run_bench(args: argparse.Namespace) -> int:
             exact, new_tokens=args.new_tokens, repeats=args.repeats, fast=fast, gguf_path=gguf
         )
     if args.gui or args.gui_only:
-        results["gui"] = gui_stall(args.gui_tokens, args.gui_rate)
+        results["gui"] = gui_stall(
+            args.gui_tokens, args.gui_rate, args.gui_pipe, args.gui_rows_per_token
+        )
     return _finish(args, results)
 
 
@@ -156,12 +158,14 @@ def _finish(args: argparse.Namespace, results: dict[str, Any]) -> int:
     return 0
 
 
-def gui_stall(tokens: int, rate: float = 0.0) -> dict[str, Any]:
+def gui_stall(
+    tokens: int, rate: float = 0.0, pipe: bool = False, rows_per_token: bool = False
+) -> dict[str, Any]:
     # Drawn offscreen unless told otherwise: no window pops up, and no display is needed.
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from app.bench.stall import measure_gui_stall
 
-    return measure_gui_stall(tokens, tokens_per_s=rate)
+    return measure_gui_stall(tokens, tokens_per_s=rate, pipe=pipe, rows_per_token=rows_per_token)
 
 
 def window_cost(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,7 +200,7 @@ def stepping_cost(args: argparse.Namespace) -> dict[str, Any]:
 def transport_cost() -> dict[str, Any]:
     """Bytes/s and latency of the engine-to-window channel at 10,000 keys (app.bench.window)."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from app.bench.window import measure_transport
+    from app.bench.transport import measure_transport
 
     return measure_transport()
 

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 
 
 PROMPT = "Explain in a few paragraphs how a transformer language model generates text."
-VIEW_ON = ProbeSettings(attention_layers=(0,), top_k=10)  # what the window asks for by default
+# The live view's probes as the window asks for them: a layer's attention (its rows kept in
+# the session's ring, each token carrying its per-head statistics) and the top 10 candidates
+VIEW_ON = ProbeSettings(attention_layers=(0,), top_k=10, token_rows=False)
 PREFILL_TOKENS = 500
 LONG_CONTEXT = 5000  # tokens of context for the long-context step
 STEPS = 16  # decode steps timed at each context length

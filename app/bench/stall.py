@@ -19,17 +19,19 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from app.bench.loop import quiet_offscreen, run_for, run_until
+from app.bench.measures import less, stall_statistics, stalls_of
 from app.bench.synthetic import BUNDLED_SHAPES, SyntheticSession
+from app.server.engine_server import SENDER_THREAD
+from app.server.engine_spec import EngineSpec
 from app.server.engine_thread import EngineThread
-from engine.events import Event, Finished, ModelInfo
+from app.server.os_threads import thread_cpu_s
+from engine.events import Event, Finished, ModelInfo, StepRows, Token
 from engine.settings import GenerationSettings, LoadRequest
 
 SOURCE = "synthetic events, bundled model's shapes"
@@ -53,19 +55,6 @@ def peak_rss_mb() -> int | None:
     return round(peak / 2**20 if sys.platform == "darwin" else peak / 2**10)
 
 
-def stall_statistics(beats: Sequence[float], interval_s: float) -> tuple[float, float]:
-    """Longest and 99th-percentile stall in seconds: gaps between beats beyond the interval."""
-    if len(beats) < 2:
-        return 0.0, 0.0
-    stalls = stalls_of(beats, interval_s)
-    return float(stalls.max()), float(np.percentile(stalls, 99))
-
-
-def stalls_of(beats: Sequence[float], interval_s: float) -> np.ndarray:
-    """Each gap between heartbeats beyond the interval, in seconds (0 where on time)."""
-    return np.maximum(np.diff(np.asarray(beats)) - interval_s, 0.0)
-
-
 class StallRun:
     """The assembled window on a synthetic session, with its internals docks floating.
 
@@ -73,24 +62,42 @@ class StallRun:
     panel has drawn its last state; the numbers are in the returned dict. Close it after.
     """
 
-    def __init__(self, folder: Path, delay: float = 0.0) -> None:
-        """`delay`: seconds the session waits before each token (0: as fast as taken)."""
+    def __init__(
+        self, folder: Path, delay: float = 0.0, pipe: bool = False, rows_per_token: bool = False
+    ) -> None:
+        """`delay`: seconds the session waits before each token (0: as fast as taken).
+        `pipe`: the session runs in an engine process, its events crossing the app's real
+        pipe (else in a server thread of this process). `rows_per_token`: every token carries
+        its attention rows, as before the view pulled them (a baseline to compare with)."""
         from PySide6.QtCore import QSettings
 
         from app.client.engine_client import EngineClient
         from app.window.assembly import assemble
 
-        self.session = SyntheticSession(delay=delay)
-        self.worker = EngineClient(
-            EngineThread(
-                loader=lambda _request, progress: _Loaded(self.session.info),
-                session_factory=lambda _loaded: self.session,
+        self.engine_pid: int | None = None
+        self.session: SyntheticSession | None = None  # in this process only (not piped)
+        if pipe:
+            from app.server.engine_process import EngineProcess
+
+            spec = EngineSpec(SYNTHETIC_LOADER, SYNTHETIC_SESSION, preload=())
+            process = EngineProcess(spec)
+            self.engine_pid = process.pid
+            self.worker = EngineClient(process)
+        else:
+            session = self.session = SyntheticSession(delay=delay)
+            self.worker = EngineClient(
+                EngineThread(
+                    loader=lambda _request, progress: _Loaded(session.info),
+                    session_factory=lambda _loaded: session,
+                )
             )
-        )
         layout = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
         self.parts = assemble(self.worker, database=folder / "chats.sqlite3", settings=layout)
         self.window = self.parts.window
         self.internals = self.parts.internals
+        if rows_per_token:
+            probes = self.window.probe_settings()
+            self.window.set_probe_settings(replace(probes, token_rows=True))
         self.window.show()
         float_docks(self.internals)
         self.redraws = dict.fromkeys(("timing", "kv_cache", "attention", "next_token"), 0)
@@ -98,8 +105,10 @@ class StallRun:
             self._count_redraws(name)
         self.finished: Finished | None = None
         self.largest_batch = 0
+        self.tokens_shown = 0
+        self.rows_shown = 0
         self.window.events_received.connect(self._on_batch)
-        self.window.load_model(LoadRequest(spec="synthetic"))
+        self.window.load_model(LoadRequest(spec="synthetic", extra={"delay": str(delay)}))
         run_until(lambda: self.worker.info is not None and not self.worker.busy, 30.0)
         run_for(SETTLE_S)  # first layout and paint of every window: not part of streaming
 
@@ -118,6 +127,10 @@ class StallRun:
         for event in batch:
             if isinstance(event, Finished):
                 self.finished = event
+            elif isinstance(event, Token):
+                self.tokens_shown += 1
+            elif isinstance(event, StepRows):
+                self.rows_shown += 1
 
     def stream(
         self, tokens: int, heartbeat_ms: int = HEARTBEAT_MS, timeout_s: float = 600.0
@@ -128,7 +141,10 @@ class StallRun:
             GenerationSettings(greedy=True, max_new_tokens=tokens)
         )
         self.finished, self.largest_batch = None, 0
+        self.tokens_shown = self.rows_shown = 0
         self.redraws = dict.fromkeys(self.redraws, 0)
+        sender_before = self._sender_cpu_s()
+        cpu_before = time.process_time()
         beats: list[float] = []
         heartbeat = QTimer()
         heartbeat.setTimerType(Qt.TimerType.PreciseTimer)
@@ -139,6 +155,8 @@ class StallRun:
         if not self.window.send("Write a long essay on how transformers generate text."):
             raise RuntimeError("the window refused to send")
         streamed_s = run_until(lambda: self.finished is not None, timeout_s) - started
+        window_cpu_s = time.process_time() - cpu_before
+        sender_s = less(self._sender_cpu_s(), sender_before)
         panels = self.internals.panels
         run_until(lambda: not any(p.needs_redraw() for p in panels), 10.0)  # the last frame
         heartbeat.stop()
@@ -157,7 +175,20 @@ class StallRun:
             "heartbeat_ms": heartbeat_ms,
             "watched_layers": list(self.window.probe_settings().attention_layers),
             "peak_rss_mb": peak_rss_mb(),  # of the whole process, whatever it did before
+            "tokens_shown": self.tokens_shown,  # Token events the window took in
+            "rows_shown": self.rows_shown,  # StepRows: the latest rows a panel drew
+            "window_cpu_per_s": round(window_cpu_s / streamed_s, 3),
+            # The engine's thread that writes its replies to the pipe (engine_pid: piped only)
+            "engine_sender_cpu_per_s": round(sender_s / streamed_s, 3)
+            if sender_s is not None
+            else None,
+            "through_pipe": self.engine_pid is not None,
         }
+
+    def _sender_cpu_s(self) -> float | None:
+        if self.engine_pid is None:
+            return None
+        return thread_cpu_s(self.engine_pid, SENDER_THREAD)
 
     def close(self) -> None:
         self.window.close()
@@ -172,6 +203,10 @@ def float_docks(internals: Any) -> None:
         dock.setFloating(True)
         dock.resize(720, 460)
         dock.show()
+
+
+SYNTHETIC_LOADER = "app.bench.stall:synthetic_loader"
+SYNTHETIC_SESSION = "app.bench.stall:synthetic_session"
 
 
 def synthetic_loader(request: LoadRequest, progress: Callable[[str, float], None]) -> _Loaded:
@@ -189,9 +224,13 @@ def measure_gui_stall(
     heartbeat_ms: int = HEARTBEAT_MS,
     timeout_s: float = 600.0,
     tokens_per_s: float = 0.0,
+    pipe: bool = False,
+    rows_per_token: bool = False,
 ) -> dict[str, Any]:
     """Stream a `tokens`-token synthetic reply into the whole window; how long the GUI froze.
     `tokens_per_s` paces the session (1,000: a GPU engine's rate); 0, as fast as taken.
+    `pipe`: the session in an engine process, its events through the app's pipe.
+    `rows_per_token`: every token carries its rows (the contract before the view pulled them).
 
     Returns {"source", "tokens", "longest_stall_ms", "p99_stall_ms", "redraws", "seconds", ...}.
     Needs a QApplication's platform: offscreen works (QT_QPA_PLATFORM=offscreen).
@@ -203,9 +242,11 @@ def measure_gui_stall(
     previous = qInstallMessageHandler(quiet_offscreen)
     try:
         with tempfile.TemporaryDirectory(prefix="glassbox-stall-") as folder:
-            run = StallRun(Path(folder), delay=1 / tokens_per_s if tokens_per_s else 0.0)
+            delay = 1 / tokens_per_s if tokens_per_s else 0.0
+            run = StallRun(Path(folder), delay, pipe, rows_per_token)
             try:
-                return {**run.stream(tokens, heartbeat_ms, timeout_s), "paced_at": tokens_per_s}
+                result = run.stream(tokens, heartbeat_ms, timeout_s)
+                return {**result, "paced_at": tokens_per_s, "rows_per_token": rows_per_token}
             finally:
                 run.close()
     finally:

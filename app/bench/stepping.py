@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.bench.loop import run_for, run_until
-from app.bench.window import cpu_seconds_of
+from app.bench.measures import cpu_seconds_of
 from app.server.engine_process import EngineProcess
 
 if TYPE_CHECKING:

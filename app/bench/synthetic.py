@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from engine.events import (
+    Attention,
     Candidate,
     Event,
     FinishReason,
+    HeadStatistics,
     ModelInfo,
     PrefillDone,
     Tally,
@@ -33,6 +35,7 @@ from engine.events import (
     frozen_array,
 )
 from engine.generate.pacing import PacedGeneration
+from engine.generate.step_ring import ATTENTION, StepRing
 from engine.kv_formula import formula_bytes
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
@@ -121,6 +124,10 @@ class SyntheticSession(PacedGeneration):
         self._ids = {piece: 1000 + i for i, piece in enumerate(vocabulary)}
         self._candidates = {p: self._top_k(p) for p in vocabulary}
         self._noise: dict[int, np.ndarray] = {}
+        self._sums: dict[int, np.ndarray] = {}  # see _weights
+        self._maxima: dict[int, np.ndarray] = {}
+        self.steps = StepRing(ProbeSettings().ring_bytes)  # as ChatSession's
+        self._next_at = 0.0  # when the next paced token is due (perf_counter)
 
     def reset(self) -> None:
         self.resets += 1
@@ -138,6 +145,7 @@ class SyntheticSession(PacedGeneration):
         prompt = self.count_tokens(messages)
         layers = tuple(probes.attention_layers)
         self.token_texts = []
+        self.steps.start_reply(probes.ring_bytes)
         prefill = self._prefill(prompt, layers, probes)
         tally.add(prefill)
         yield prefill
@@ -171,8 +179,11 @@ class SyntheticSession(PacedGeneration):
             while not self.gate.acquire(timeout=0.01):
                 if self._cancel.is_set():
                     return True
-        elif self.delay:
-            self._cancel.wait(self.delay)
+        elif self.delay:  # on a schedule: `delay` apart on average, whatever a token took
+            now = time.perf_counter()
+            self._next_at = max(self._next_at + self.delay, now - self.delay)
+            if self._next_at > now:
+                self._cancel.wait(self._next_at - now)
         return self._cancel.is_set()
 
     # -- events -----------------------------------------------------------------------------
@@ -190,6 +201,7 @@ class SyntheticSession(PacedGeneration):
         for layer in layers:
             weights = self._weights(layer, prompt)[:, None, :] * visible
             attention[layer] = frozen_array(weights / weights.sum(axis=2, keepdims=True))
+        self.steps.put(0, ATTENTION, {layer: block[:, -1] for layer, block in attention.items()})
         kv_bytes, per_layer = self._kv(prompt, probes)
         return PrefillDone(
             prompt_tokens=prompt,
@@ -202,17 +214,22 @@ class SyntheticSession(PacedGeneration):
             prompt_token_ids=tuple(range(prompt)),
             token_texts=tuple(f"p{i}" for i in range(prompt)),
             attention=attention,
+            head_stats={layer: _statistics(block) for layer, block in attention.items()},
         )
 
     def _token(
         self, index: int, piece: str, prompt: int, layers: tuple[int, ...], probes: ProbeSettings
     ) -> Token:
         keys = prompt + index  # the query producing token i sees the prompt and i - 1 tokens
-        attention = {}
+        attention: Attention = {}
+        stats: HeadStatistics = {}
         if index > 0:
             for layer in layers:
                 weights = self._weights(layer, keys)
-                attention[layer] = frozen_array(weights / weights.sum(axis=1, keepdims=True))
+                total = weights.sum(axis=1, keepdims=True, dtype=np.float64)
+                attention[layer] = frozen_array(weights / total.astype(np.float32))
+                stats[layer] = self._row_statistics(layer, keys, weights, total[:, 0])
+            self.steps.put(index, ATTENTION, attention)
         kv_bytes, per_layer = self._kv(prompt + index + 1, probes)
         return Token(
             index=index,
@@ -223,8 +240,9 @@ class SyntheticSession(PacedGeneration):
             seconds=self.step_s * (2 if index == 0 else 1),
             kv_bytes=kv_bytes,
             kv_bytes_per_layer=per_layer,
-            attention=attention,
+            attention=attention if probes.token_rows else {},
             top_k=self._candidates_of(piece)[: probes.top_k],
+            head_stats=stats,
         )
 
     def _weights(self, layer: int, keys: int) -> np.ndarray:
@@ -234,10 +252,31 @@ class SyntheticSession(PacedGeneration):
             size = max(keys, 1024) * 2
             noise = self._rng.random((self.info.heads, size), dtype=np.float32) ** 4
             self._noise[layer] = noise
+            # Running sums of the noise's w·log w and maxima, so that a row's statistics take
+            # a few numbers per head, not a pass over its keys (a model's engine works them out
+            # on its device; this one must keep up with a GPU's token rate on a CPU)
+            wide = noise.astype(np.float64)
+            self._sums[layer] = np.cumsum(wide * np.log(np.maximum(wide, TINY)), axis=1)
+            self._maxima[layer] = np.maximum.accumulate(wide, axis=1)
         weights = noise[:, :keys].copy()
         weights[:, 0] += 0.2 * keys
         weights[:, -4:] += 0.05 * keys
         return weights
+
+    def _row_statistics(
+        self, layer: int, keys: int, weights: np.ndarray, total: np.ndarray
+    ) -> np.ndarray:
+        """[2, heads] HeadStatistics of the row `weights` / `total` (see _weights): from the
+        running sums over its untouched middle keys, and its first and last four directly."""
+        if keys < 16:
+            return _statistics((weights / total[:, None])[:, None, :])[:, :, 0]
+        edges = np.concatenate([weights[:, :1], weights[:, -4:]], axis=1).astype(np.float64)
+        sums, maxima = self._sums[layer], self._maxima[layer]
+        middle = sums[:, keys - 5] - sums[:, 0]  # keys 1 .. keys - 5
+        w_log_w = middle + (edges * np.log(np.maximum(edges, TINY))).sum(axis=1)
+        largest = np.maximum(maxima[:, keys - 5], edges.max(axis=1))
+        entropy = (np.log(total) - w_log_w / total) / np.log(max(keys, 2))
+        return frozen_array(np.stack([largest / total, entropy]))
 
     def _id(self, piece: str) -> int:
         """Pieces get ids as they are first seen (tests may change `pieces` between replies)."""
@@ -258,3 +297,16 @@ class SyntheticSession(PacedGeneration):
             Candidate(self._id(t), t, float(p), 1.0 if rank == 0 else 0.0)  # greedy
             for rank, (t, p) in enumerate(zip(texts, probs, strict=True))
         )
+
+
+TINY = float(np.finfo(np.float32).tiny)
+
+
+def _statistics(rows: np.ndarray) -> np.ndarray:
+    """[2, heads, n] HeadStatistics of [heads, n, keys] causal rows (the last n positions),
+    in numpy: the synthetic engine has no torch (engine/generate/head_stats.py is the model's)."""
+    keys = rows.shape[2]
+    positions = np.arange(keys - rows.shape[1], keys)
+    largest = rows.max(axis=2)
+    entropy = -(rows * np.log(np.maximum(rows, np.finfo(np.float32).tiny))).sum(axis=2)
+    return frozen_array(np.stack([largest, entropy / np.log(np.maximum(positions + 1, 2))]))

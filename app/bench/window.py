@@ -42,112 +42,40 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from app.bench.loop import quiet_offscreen, run_for, run_until, wait_for_signal
-from app.bench.stall import HEARTBEAT_MS, float_docks, peak_rss_mb, stalls_of
+from app.bench.measures import (
+    WindowReply,
+    cpu_seconds_of,
+    less,
+    median,
+    own_stalls,
+    paired,
+    paired_interval,
+    peak_rss_of,
+    process_age_s,
+    spread,
+    stalls_of,
+    wall_decode,
+)
+from app.bench.stall import HEARTBEAT_MS, float_docks, peak_rss_mb
 from app.bench.synthetic import PASSAGE
 from app.client.engine_client import EngineClient
 from app.server.engine_process import EngineProcess
 from app.server.engine_spec import EngineSpec
-from engine.events import ENGINE_STOPPED, Event, Failed, Finished, Token
+from engine.events import ENGINE_STOPPED, Event, Failed, Finished
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 CONTEXT_TOKENS = 1000  # the prompt's length: the context the panels draw attention over
 QUESTION = "Here are some notes on how a language model writes. Summarise them in detail.\n\n"
-
-
-@dataclass
-class WindowReply:
-    """One reply in the window, as the GUI thread saw it."""
-
-    sent: float
-    finished: Finished | None = None
-    first_token: float | None = None
-    first_cpu: float = 0.0
-    first_process_cpu: float = 0.0  # the window process's CPU, all its threads
-    end: float | None = None
-    end_cpu: float = 0.0
-    end_process_cpu: float = 0.0
-    beats: list[float] = field(default_factory=list)
-    beat_cpu: list[float] = field(default_factory=list)  # the GUI thread's CPU time at each
-
-    def beat(self) -> None:
-        self.beats.append(time.perf_counter())
-        self.beat_cpu.append(time.thread_time())
-
-    engine_cpu_s: float | None = None  # the engine process's CPU over the whole reply
-    frames: Any = None  # () -> the internals view's frames drawn so far
-    first_frames: int = 0
-    end_frames: int = 0
-
-    def on_event(self, event: Event) -> None:
-        if isinstance(event, Token) and self.first_token is None:
-            self.first_token, self.first_cpu = time.perf_counter(), time.thread_time()
-            self.first_process_cpu = time.process_time()
-            self.first_frames = self.frames() if self.frames else 0
-        elif isinstance(event, Finished):
-            self.end, self.end_cpu = time.perf_counter(), time.thread_time()
-            self.end_process_cpu = time.process_time()
-            self.end_frames = self.frames() if self.frames else 0
-            self.finished = event
-
-    @property
-    def frames_per_s(self) -> float:
-        """Frames of the internals panels per wall second, first token to Finished."""
-        wall = (self.end or 0.0) - (self.first_token or 0.0)
-        return (self.end_frames - self.first_frames) / wall if wall > 0 else 0.0
-
-    @property
-    def gui_cpu_per_s(self) -> float:
-        """GUI-thread CPU seconds per wall second between the first token and the Finished."""
-        wall = (self.end or 0.0) - (self.first_token or 0.0)
-        return (self.end_cpu - self.first_cpu) / wall if wall > 0 else 0.0
-
-    @property
-    def window_cpu_per_s(self) -> float:
-        """The whole window process's CPU seconds (the GUI thread, the thread that reads the
-        engine's pipe, Qt's own) per wall second, first token to Finished."""
-        wall = (self.end or 0.0) - (self.first_token or 0.0)
-        return (self.end_process_cpu - self.first_process_cpu) / wall if wall > 0 else 0.0
-
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (Linux /proc), or None elsewhere."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except OSError:
-        return None
-    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds_of(pid: int | None) -> float | None:
-    """User + system CPU seconds a process has used, all its threads (Linux /proc), or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_of(pid: int | None) -> int | None:
-    """Peak resident memory of another process in MiB (Linux /proc), or None."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024)
-    except OSError:
-        pass
-    return None
 
 
 class WindowBench:
@@ -264,7 +192,7 @@ class WindowBench:
         self._wait_for_finished(reply, beats)
         self._reply = None
         run_until(lambda: not self.worker.busy, 60)
-        reply.engine_cpu_s = _less(cpu_seconds_of(self.engine.pid), cpu)
+        reply.engine_cpu_s = less(cpu_seconds_of(self.engine.pid), cpu)
         return reply
 
     def idle_cpu_per_s(self, seconds: float = 2.0, heartbeat: bool = True) -> float:
@@ -295,7 +223,7 @@ class WindowBench:
         probes: ProbeSettings = self.window.probe_settings()
         cpu = cpu_seconds_of(self.engine.pid)
         finished = headless(self.worker, messages, settings, probes)
-        self.headless_cpu_s.append(_less(cpu_seconds_of(self.engine.pid), cpu))
+        self.headless_cpu_s.append(less(cpu_seconds_of(self.engine.pid), cpu))
         return finished
 
     def close(self) -> None:
@@ -369,59 +297,6 @@ def settle_decode_step(worker: Any) -> float:
     return time.perf_counter() - start
 
 
-def own_stalls(reply: WindowReply, interval_s: float) -> np.ndarray:
-    """Per gap between heartbeats, the stall (beyond the interval) the GUI thread spent on a
-    core, in seconds: at most its CPU time in the gap."""
-    stalls = stalls_of(reply.beats, interval_s)
-    if not stalls.size:
-        return stalls
-    own: np.ndarray = np.minimum(stalls, np.diff(np.asarray(reply.beat_cpu)))
-    return own
-
-
-def _spread(values_ms: np.ndarray) -> dict[str, float]:
-    if not values_ms.size:
-        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-    return {
-        "p50": round(float(np.percentile(values_ms, 50)), 1),
-        "p99": round(float(np.percentile(values_ms, 99)), 1),
-        "max": round(float(values_ms.max()), 1),
-    }
-
-
-def _less(after: float | None, before: float | None) -> float | None:
-    return after - before if after is not None and before is not None else None
-
-
-def _wall_decode(finished: Finished) -> float:
-    """Tokens after the first per wall second after it (total_s counts every second)."""
-    steps, seconds = finished.generated_tokens - 1, finished.total_s - finished.ttft_s
-    return steps / seconds if steps > 0 and seconds > 0 else 0.0
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
-def _paired(window: list[float], headless: list[float]) -> float | None:
-    ratios = [w / h for w, h in zip(window, headless, strict=False) if h]
-    return round(statistics.median(ratios), 3) if ratios else None
-
-
-def _paired_interval(
-    window: list[float], headless: list[float], draws: int = 2000
-) -> list[float] | None:
-    """A 90% bootstrap interval of the paired median ratio (resampling the pairs)."""
-    ratios = np.asarray([w / h for w, h in zip(window, headless, strict=False) if h])
-    if ratios.size < 2:
-        return None
-    picks = np.random.default_rng(0).integers(0, ratios.size, (draws, ratios.size))
-    medians = np.median(ratios[picks], axis=1)
-    return [round(float(q), 3) for q in np.percentile(medians, [5, 95])]
-
-
-# floating: every internals panel in a window of its own, all drawing (the heaviest case);
-# docked: the layout a first start shows, in a 1600x1000 window; closed: the chat alone.
 LAYOUTS = ("floating", "docked", "closed")
 
 
@@ -509,18 +384,18 @@ def _run(
     ends = {"window": finished, "headless": headless, "terminal": terminals}
     decode_runs = {way: [f.decode_tokens_per_s for f in fs] for way, fs in ends.items()}
     ttft_runs = {way: [f.ttft_s for f in fs] for way, fs in ends.items()}
-    wall_runs = {way: [_wall_decode(f) for f in fs] for way, fs in ends.items()}
-    decode = {way: _median(runs) for way, runs in decode_runs.items()}
-    ttft = {way: _median(runs) for way, runs in ttft_runs.items()}
+    wall_runs = {way: [wall_decode(f) for f in fs] for way, fs in ends.items()}
+    decode = {way: median(runs) for way, runs in decode_runs.items()}
+    ttft = {way: median(runs) for way, runs in ttft_runs.items()}
     window_decode, headless_decode = decode_runs["window"], decode_runs["headless"]
-    shown_ttft = _median([(r.first_token or r.sent) - r.sent for r in windows])
+    shown_ttft = median([(r.first_token or r.sent) - r.sent for r in windows])
     gui_cpu = [r.gui_cpu_per_s for r in windows]
     window_cpu = [r.window_cpu_per_s for r in windows]
     # The engine's own CPU per reply, both ways: equal means the window adds no work to the
     # engine and any loss of speed is the engine waiting for a core.
     engine_cpu = {
-        "window": _median([c for c in (r.engine_cpu_s for r in windows) if c is not None]),
-        "headless": _median([c for c in bench.headless_cpu_s[1:] if c is not None]),
+        "window": median([c for c in (r.engine_cpu_s for r in windows) if c is not None]),
+        "headless": median([c for c in bench.headless_cpu_s[1:] if c is not None]),
     }
     return {
         "model": bench.worker.info.name if bench.worker.info else None,
@@ -533,25 +408,25 @@ def _run(
         "decode_ratio_window_vs_headless": _ratio(decode["window"], decode["headless"]),
         # Each window reply over the headless one next to it: drift in the machine's load
         # (other jobs on a shared machine) cancels within a pair.
-        "decode_ratio_paired_median": _paired(window_decode, headless_decode),
+        "decode_ratio_paired_median": paired(window_decode, headless_decode),
         # Where the paired median lies, 90% of the time: how far one run's figure can be
         # trusted on a machine whose speed drifts (bootstrap over the pairs).
-        "decode_ratio_paired_ci90": _paired_interval(window_decode, headless_decode),
+        "decode_ratio_paired_ci90": paired_interval(window_decode, headless_decode),
         # The same over the wall time after the first token: the steps' own timer leaves out
         # what happens between two steps (events handed over, a wait for a GUI that is behind).
-        "decode_wall_tokens_per_s": {k: round(_median(v), 2) for k, v in wall_runs.items()},
-        "decode_wall_ratio_paired_median": _paired(wall_runs["window"], wall_runs["headless"]),
+        "decode_wall_tokens_per_s": {k: round(median(v), 2) for k, v in wall_runs.items()},
+        "decode_wall_ratio_paired_median": paired(wall_runs["window"], wall_runs["headless"]),
         "ttft_s": {k: round(v, 3) for k, v in ttft.items()},
         "ttft_ratio_window_vs_headless": _ratio(ttft["window"], ttft["headless"]),
         # Against the terminal's engine, every core decoding (TerminalEngine): where a user
         # comparing the window with `glassbox chat` meets it.
         "decode_ratio_window_vs_terminal": _ratio(decode["window"], decode["terminal"]),
-        "decode_ratio_window_vs_terminal_paired_ci90": _paired_interval(
+        "decode_ratio_window_vs_terminal_paired_ci90": paired_interval(
             window_decode, decode_runs["terminal"]
         ),
         "ttft_ratio_window_vs_terminal": _ratio(ttft["window"], ttft["terminal"]),
-        "ttft_ratio_paired_median": _paired(ttft_runs["window"], ttft_runs["headless"]),
-        "ttft_ratio_paired_ci90": _paired_interval(ttft_runs["window"], ttft_runs["headless"]),
+        "ttft_ratio_paired_median": paired(ttft_runs["window"], ttft_runs["headless"]),
+        "ttft_ratio_paired_ci90": paired_interval(ttft_runs["window"], ttft_runs["headless"]),
         "ttft_shown_s": round(shown_ttft, 3),  # send pressed -> first token in the chat
         "runs": {
             **{f"{way}_decode": [round(v, 2) for v in runs] for way, runs in decode_runs.items()},
@@ -560,21 +435,21 @@ def _run(
             "gui_cpu_per_s": [round(c, 3) for c in gui_cpu],
             "frames_per_s": [round(r.frames_per_s, 2) for r in windows],
         },
-        "gui_cpu_per_s": round(_median(gui_cpu), 3),
-        "window_process_cpu_per_s": round(_median(window_cpu), 3),
+        "gui_cpu_per_s": round(median(gui_cpu), 3),
+        "window_process_cpu_per_s": round(median(window_cpu), 3),
         # How often the panels redrew while the model streamed: the frame-rate governor keeps
         # the GUI thread near its share of a core (ui.panels.docks), between 2 and 30 a second.
-        "panel_frames_per_s": round(_median([r.frames_per_s for r in windows]), 2),
+        "panel_frames_per_s": round(median([r.frames_per_s for r in windows]), 2),
         # The window idle (no reply, no heartbeat): what it costs when nothing happens.
         "gui_cpu_idle_per_s": round(idle_cpu, 3),
         # What the 5 ms heartbeat of the stall replies costs the GUI thread on its own.
         "heartbeat_cpu_per_s": round(heartbeat_cpu, 3),
         "stall_replies": len(probed),
         "engine_cpu_s_per_reply": {k: round(v, 2) for k, v in engine_cpu.items()},
-        "stall_ms": _spread(stalls),
+        "stall_ms": spread(stalls),
         # Of each stall, the part the GUI thread spent running (its CPU time in the gap): the
         # window's own work. The rest it waited for a core, which another process held.
-        "stall_own_cpu_ms": _spread(own),
+        "stall_own_cpu_ms": spread(own),
         "transport": {
             "messages": transport.messages - sent_before,
             "mb_per_s": round((transport.bytes - bytes_before) / 2**20 / window_seconds, 2)
@@ -593,64 +468,4 @@ def _run(
         "peak_rss_mb": {"gui": peak_rss_mb(), "engine": peak_rss_of(bench.engine.pid)},
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "python": sys.version.split()[0],
-    }
-
-
-def measure_transport(
-    keys: int = 10_000, tokens: int = 300, paced_tokens: int = 75, rate: float = 25.0
-) -> dict[str, Any]:
-    """What the engine-to-window channel carries at `keys` keys: synthetic events with the
-    bundled model's shapes (4 watched layers x 9 heads x `keys` floats per token), through the
-    real engine process and receiving thread into the worker's delivery (no window drawing).
-
-    "flood": as fast as the channel takes them; "paced": `rate` tokens a second, as a model
-    would send them. Latency: from the event queued in the engine to unpickled in the GUI
-    process (delivery to the window then waits for the next ~30 Hz frame, by design).
-    """
-    from PySide6.QtWidgets import QApplication
-
-    _app = QApplication.instance() or QApplication(["glassbox-bench"])
-    spec = EngineSpec(
-        "app.bench.stall:synthetic_loader", "app.bench.stall:synthetic_session", preload=()
-    )
-    probes = ProbeSettings(attention_layers=(0, 9, 19, 29), top_k=10, prefill_rows=1)
-    prompt = [Message("user", " ".join(["w"] * (keys - 5)))]  # the synthetic count: keys
-    results: dict[str, Any] = {"keys": keys, "floats_per_token": 4 * 9 * keys}
-    for mode, count, delay in (("flood", tokens, 0.0), ("paced", paced_tokens, 1 / rate)):
-        worker = EngineClient(EngineProcess(spec))
-        try:
-            results[mode] = _channel_run(worker, prompt, probes, count, delay)
-        finally:
-            worker.shutdown()
-    return results
-
-
-def _channel_run(
-    worker: EngineClient, prompt: list[Message], probes: ProbeSettings, tokens: int, delay: float
-) -> dict[str, Any]:
-    """One reply of `tokens` synthetic tokens, `delay` s apart, through `worker`'s channel."""
-    worker.load(LoadRequest("synthetic", extra={"delay": str(delay)}))
-    run_until(lambda: worker.info is not None and not worker.busy, 60)
-    ends: list[Finished] = []
-
-    def on_events(batch: list[Event]) -> None:
-        ends.extend(event for event in batch if isinstance(event, Finished))
-
-    worker.events.connect(on_events)
-    before = (worker.transport.bytes, len(worker.transport.latencies_s))
-    started = time.perf_counter()
-    worker.generate(prompt, GenerationSettings(greedy=True, max_new_tokens=tokens), probes)
-    run_until(lambda: bool(ends), 600)
-    seconds = time.perf_counter() - started
-    sent = worker.transport.bytes - before[0]
-    latency = np.asarray(worker.transport.latencies_s[before[1] :]) * 1000
-    generated = ends[0].generated_tokens
-    return {
-        "tokens": generated,
-        "tokens_per_s": round(generated / seconds, 1),
-        "mb_per_s": round(sent / 2**20 / seconds, 1),
-        "mb_per_token": round(sent / 2**20 / max(generated, 1), 3),
-        "latency_ms_p50": round(float(np.percentile(latency, 50)), 2),
-        "latency_ms_p99": round(float(np.percentile(latency, 99)), 2),
-        "latency_ms_max": round(float(latency.max()), 2),
     }

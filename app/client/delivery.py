@@ -27,7 +27,7 @@ from collections.abc import Callable
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from app.server.jobs import event_weight
-from engine.events import Event, PrefillDone, Token
+from engine.events import Event, PrefillDone, StepRows, Token
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +174,16 @@ class Delivery(QObject):
                 self._buffer.append((event, weight))
                 self._buffered_weight += weight
             self._pushed += len(events)
-        if any(_starts_reply(event) for event in events):
+        if any(_wanted_now(event) for event in events):
             self._first_tokens.emit()
         with self._drained:
             while wait and self._buffered_weight > MAX_BUFFERED_WEIGHT and not self._closed:
                 self._drained.wait(0.1)
 
 
-def _starts_reply(event: Event) -> bool:
+def _wanted_now(event: Event) -> bool:
+    """A reply's start, or rows the window asked for (a selected step, perhaps after the
+    reply ended and the drain timer stopped): delivered now, not at a later tick."""
+    if isinstance(event, StepRows):
+        return not event.latest
     return isinstance(event, PrefillDone) or (isinstance(event, Token) and event.index == 0)

@@ -147,6 +147,8 @@ class EngineClient(QObject):
         self._engine: wire.Transport | None = None
         self._dead: wire.Transport | None = None  # the engine that died, to start again
         self._receiver: _Receiver | None = None
+        # What the panels draw of attention rows (sent again to a new engine).
+        self._watch = wire.Watch()
         self._attach(engine)
 
     # -- state ---------------------------------------------------------------------------------
@@ -245,6 +247,27 @@ class EngineClient(QObject):
         if not self._shut_down and self._engine is not None:
             self._engine.send(wire.Pace(action, rate))
 
+    def watch(self, layers: Sequence[int], interval_s: float) -> None:
+        """The layers whose attention rows a visible panel draws (none: no rows cross, only
+        the per-token statistics), and the seconds between its frames: the engine sends the
+        latest step's rows of those layers no more often than that (app.server.view_rows)."""
+        request = wire.Watch(tuple(sorted(set(layers))), max(interval_s, 0.0))
+        if request == self._watch:
+            return
+        self._watch = request
+        if not self._shut_down and self._engine is not None:
+            self._engine.send(request)
+
+    @property
+    def watching(self) -> wire.Watch:
+        return self._watch
+
+    def fetch(self, step: int, layers: Sequence[int] = ()) -> None:
+        """Ask for step `step`'s attention rows of the latest reply: they come as a StepRows
+        event (aged_out where the engine's ring no longer holds them), delivered at once."""
+        if not self._shut_down and self._engine is not None:
+            self._engine.send(wire.Fetch(step, tuple(layers)))
+
     def reset(self) -> None:
         """Forget the session's KV cache (new chat); runs after any job already queued."""
         if not self._shut_down and self._engine is not None:  # a new engine starts empty
@@ -302,6 +325,8 @@ class EngineClient(QObject):
         self._receiver.reply.connect(self._on_reply)
         self._receiver.died.connect(self._on_died)
         self._receiver.start()
+        if self._watch != wire.Watch():
+            engine.send(self._watch)
 
     # -- replies (GUI thread) --------------------------------------------------------------------
 

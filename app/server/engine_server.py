@@ -8,8 +8,9 @@ Three threads: the main one runs jobs in order; a listener reads requests and ac
 and Quit at once, so Stop reaches the session within one decode step and is never queued
 behind the reply it stops (a count is answered in order: the tokenizer is not shared between
 threads); a sender writes replies, so a reply never waits on the client's reader, and
-coalesces the events waiting into one message. Each event crosses once: an attention row is
-sent with its token, never again.
+coalesces the events waiting into one message. Each event crosses once. Attention rows cross
+as the client pulls them (app.server.view_rows): a visible panel's latest at its frame rate, a
+chosen step's from the session's ring on request; per token only their statistics.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ from app.server.jobs import (
     proposed_request,
     run_generation,
 )
+from app.server.os_threads import name_this_thread
 from app.server.pipe import send_message, widen_pipe
 from app.server.shared_arrays import SharedFolder
+from app.server.view_rows import ViewRows, ring_of
 from app.server.wire import (
     ALL_JOBS,
     Cancel,
@@ -53,6 +56,7 @@ from app.server.wire import (
     DecodeStep,
     Done,
     Events,
+    Fetch,
     Generate,
     Held,
     Load,
@@ -65,8 +69,9 @@ from app.server.wire import (
     Reply,
     Request,
     Reset,
+    Watch,
 )
-from engine.events import Event, Failed, Finished, PrefillDone, Token
+from engine.events import Event, Failed, Finished, PrefillDone, StepRows, Token
 
 if TYPE_CHECKING:
     from engine.settings import LoadRequest, Message
@@ -80,6 +85,7 @@ MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet w
 # token cost that thread 0.6 ms a token on two cores; three tokens a message, about 0.4.
 TOKEN_INTERVAL_S = 0.033
 
+SENDER_THREAD = "engine-send"
 Job = Load | Generate | Reset | Count
 Write = Callable[[Reply, int], object]  # (reply, weight): sends it; OSError once nobody reads
 
@@ -175,7 +181,7 @@ class Outbox:
         self._weight = 0
         self._closed = False
         self._condition = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="engine-send", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=SENDER_THREAD, daemon=True)
         self._thread.start()
 
     def put(self, reply: Reply, weight: int = 0) -> None:
@@ -233,6 +239,7 @@ class Outbox:
         return not self._closed and light and all(_later_tokens(i[0]) for i in self._items)
 
     def _run(self) -> None:
+        name_this_thread(SENDER_THREAD)  # what a benchmark reads its CPU time by
         while (item := self._next()) is not None:
             self._last_write = time.monotonic()
             try:
@@ -246,9 +253,12 @@ class Outbox:
 
 
 def _later_tokens(reply: Reply) -> bool:
-    """Events that may wait for the next message: tokens of a reply after its first."""
+    """Events that may wait for the next message: tokens of a reply after its first, and the
+    latest rows a panel draws (a step's rows asked for go at once)."""
     return isinstance(reply, Events) and all(
-        isinstance(event, Token) and event.index > 0 for event in reply.events
+        (isinstance(event, Token) and event.index > 0)
+        or (isinstance(event, StepRows) and event.latest)
+        for event in reply.events
     )
 
 
@@ -275,6 +285,8 @@ class EngineServer:
         self._lock = threading.Lock()
         self._cancelled_upto = 0
         self._running_job = 0
+        self._reply_job = 0  # the latest Generate's: a Fetch is answered as its events
+        self.rows = ViewRows(self.outbox.put)  # what crosses of attention rows (view_rows.py)
 
     def serve(self, receive: Callable[[], Request]) -> None:
         """Listen in a thread of its own, say Ready and run jobs here until Quit; the replies
@@ -302,6 +314,12 @@ class EngineServer:
                     self.cancel(job)
                 case Pace():
                     self.pace(request)
+                case Watch():
+                    self.rows.watch(request)
+                case Fetch():
+                    with self._lock:
+                        session, job = self.session, self._reply_job
+                    self.rows.fetch(job, request, ring_of(session))
                 case Quit():
                     self.cancel(ALL_JOBS)
                     self.jobs.put(None)
@@ -385,10 +403,11 @@ class EngineServer:
     def generate(self, request: Generate) -> None:
         job = request.job
         with self._lock:
-            self._running_job = job
-        push = self._sender(job, request.stream)
+            self._running_job = self._reply_job = job
+        self.rows.start_reply()
+        push = self._sender(job, request.stream, pull=not request.probes.token_rows)
         if self.session is not None:  # the window shows when the reply is really held
-            self.session.pacer.on_hold = lambda held: self.outbox.put(Held(job, held))
+            self.session.pacer.on_hold = self._on_hold(job)
         self._set_threads("prefill")
         try:
             run_generation(
@@ -416,16 +435,32 @@ class EngineServer:
         if self.threads is not None and torch is not None:
             torch.set_num_threads(getattr(self.threads, phase))
 
-    def _sender(self, job: int, stream: bool) -> Callable[[list[Event]], None]:
-        """Events to the client as they come; without `stream`, only the reply's end."""
+    def _on_hold(self, job: int) -> Callable[[bool], None]:
+        """The pacer's hold, sent after the held step's rows (a teacher sees the step)."""
+
+        def held(on: bool) -> None:
+            if on:
+                self.rows.flush(ring_of(self.session))
+            self.outbox.put(Held(job, on))
+
+        return held
+
+    def _sender(self, job: int, stream: bool, pull: bool) -> Callable[[list[Event]], None]:
+        """Events to the client as they come; without `stream`, only the reply's end. `pull`:
+        the client pulls attention rows (ViewRows) rather than getting them with each token."""
+        ring = ring_of(self.session)
 
         def push(events: list[Event]) -> None:
             if not stream:
                 events = [e for e in events if isinstance(e, Failed | Finished)]
                 if not events:
                     return
+            if any(isinstance(e, Failed | Finished) for e in events):
+                self.rows.flush(ring)  # the last step's rows before the reply's end
+            events = self.rows.outgoing(events, pull)
             weight = sum(event_weight(event) for event in events)
             self.outbox.put(Events(job, tuple(events)), weight)
+            self.rows.after(job, events, ring)
             self.outbox.wait_for_room(lambda: self.cancelled(job))
 
         return push

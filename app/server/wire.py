@@ -14,15 +14,20 @@ only remembers what it asked for, by id, to match the replies.
   Pace(action, rate)  pause / step /    Held(job, held)  the reply is held by a pause (True)
       resume / play at `rate` tokens a second              or goes on (False), after the
                                                            events it sent before
+  Watch(layers, interval_s)             Events(job, (StepRows,))  the latest step's rows of the
+      the layers a visible panel draws,       watched layers, at most every interval_s (and
+      and how often it draws them             the last step's before a hold or the end)
+  Fetch(step)  a step's rows, from the  Events(job, (StepRows,))  that step's rows, or aged_out
+      engine's ring of recent steps
   Reset(job)                            Counted(job, tokens)
   Count(job, messages)                  DecodeStep(job, state)       after Loaded: the compiled
   Quit()                                                             step attached, or why not
                                         Done(job)                    a job ended (any kind)
 
-`Cancel`, `Pace` and `Quit` are not queued: the server acts on them as they arrive, so Stop
-reaches a running reply within one step, and Next token a held one at once. A `Generate` with
-`stream=False` sends only the reply's end (Failed, Finished): its events stay in the engine (a
-reference reply for a benchmark, or a caller that wants the result only).
+`Cancel`, `Pace`, `Watch`, `Fetch` and `Quit` are not queued: the server acts on them as they
+arrive, so Stop reaches a running reply within one step, and Next token a held one at once.
+A `Generate` with `stream=False` sends only the reply's end (Failed, Finished): its events stay
+in the engine (a reference reply for a benchmark, or a caller that wants the result only).
 
 The messages travel over a transport (`Transport`): a pipe to the engine's child process
 (app.server.engine_process), or in-memory queues to a server in a thread of this process
@@ -98,7 +103,27 @@ class Pace:
             raise ValueError(f"play at {self.rate} tokens a second: it must be above 0")
 
 
-Request = Load | Generate | Cancel | Pace | Reset | Count | Quit
+@dataclass(frozen=True)
+class Watch:
+    """Which layers' attention rows a visible panel draws, and how often (seconds between its
+    frames): the server sends the latest step's rows of those layers no more often than that.
+    No layers: no rows cross, only the per-token statistics. About the session: it outlasts
+    replies."""
+
+    layers: tuple[int, ...] = ()
+    interval_s: float = 0.033
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """The rows of step `step` of the latest reply (a selected or stepped-to token), from the
+    engine's ring; answered as the reply's Events with one StepRows (aged_out if gone)."""
+
+    step: int
+    layers: tuple[int, ...] = ()  # () : every watched layer the ring holds
+
+
+Request = Load | Generate | Cancel | Pace | Watch | Fetch | Reset | Count | Quit
 
 
 # -- replies -----------------------------------------------------------------------------------

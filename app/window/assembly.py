@@ -66,6 +66,7 @@ def assemble(
         )
     controller = ConversationController(window, store, sidebar)
     _connect_internals(window, internals)
+    _connect_rows(window, worker, internals)
     worker.set_preparer(internals.state.prepared.prepare)  # attention statistics, off the GUI
     # Events come as often as the panels draw, at least as often as the chat draws text.
     internals.frame_interval_changed.connect(worker.set_drain_interval)
@@ -100,6 +101,16 @@ def _connect_engine_notes(window: MainWindow, worker: EngineClient) -> None:
         window.show_status(line, 20000)
 
     worker.engine_stopped.connect(stopped)
+
+
+def _connect_rows(window: MainWindow, worker: EngineClient, internals: InternalsView) -> None:
+    """The view pulls what it draws (docs/view-contract.md): tokens carry per-head statistics,
+    not rows; the latest rows come for the layers a panel on screen draws, at its frame rate;
+    a chosen step's rows are fetched from the engine's ring."""
+    window.set_probe_settings(replace(window.probe_settings(), token_rows=False))
+    internals.state.fetch_rows = worker.fetch
+    internals.rows_wanted.connect(worker.watch)
+    worker.watch(*internals.rows_wanted_now)
 
 
 def _connect_internals(window: MainWindow, internals: InternalsView) -> None:

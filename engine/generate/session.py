@@ -42,8 +42,10 @@ from engine.events import (
 )
 from engine.generate import context
 from engine.generate.context import ContextFull
+from engine.generate.head_stats import decode_statistics, prefill_statistics
 from engine.generate.pacing import PacedGeneration
 from engine.generate.sampling import Sampler
+from engine.generate.step_ring import ATTENTION, StepRing
 from engine.load.loader import LoadedModel
 from engine.measure.device import stopwatch
 from engine.measure.peaks import peaks_or_none
@@ -83,6 +85,8 @@ class ChatSession(PacedGeneration):
         self._cache: Cache | None = None
         self._cached_ids: list[int] = []
         self.eos_ids = self._eos_ids()
+        # The latest reply's steps' attention rows, for the window to pull (ProbeSettings)
+        self.steps = StepRing(ProbeSettings().ring_bytes)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -157,6 +161,7 @@ class ChatSession(PacedGeneration):
         clock = stopwatch(self.device)
         history = torch.tensor(prompt, device=self.device)  # [T]: prompt + tokens so far
 
+        self.steps.start_reply(probes.ring_bytes)
         clock.start()
         forward = self.prefill(prompt, settings.use_cache, probes)
         tally.prefill_s, tally.reused_tokens = clock.stop(), forward.cached
@@ -307,7 +312,8 @@ class ChatSession(PacedGeneration):
             kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
             prompt_token_ids=tuple(prompt),
             token_texts=tuple(pieces) if probes.attention_layers else (),
-            attention=_attention(forward.probe, squeeze=False),
+            attention=_attention(forward.probe),
+            head_stats=prefill_statistics(forward.probe.weights) if forward.probe else {},
             dropped_messages=dropped,
             roofline=self._roofline(forward, tally.prefill_s),
             prompt_labels=tuple(
@@ -330,6 +336,10 @@ class ChatSession(PacedGeneration):
         """The token as sampled; `seconds` and `roofline` are filled in once it is timed."""
         per_layer = self._cache.layer_bytes() if self._cache is not None else ()
         piece = self._piece(token_id)
+        rows = _last_rows(forward.probe)  # the query that made this token, per watched layer
+        if rows:
+            self.steps.put(index, ATTENTION, rows)
+        token_rows = probes.token_rows and index > 0  # token 0's row is the prefill's last
         return Token(
             index=index,
             token_id=token_id,
@@ -338,9 +348,12 @@ class ChatSession(PacedGeneration):
             seconds=0.0,
             kv_bytes=sum(per_layer),
             kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
-            attention=_attention(forward.probe, squeeze=True) if index > 0 else {},
+            attention={layer: frozen_array(row.cpu().numpy()) for layer, row in rows.items()}
+            if token_rows
+            else {},
             top_k=self._top_k(forward.logits, probs, probes.top_k),
             label=token_labels.label(self.tokenizer, token_id, piece),
+            head_stats=decode_statistics(rows) if index > 0 else {},
         )
 
     def _top_k(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> tuple[Candidate, ...]:
@@ -400,10 +413,18 @@ def _count(tally: Tally, index: int, step_s: float) -> None:
     tally.generated = index + 1
 
 
-def _attention(probe: AttentionProbe | None, squeeze: bool) -> Attention:
+def _last_rows(probe: AttentionProbe | None) -> dict[int, torch.Tensor]:
+    """layer -> [heads, keys]: the last query's row of each watched layer, on its device."""
     if probe is None:
         return {}
+    # A prompt's block is cloned from: a view would keep all of its rows alive in the ring.
     return {
-        layer: frozen_array((w[:, -1] if squeeze else w).cpu().numpy())
+        layer: w[:, -1].clone() if w.shape[1] > 1 else w[:, -1]
         for layer, w in sorted(probe.weights.items())
     }
+
+
+def _attention(probe: AttentionProbe | None) -> Attention:
+    if probe is None:
+        return {}
+    return {layer: frozen_array(w.cpu().numpy()) for layer, w in sorted(probe.weights.items())}

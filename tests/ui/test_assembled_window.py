@@ -13,9 +13,10 @@ import numpy as np
 from app.bench.synthetic import SyntheticSession
 from app.storage import recorder
 from app.storage.store import ConversationStore, ReplySaver
-from engine.events import Finished, PrefillDone, Token
+from engine.events import Finished, PrefillDone, StepRows, Token
 from engine.settings import GenerationSettings, Message
 from tests.ui.fakes import REPLY, FakeBackend, fake_info
+from ui.panels.docks import shown
 
 
 def send_and_wait(qtbot, parts, text: str) -> list:
@@ -30,8 +31,17 @@ def send_and_wait(qtbot, parts, text: str) -> list:
     return events
 
 
+def show_attention(qtbot, parts) -> None:
+    """The attention panel on screen: only then do the engine's rows cross (the view pulls
+    what it draws, docs/view-contract.md)."""
+    parts.internals.docks["attention"].raise_()
+    qtbot.waitUntil(lambda: shown(parts.internals.attention))
+    qtbot.waitUntil(lambda: bool(parts.worker.watching.layers))
+
+
 def test_a_real_generation_fills_every_panel_with_its_events(qtbot, build, tiny_loader):
     parts = build(tiny_loader)
+    show_attention(qtbot, parts)
     events = send_and_wait(qtbot, parts, "Hello there")
     prefill = next(e for e in events if isinstance(e, PrefillDone))
     tokens = [e for e in events if isinstance(e, Token)]
@@ -49,16 +59,26 @@ def test_a_real_generation_fills_every_panel_with_its_events(qtbot, build, tiny_
     panel = internals.attention  # the heads' tiles of its mosaic, colour scale undone
     stack = np.stack([panel.head_tile(head) for head in panel.slots])
     keys = prefill.prompt_tokens + len(tokens) - 1
-    assert stack.shape == (info.heads, keys, keys)  # heads x query tokens x key tokens
+    # The prompt's rows, then a row per step whose rows crossed (the latest at each frame,
+    # and always the last step's before the reply's end)
+    latest = [e for e in events if isinstance(e, StepRows) and e.latest]
+    assert latest and latest[-1].step == tokens[-1].index
+    rows = prefill.prompt_tokens + len(latest)
+    assert stack.shape == (info.heads, rows, keys)  # heads x query tokens x key tokens
     np.testing.assert_allclose(stack[:, : prefill.prompt_tokens, : prefill.prompt_tokens],
                                prefill.attention[layer], rtol=1e-6)  # fmt: skip
-    np.testing.assert_allclose(stack[:, -1, :], tokens[-1].attention[layer], rtol=1e-6)
+    for index, step in enumerate(latest):
+        row = stack[:, prefill.prompt_tokens + index, :]
+        np.testing.assert_allclose(row[:, : step.attention[layer].shape[1]],
+                                   step.attention[layer], rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(stack[:, -1, :], latest[-1].attention[layer], rtol=1e-6)
 
 
 def test_a_long_prompt_sends_only_the_rows_the_attention_panel_keeps(qtbot, build, tiny_loader):
     """The engine's prompt block has the view's rows, not ProbeSettings' default 512: the rows
     past them were sent only to be dropped (half of what crossed from the engine)."""
     parts = build(tiny_loader)
+    show_attention(qtbot, parts)
     kept = parts.internals.state.max_attention_rows
     probes = parts.window.probe_settings()
     assert probes.prefill_cells == parts.internals.state.max_attention_cells is not None

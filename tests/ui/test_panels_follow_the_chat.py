@@ -3,11 +3,12 @@ them; the roofline dock shows what a real engine counted."""
 
 from __future__ import annotations
 
-from tests.ui.test_assembled_window import send_and_wait
+from tests.ui.test_assembled_window import send_and_wait, show_attention
 
 
 def test_new_chat_clears_the_panels(qtbot, build, tiny_loader):
     parts = build(tiny_loader)
+    show_attention(qtbot, parts)
     send_and_wait(qtbot, parts, "Hello there")
     internals = parts.internals
     assert len(internals.state.replies) == 1 and internals.state.attention

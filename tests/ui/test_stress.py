@@ -27,7 +27,9 @@ MAX_P99_STALL_MS = 300
 
 @pytest.fixture
 def run(qtbot, tmp_path):
-    stall_run = StallRun(tmp_path)
+    # Every token carries its rows (the heavier contract, still served): the attention panel
+    # then keeps and drops rows as it did before the view pulled only the latest.
+    stall_run = StallRun(tmp_path, rows_per_token=True)
     qtbot.addWidget(stall_run.window)
     yield stall_run
     stall_run.close()
@@ -114,7 +116,7 @@ def test_bench_gui_only_reports_the_window_numbers_without_a_model(qapp, capsys)
 def test_a_stall_is_split_into_the_gui_threads_own_time_and_waiting():
     """bench --window's stall_own_cpu_ms: of each gap between heartbeats beyond the interval,
     the part the GUI thread ran (its CPU time in the gap, never more than the stall)."""
-    from app.bench.window import WindowReply, own_stalls
+    from app.bench.measures import WindowReply, own_stalls
 
     reply = WindowReply(sent=0.0)
     # Beats at 0, 5 ms (on time), 45 ms (a 35 ms stall, 30 ms of it the GUI's own work),

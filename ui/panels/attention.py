@@ -8,12 +8,9 @@ import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QGraphicsItem,
-    QGraphicsPathItem,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -22,6 +19,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ui.panels.attention_tiles import (
+    FLATTEST_TILE,
+    TileLabel,
+    axis_token,
+    colour_table,
+    describe_cell,
+    row_marker,
+    row_path,
+    tile_aspect,
+)
 from ui.panels.empty import EmptyState
 from ui.panels.head_overview import HeadOverview
 from ui.panels.mosaic import (
@@ -42,16 +49,8 @@ from ui.panels.step_line import StepLine
 MIN_CELLS = 32
 ALL_HEADS = "all heads"
 MOSAIC_BACKGROUND = (0, 0, 0, 255)  # the gaps between tiles: the view's own black
-# A tile keeps its rows x keys shape on screen (square cells for the prompt's matrix) unless
-# that would make it flatter than this: then the rows stretch, so a long context's latest
-# rows stay readable.
-FLATTEST_TILE = 0.25
 # Token text on the axes of a head shown alone, once each token gets this many pixels.
 TOKEN_LABEL_PIXELS = 12
-TOKEN_LABEL_CHARACTERS = 8
-# The selected step's query row, outlined on every tile (a cosmetic pen: pixels, not rows).
-ROW_MARKER = QColor(255, 120, 0)
-ROW_MARKER_PIXELS = 2
 EMPTY_MESSAGE = (
     "<b>Attention</b><br>For each new token, every head of a layer weighs the tokens before "
     "it. Each head will be a triangle: a row per query token, a column per token it can see, "
@@ -60,68 +59,6 @@ EMPTY_MESSAGE = (
     "cell to read a weight, and click a head to see it alone with its tokens; there, click a "
     "row, a cell or a token on its axes to select that step in every panel.</i>"
 )
-
-
-def colour_table() -> np.ndarray:
-    return np.asarray(pg.colormap.get("viridis").getLookupTable(nPts=256))
-
-
-class TileLabel(QGraphicsItem):
-    """A head's name at its tile's top-right corner, at screen size whatever the view's scale.
-
-    Qt places it (ItemIgnoresTransformations): a pg.TextItem worked out its own transform in
-    Python at every change of the view's range and at every paint, about a fifth of the
-    mosaic's paint while the range grew with each token.
-    """
-
-    PAD = 2.0
-    FILL = QColor(0, 0, 0, 150)
-    PEN = QColor(255, 255, 255)
-
-    def __init__(self, font: QFont) -> None:
-        super().__init__()
-        self.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations)
-        self._font = font
-        self._text = ""
-        self._rect = QRectF()
-
-    def setText(self, text: str) -> None:
-        if text == self._text:
-            return
-        self.prepareGeometryChange()
-        self._text = text
-        metrics = QFontMetricsF(self._font)
-        width = metrics.horizontalAdvance(text) + 2 * self.PAD
-        self._rect = QRectF(-width, 0.0, width, metrics.height() + 2 * self.PAD)  # anchor (1, 0)
-        self.update()
-
-    def toPlainText(self) -> str:
-        return self._text
-
-    def boundingRect(self) -> QRectF:
-        return self._rect
-
-    def paint(self, painter: QPainter, _option: object, _widget: object = None) -> None:
-        painter.fillRect(self._rect, self.FILL)
-        painter.setFont(self._font)
-        painter.setPen(self.PEN)
-        painter.drawText(self._rect, Qt.AlignmentFlag.AlignCenter, self._text)
-
-
-def display_token(text: str) -> str:
-    return repr(text)[1:-1] if text.strip() else repr(text)
-
-
-def axis_token(text: str) -> str:
-    shown = display_token(text)
-    if len(shown) <= TOKEN_LABEL_CHARACTERS:
-        return shown
-    return shown[: TOKEN_LABEL_CHARACTERS - 1] + "…"
-
-
-def tile_aspect(rows: int, keys: int) -> float:
-    """A tile's height / width on screen: its rows / keys, but never flatter than FLATTEST_TILE."""
-    return min(max(rows / max(keys, 1), FLATTEST_TILE), 1.0)
 
 
 class AttentionPanel(StatePanel):
@@ -225,12 +162,7 @@ class AttentionPanel(StatePanel):
         self.mosaic.setLookupTable(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
         self.heads_view.addItem(self.mosaic)
         self.head_labels: list[TileLabel] = []
-        self.row_marker = QGraphicsPathItem()
-        pen = QPen(ROW_MARKER, ROW_MARKER_PIXELS)
-        pen.setCosmetic(True)
-        self.row_marker.setPen(pen)
-        self.row_marker.setZValue(2)
-        self.row_marker.setVisible(False)
+        self.row_marker = row_marker()
         self.heads_view.addItem(self.row_marker, ignoreBounds=True)
         self._marker_key: tuple[object, ...] = ()  # what the marker's path was drawn for
         self.marked_row: int | None = None  # the buffer row outlined on every tile
@@ -274,15 +206,7 @@ class AttentionPanel(StatePanel):
         rows = self._state.attention.get(layer) if layer is not None else None
         if rows is None or not 0 <= row < rows.rows or not 0 <= key < rows.keys:
             return ""
-        query = int(rows.positions[row])
-        if key > query:
-            return f"head {head} · query #{query} cannot see key #{key} (causal mask)"
-        state = self._state
-        return (
-            f"head {head} · query #{query} '{display_token(state.token_text(query))}' → "
-            f"key #{key} '{display_token(state.token_text(key))}': "
-            f"{rows.value(row, key, head):.4f}"
-        )
+        return describe_cell(self._state.token_text, rows, head, row, key)
 
     def cell_at(self, view_point: QPointF) -> tuple[int, int, int] | None:
         """(head, buffer row, key) under a point of the mosaic's view; None off the tiles."""
@@ -542,19 +466,10 @@ class AttentionPanel(StatePanel):
         key = (self.layout, self._pixel, self.slots, row)
         if key != self._marker_key:
             self._marker_key = key
-            self.row_marker.setPath(self._row_path(row))
+            assert self.layout is not None  # checked above
+            self.row_marker.setPath(row_path(self.layout, self._pixel, len(self.slots), row))
         self.row_marker.setVisible(True)
         self.marked_row = row
-
-    def _row_path(self, row: int) -> QPainterPath:
-        assert self.layout is not None  # drawn only over a mosaic
-        key_size, row_size = self._pixel
-        tile_width = self.layout.tile_shape[1]
-        path = QPainterPath()
-        for slot in range(len(self.slots)):
-            y, x = self.layout.origin(slot)
-            path.addRect(QRectF(x * key_size, y * row_size + row, tile_width * key_size, 1.0))
-        return path
 
     def _clear_mosaic(self) -> None:
         if self._token_ticks:

@@ -100,6 +100,9 @@ class InternalsView(QObject):
     # The interval between frames while panels redraw changed (ms): events need not arrive
     # more often than that (app.window.assembly has the worker deliver them at that pace).
     frame_interval_changed = Signal(int)
+    # The layers whose attention rows a panel on screen draws (() : none), and the seconds
+    # between its frames: the engine sends the latest rows no more often (EngineClient.watch).
+    rows_wanted = Signal(tuple, float)
 
     def __init__(
         self,
@@ -156,6 +159,8 @@ class InternalsView(QObject):
         self._soon.setSingleShot(True)
         self._soon.setInterval(1)
         self._soon.timeout.connect(self._start_frame)
+        self._rows_wanted: tuple[tuple[int, ...], float] | None = None
+        self.frame_interval_changed.connect(self._update_rows_wanted)
         self.timer.start()
 
     @property
@@ -208,7 +213,25 @@ class InternalsView(QObject):
 
     def set_watched_layers(self, layers: Sequence[int]) -> None:
         self.state.set_watched_layers(layers)
+        self._update_rows_wanted()
         self.wake()
+
+    def _update_rows_wanted(self) -> None:
+        """Say which rows the panels on screen draw, and how often, when that changed."""
+        layers = self.state.watched_layers if shown(self.attention) else ()
+        interval = FRAME_MS if self.state.explaining else self.busy_interval
+        wanted = (tuple(layers), interval / 1000)
+        if wanted != self._rows_wanted:
+            self._rows_wanted = wanted
+            self.rows_wanted.emit(*wanted)
+
+    @property
+    def rows_wanted_now(self) -> tuple[tuple[int, ...], float]:
+        """What `rows_wanted` said last (or would say now, before it said anything)."""
+        if self._rows_wanted is None:
+            self._update_rows_wanted()
+        assert self._rows_wanted is not None  # set by _update_rows_wanted
+        return self._rows_wanted
 
     def compare_with_previous(self, enabled: bool) -> None:
         self.timing.compare_with_previous(enabled)
@@ -346,6 +369,8 @@ class InternalsView(QObject):
             self.timer.setInterval(interval)
 
     def _on_dock_visibility(self, visible: bool) -> None:
+        # After the change: a dock's visibility is what `shown` reads.
+        QTimer.singleShot(0, self, self._update_rows_wanted)
         # A frame in slices, as the timer's: several docks shown at once (a restored window,
         # floated docks) each asked for an unsliced redraw of every panel.
         if visible:

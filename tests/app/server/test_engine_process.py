@@ -465,7 +465,9 @@ def test_the_bench_windows_layouts(qapp):
 
 def test_bench_window_and_transport_report_their_numbers(qapp):
     """The --window benchmark's whole path, on the fake session instead of the real model."""
-    from app.bench.window import _paired, measure_transport, measure_window
+    from app.bench.measures import paired
+    from app.bench.transport import measure_transport
+    from app.bench.window import measure_window
 
     result = measure_window(fake_request(tokens=40), new_tokens=40, repeats=2, spec=FAKE)
     assert result["model"] == "fake" and result["repeats"] == 2
@@ -478,7 +480,7 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     # still pair them as the decode ratio is paired (test_decode_over_wall_time... for values).
     walls = {way: runs[f"{way}_decode_wall"] for way in ("window", "headless", "terminal")}
     assert all(len(values) == 2 and min(values) >= 0 for values in walls.values())
-    assert result["decode_wall_ratio_paired_median"] == _paired(walls["window"], walls["headless"])
+    assert result["decode_wall_ratio_paired_median"] == paired(walls["window"], walls["headless"])
     assert 0 < result["gui_cpu_per_s"] < 2  # the GUI thread's own CPU, not the process's
     assert 0 <= result["gui_cpu_idle_per_s"] < 2
     assert result["stall_replies"] == 1  # one per two pairs, beside the compared replies
@@ -502,24 +504,24 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
 
 
 def test_decode_over_wall_time_counts_what_happens_between_steps():
-    from app.bench.window import _wall_decode
+    from app.bench.measures import wall_decode
 
     ended = Finished("length", "", 100, 0, 11, 0.0, 0.8, 1.0, decode_s=1.5, total_s=3.0)
     assert ended.decode_tokens_per_s == pytest.approx(10 / 1.5)  # the steps' own timer
-    assert _wall_decode(ended) == pytest.approx(10 / 2.0)  # 0.5 s between the steps counts
-    assert _wall_decode(replace(ended, generated_tokens=1)) == 0.0
+    assert wall_decode(ended) == pytest.approx(10 / 2.0)  # 0.5 s between the steps counts
+    assert wall_decode(replace(ended, generated_tokens=1)) == 0.0
 
 
 def test_the_paired_interval_holds_the_median_and_narrows_with_more_pairs():
-    from app.bench.window import _paired, _paired_interval
+    from app.bench.measures import paired, paired_interval
 
-    assert _paired_interval([1.0], [1.0]) is None  # one pair has no spread to resample
-    assert _paired_interval([0.9] * 5, [1.0] * 5) == [0.9, 0.9]
+    assert paired_interval([1.0], [1.0]) is None  # one pair has no spread to resample
+    assert paired_interval([0.9] * 5, [1.0] * 5) == [0.9, 0.9]
     noisy = np.random.default_rng(1).normal(0.95, 0.08, 40)
-    few = _paired_interval(list(noisy[:6]), [1.0] * 6)
-    many = _paired_interval(list(noisy), [1.0] * 40)
+    few = paired_interval(list(noisy[:6]), [1.0] * 6)
+    many = paired_interval(list(noisy), [1.0] * 40)
     assert few is not None and many is not None
-    assert many[0] <= _paired(list(noisy), [1.0] * 40) <= many[1]
+    assert many[0] <= paired(list(noisy), [1.0] * 40) <= many[1]
     assert many[1] - many[0] < few[1] - few[0]
 
 

@@ -79,10 +79,18 @@ def position_of_query(state: InternalsState, query: int) -> int:
 def attention_line(state: InternalsState, layer: int | None, head: int | None) -> str:
     """Where `head` (else the most decided head) of `layer` looked for the selected step."""
     query = attention_query(state)
-    rows = state.attention.get(layer) if layer is not None else None
-    if query is None or rows is None or layer is None:
+    if query is None or layer is None:
         return ""
-    row = rows.row_at(query)
+    row = state.row_at(layer, query)
+    if row is None and query in state.pulled.aged_out:
+        return (
+            f"The attention row of query #{query} has left the engine's memory of recent"
+            " steps: only the latest steps' rows are kept."
+        )
+    if row is None and query in state.pulled.asked:
+        return f"The attention row of query #{query} is on its way from the engine."
+    if row is None and state.attention.get(layer) is None:
+        return ""
     if row is None:
         return f"The attention row of query #{query} is not kept (only the latest rows are)."
     chosen = head if head is not None and head < row.shape[0] else strongest_head(row)

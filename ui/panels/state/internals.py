@@ -21,6 +21,7 @@ from engine.events import (
     Peaks,
     PrefillDone,
     Roofline,
+    StepRows,
     Token,
 )
 from engine.kv_formula import formula_bytes
@@ -28,6 +29,7 @@ from ui.panels.state.arrays import GrowableArray
 from ui.panels.state.attention import ATTENTION_CELLS, AttentionRows, HeadStats
 from ui.panels.state.placement import PlacementTrace
 from ui.panels.state.prepared import PreparedStats
+from ui.panels.state.pulled import PulledRows, head_row_stats
 from ui.panels.state.roofline import RooflineTrace
 from ui.panels.state.timing import ReplyTiming
 from ui.panels.state.tokens import TokenTrail
@@ -45,6 +47,10 @@ KEYS = (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, MODEL, TOKENS, PLACEMENT)
 
 
 def _nothing() -> None:
+    pass
+
+
+def _no_fetch(_step: int) -> None:
     pass
 
 
@@ -69,6 +75,10 @@ class InternalsState:
         # Called when a panel's own choice changed (RedrawTracker.mark): whoever redraws the
         # panels (ui.panels.docks.InternalsView) wakes its timer.
         self.panel_changed: Callable[[], None] = _nothing
+        # Asks the engine for a step's attention rows (EngineClient.fetch): a chosen step whose
+        # rows did not cross with the latest ones. They arrive as a StepRows event.
+        self.fetch_rows: Callable[[int], None] = _no_fetch
+        self.pulled = PulledRows()
         self.clear()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -91,6 +101,7 @@ class InternalsState:
         self.last_error: str | None = None
         self.roofline = RooflineTrace()
         self._clear_steps()
+        self.pulled.clear()
         for key in self.revisions:
             self._bump(key)
 
@@ -134,6 +145,8 @@ class InternalsState:
             self._on_token(event)
         elif isinstance(event, PrefillDone):
             self._on_prefill(event)
+        elif isinstance(event, StepRows):
+            self._on_rows(event)
         elif isinstance(event, Finished):
             self._on_finished(event)
         elif isinstance(event, Failed):
@@ -161,6 +174,7 @@ class InternalsState:
         self.last_error = None
         self.roofline.start_reply()
         self._clear_steps()
+        self.pulled.clear()
         self.placement.start_reply()
         self._bump(PLACEMENT)
         return reply
@@ -184,10 +198,17 @@ class InternalsState:
         )
         self._add_kv_point(event.prompt_tokens, event.kv_bytes, event.kv_bytes_per_layer)
         prepared = self.prepared.take(event) or {}
+        skips = {
+            layer: self._attention_rows(layer, block.shape[0]).append_block(block)
+            for layer, block in event.attention.items()
+        }
+        for layer, statistics in event.head_stats.items():  # worked out by the engine
+            stats = self._stats(layer, statistics.shape[1])
+            stats.add_stats(head_row_stats(statistics).tail(skips.get(layer, 0)))
         for layer, block in event.attention.items():
-            rows = self._attention_rows(layer, block.shape[0])
-            skip = rows.append_block(block)
-            stats = self._stats(layer, block.shape[0])
+            if layer in event.head_stats:
+                continue
+            skip, stats = skips[layer], self._stats(layer, block.shape[0])
             if layer in prepared:
                 stats.add_stats(prepared[layer].tail(skip))
                 continue
@@ -216,10 +237,16 @@ class InternalsState:
         if self.selected is None:  # the panels' sentences follow the latest step
             self._bump(ROOFLINE)
         prepared = self.prepared.take(event) or {}
+        repeated = set()  # the same position again: its statistics are in already
         for layer, row in event.attention.items():
-            rows = self._attention_rows(layer, row.shape[0])
-            if not rows.append_row(row):
-                continue  # the same position again: its statistics are in already
+            if not self._attention_rows(layer, row.shape[0]).append_row(row):
+                repeated.add(layer)
+        for layer, statistics in event.head_stats.items():  # worked out by the engine
+            if layer not in repeated:
+                self._stats(layer, statistics.shape[1]).add_stats(head_row_stats(statistics))
+        for layer, row in event.attention.items():
+            if layer in repeated or layer in event.head_stats:
+                continue
             stats = self._stats(layer, row.shape[0])
             if layer in prepared:
                 stats.add_stats(prepared[layer])
@@ -232,8 +259,20 @@ class InternalsState:
         self._bump(TIMING)
         self._bump(KV)
         self._bump(NEXT_TOKEN)
-        if event.attention:
+        if event.attention or event.head_stats:
             self._bump(ATTENTION)
+
+    def _on_rows(self, event: StepRows) -> None:
+        """A step's rows from the engine: the latest, for the panels that draw them, or those
+        of a step the user chose (or word that they aged out of the engine's ring)."""
+        if event.latest:
+            for layer, row in event.attention.items():
+                self._attention_rows(layer, row.shape[0]).append_row(row)
+        else:
+            self.pulled.add(event, self.prompt_tokens + event.step - 1)
+        self._bump(ATTENTION)
+        if not event.latest:
+            self.panel_changed()
 
     def _on_finished(self, event: Finished) -> None:
         if self._open and self.reply is not None:
@@ -328,9 +367,29 @@ class InternalsState:
         if position is not None and not 0 <= position < len(self.trail.ids):
             return
         self.selected = position
+        self._pull_selected()
         for key in self.revisions:
             self._bump(key)
         self.panel_changed()
+
+    def row_at(self, layer: int, query: int) -> np.ndarray | None:
+        """Layer `layer`'s attention row of the query at context position `query`: kept with
+        the latest rows, or pulled for a chosen step (None: neither)."""
+        rows = self.attention.get(layer)
+        row = rows.row_at(query) if rows is not None else None
+        return row if row is not None else self.pulled.row_at(layer, query)
+
+    def _pull_selected(self) -> None:
+        """Ask the engine for the chosen step's rows unless they are here or on their way."""
+        step = self.selected_step
+        if step is None or not self.watched_layers:
+            return
+        query = self.prompt_tokens + step - 1
+        known = query in self.pulled.asked or query in self.pulled.aged_out
+        if known or any(self.row_at(layer, query) is not None for layer in self.watched_layers):
+            return
+        self.pulled.asked.add(query)
+        self.fetch_rows(step)
 
     def set_explaining(self, on: bool) -> None:
         if on != self.explaining:

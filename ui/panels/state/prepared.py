@@ -57,6 +57,8 @@ class PreparedStats:
 def _stats_of(event: Event, scratch: list[np.ndarray]) -> dict[int, RowStats]:
     """RowStats per layer of an event's attention (none for other events). `scratch[0]` is a
     buffer for the logarithms, grown as needed."""
+    if isinstance(event, PrefillDone | Token) and event.head_stats:
+        return {}  # the engine worked them out (events.HeadStatistics)
     if isinstance(event, PrefillDone):
         blocks = event.attention  # [heads, queries, keys]: the queries are the last keys
     elif isinstance(event, Token):

@@ -1,0 +1,115 @@
+"""What crosses of a reply's attention rows: only what a visible panel draws, or asks for.
+
+Per token the engine's events carry the per-head statistics the overview plots
+(Token.head_stats); the rows themselves stay in the session's ring of recent steps
+(engine/generate/step_ring.py). `ViewRows` is the engine server's side of the window's pull:
+  - `Watch(layers, interval_s)`: the latest step's rows of those layers cross at most every
+    `interval_s`, and the last step's always before a hold or the reply's end, so a paused or
+    finished reply shows its last step;
+  - `Fetch(step)`: one step's rows now (a selected token), or StepRows(aged_out=True);
+  - a prompt's matrix crosses with its PrefillDone only for the watched layers.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from app.server.jobs import event_weight
+from app.server.wire import Events, Fetch, Reply, Watch
+from engine.events import Event, PrefillDone, StepRows, Token
+from engine.generate.step_ring import StepRing, host_rows
+
+Put = Callable[[Reply, int], None]  # (reply, weight): to the outbox
+
+
+class ViewRows:
+    """The window's watch, and the rows sent for it; any thread (a lock guards the state)."""
+
+    def __init__(self, put: Put) -> None:
+        self._put = put
+        self._lock = threading.Lock()
+        self.layers: frozenset[int] = frozenset()
+        self.interval_s = Watch().interval_s
+        self._sent_at = -math.inf
+        self._unsent: tuple[int, int] | None = None  # (job, step) of rows not yet sent
+        self.sent = 0  # StepRows sent as a panel's latest (tests and benchmarks read it)
+
+    def watch(self, request: Watch) -> None:
+        with self._lock:
+            self.layers = frozenset(request.layers)
+            self.interval_s = max(request.interval_s, 0.0)
+            self._sent_at = -math.inf  # the next token's rows go at once
+
+    def start_reply(self) -> None:
+        """A new reply: a step still unsent belongs to the last one's numbering."""
+        with self._lock:
+            self._unsent = None
+
+    def outgoing(self, events: Sequence[Event], pull: bool) -> list[Event]:
+        """`events` as they cross. `pull` (the Generate's ProbeSettings.token_rows is False:
+        the client pulls rows): a prompt's matrix only for the watched layers. Otherwise the
+        events carry every row as the generation made them (the old contract)."""
+        if not pull:
+            return list(events)
+        layers = self.layers
+        return [_only(event, layers) for event in events]
+
+    def after(self, job: int, events: Sequence[Event], ring: StepRing | None) -> None:
+        """Tokens went out: send the latest one's rows if a frame's interval has passed."""
+        tokens = [event.index for event in events if isinstance(event, Token) and event.index]
+        if not tokens or ring is None:
+            return
+        with self._lock:
+            if not self.layers:
+                self._unsent = None
+                return
+            self._unsent = (job, tokens[-1])
+            due = time.monotonic() - self._sent_at >= self.interval_s
+        if due:
+            self.flush(ring)
+
+    def flush(self, ring: StepRing | None) -> None:
+        """Send the latest step's rows now if they have not crossed (before a hold, an end)."""
+        with self._lock:
+            unsent, self._unsent = self._unsent, None
+            layers = self.layers
+            if unsent is None or ring is None or not layers:
+                return
+            self._sent_at = time.monotonic()
+        job, step = unsent
+        rows = host_rows(ring, step, layers)
+        if rows:
+            self._send(job, StepRows(step, rows, latest=True))
+            self.sent += 1
+
+    def fetch(self, job: int, request: Fetch, ring: StepRing | None) -> None:
+        """Answer a Fetch with the step's rows from the ring, or say they aged out."""
+        layers = frozenset(request.layers) or None
+        rows = host_rows(ring, request.step, layers) if ring is not None else None
+        if rows is None:
+            self._send(job, StepRows(request.step, {}, aged_out=True))
+        else:
+            self._send(job, StepRows(request.step, rows))
+
+    def _send(self, job: int, rows: StepRows) -> None:
+        self._put(Events(job, (rows,), time.monotonic()), event_weight(rows))
+
+
+def _only(event: Event, layers: frozenset[int]) -> Event:
+    if not isinstance(event, PrefillDone | Token) or not event.attention:
+        return event
+    if all(layer in layers for layer in event.attention):
+        return event
+    kept = {layer: rows for layer, rows in event.attention.items() if layer in layers}
+    return replace(event, attention=kept)
+
+
+def ring_of(session: Any) -> StepRing | None:
+    """The session's ring of recent steps (None: a session without one)."""
+    ring = getattr(session, "steps", None)
+    return ring if isinstance(ring, StepRing) else None

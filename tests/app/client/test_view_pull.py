@@ -1,0 +1,120 @@
+"""The view pulls what it draws (docs/view-contract.md), on the shipped client and server over
+the in-memory transport: tokens carry per-head statistics, not rows; the latest rows cross for
+the watched layers only; a chosen step's rows come from the engine's ring on request, or word
+that they aged out."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from app.client.engine_client import EngineClient
+from engine.events import PrefillDone, StepRows, Token
+from engine.settings import GenerationSettings, LoadRequest, ProbeSettings
+from tests.app.client.test_worker import HELLO, Recorder
+from tests.engines import in_memory
+from tests.ui.fakes import FakeBackend
+
+LAYERS = (0, 9, 19, 29)
+PULL = ProbeSettings(attention_layers=LAYERS, top_k=5, token_rows=False)
+SETTINGS = GenerationSettings(greedy=True, max_new_tokens=40)
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend(pieces=tuple(f" w{i}" for i in range(30)))
+
+
+@pytest.fixture
+def worker(qtbot, backend):
+    worker = in_memory(backend.load, backend.make_session)
+    with qtbot.waitSignal(worker.loaded, timeout=5000):
+        worker.load(LoadRequest(spec="fake-135M"))
+    qtbot.waitUntil(lambda: not worker.busy, timeout=5000)
+    yield worker
+    worker.shutdown()
+
+
+def reply(qtbot, worker: EngineClient, probes: ProbeSettings) -> None:
+    with qtbot.waitSignal(worker.busy_changed, timeout=5000, check_params_cb=lambda b: not b):
+        assert worker.generate(HELLO, SETTINGS, probes)
+
+
+def rows_of(events) -> list[StepRows]:
+    return [e for e in events if isinstance(e, StepRows)]
+
+
+def test_without_a_watch_tokens_carry_statistics_and_no_rows_cross(qtbot, backend, worker):
+    rec = Recorder(worker)
+    reply(qtbot, worker, PULL)
+    tokens = [e for e in rec.events if isinstance(e, Token)]
+    assert len(tokens) == 30
+    assert all(not t.attention for t in tokens)
+    assert all(set(t.head_stats) == set(LAYERS) for t in tokens[1:])
+    heads = backend.session.info.heads
+    assert all(t.head_stats[0].shape == (2, heads) for t in tokens[1:])
+    prefill = rec.events[0]
+    assert isinstance(prefill, PrefillDone) and not prefill.attention
+    assert set(prefill.head_stats) == set(LAYERS)
+    assert rows_of(rec.events) == []
+
+
+def test_the_latest_rows_cross_only_for_the_watched_layers(qtbot, backend, worker):
+    reference = Recorder(worker)
+    reply(qtbot, worker, ProbeSettings(attention_layers=LAYERS, top_k=5))  # rows in events
+    expected = {e.index: e.attention for e in reference.events if isinstance(e, Token)}
+
+    rec = Recorder(worker)
+    worker.watch((9,), 0.0)  # a panel drawing layer 9 at every chance
+    reply(qtbot, worker, PULL)
+    prefill = [e for e in rec.events if isinstance(e, PrefillDone)][-1]
+    assert set(prefill.attention) == {9}  # the prompt's matrix: the watched layer only
+    sent = rows_of(rec.events)
+    assert sent and all(r.latest and set(r.attention) == {9} for r in sent)
+    for rows in sent:  # the rows the engine made at that step
+        np.testing.assert_array_equal(rows.attention[9], expected[rows.step][9])
+    assert sent[-1].step == 29  # the last step's rows always cross before the end
+
+
+def test_rows_cross_no_more_often_than_the_panel_draws(qtbot, backend, worker):
+    backend.delay = 0.005  # ~200 tokens a second
+    rec = Recorder(worker)
+    worker.watch(LAYERS, 0.05)
+    reply(qtbot, worker, PULL)
+    sent = rows_of(rec.events)
+    tokens = sum(isinstance(e, Token) for e in rec.events)
+    assert 2 <= len(sent) < tokens / 2
+
+
+def test_a_selected_step_rows_arrive_soon_and_equal_that_step(qtbot, backend, worker):
+    reference = Recorder(worker)
+    reply(qtbot, worker, ProbeSettings(attention_layers=LAYERS, top_k=5))
+    expected = {e.index: e.attention for e in reference.events if isinstance(e, Token)}
+
+    reply(qtbot, worker, PULL)  # the same reply, rows kept in the engine
+    rec = Recorder(worker)
+    started = time.perf_counter()
+    worker.fetch(7)
+    qtbot.waitUntil(lambda: bool(rows_of(rec.events)), timeout=2000)
+    assert time.perf_counter() - started < 0.1
+    (rows,) = rows_of(rec.events)
+    assert rows.step == 7 and not rows.latest and not rows.aged_out
+    assert set(rows.attention) == set(LAYERS)
+    for layer in LAYERS:
+        np.testing.assert_array_equal(rows.attention[layer], expected[7][layer])
+
+
+def test_a_step_that_left_the_ring_says_so(qtbot, backend, worker):
+    # At most one step's rows: under 40 keys of context, float32
+    row_bytes = backend.session.info.heads * 40 * 4 * len(LAYERS)
+    reply(qtbot, worker, ProbeSettings(attention_layers=LAYERS, token_rows=False,
+                                       ring_bytes=3 * row_bytes))  # fmt: skip
+    rec = Recorder(worker)
+    worker.fetch(2)
+    worker.fetch(29)
+    qtbot.waitUntil(lambda: len(rows_of(rec.events)) == 2, timeout=2000)
+    old, latest = rows_of(rec.events)
+    assert old.step == 2 and old.aged_out and not old.attention
+    assert latest.step == 29 and not latest.aged_out and set(latest.attention) == set(LAYERS)

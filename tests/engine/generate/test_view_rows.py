@@ -1,0 +1,139 @@
+"""The engine's side of the view's pull: per-head statistics computed where the model runs equal
+the window's computation on the same rows; the ring of recent steps holds each step's rows as
+the events carried them, within its byte cap; the trace keeps every step's rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.events import PrefillDone, Token
+from engine.generate.head_stats import _device_statistics, decode_statistics, prefill_statistics
+from engine.generate.session import ChatSession
+from engine.generate.step_ring import ATTENTION, StepRing, host_rows
+from engine.generate.trace import TraceRecorder
+from engine.settings import GenerationSettings, Message, ProbeSettings
+from tests.models import make_tiny
+from ui.panels.state.attention import row_stats
+
+SETTINGS = GenerationSettings(greedy=True, max_new_tokens=6, ignore_eos=True)
+HI = [Message("user", "Hi there, how are you?")]
+
+
+def reply(session: ChatSession, probes: ProbeSettings) -> list:
+    session.reset()
+    return list(session.generate(HI, SETTINGS, probes))
+
+
+def window_stats(block: np.ndarray) -> np.ndarray:
+    """The window's old computation (ui.panels.state.attention.row_stats) as [2, heads, n]."""
+    keys = block.shape[2]
+    stats = row_stats(block, np.arange(keys - block.shape[1], keys))
+    return np.stack([stats.max_weight, stats.entropy])
+
+
+def test_head_statistics_equal_the_window_computation_on_random_rows():
+    generator = torch.Generator().manual_seed(0)
+    keys, rows = 50, 7
+    scores = torch.randn(9, rows, keys, generator=generator)
+    positions = torch.arange(keys - rows, keys)
+    scores = scores.masked_fill(
+        torch.arange(keys)[None, None, :] > positions[None, :, None], -torch.inf
+    )
+    block = torch.softmax(scores, dim=-1)
+    engine = prefill_statistics({3: block})[3]
+    np.testing.assert_allclose(engine, window_stats(block.numpy()), rtol=1e-5, atol=1e-6)
+    one = decode_statistics({3: block[:, -1], 5: block[:, -1, :20]})[3]  # 5: a sliding layer
+    np.testing.assert_allclose(one, window_stats(block[:, -1:].numpy())[:, :, 0], rtol=1e-5)
+    sliding = decode_statistics({5: block[:, -1, :20]})[5]
+    np.testing.assert_allclose(
+        sliding, window_stats(block[:, -1:, :20].numpy())[:, :, 0], rtol=1e-5
+    )
+    # the way a GPU's rows go (torch on their device), here on the CPU's
+    on_device = _device_statistics(block[None, :, -1], keys)[0]
+    np.testing.assert_allclose(on_device, one, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])  # gemma3: sliding-window layers
+def test_a_model_reply_statistics_equal_the_window_computation_on_its_rows(tokenizer, kind):
+    session = ChatSession(make_tiny(tokenizer, kind))
+    events = reply(session, ProbeSettings(attention_layers=(0, 1), top_k=3))
+    prefill = events[0]
+    assert isinstance(prefill, PrefillDone)
+    for layer, block in prefill.attention.items():
+        np.testing.assert_allclose(
+            prefill.head_stats[layer], window_stats(block), rtol=1e-5, atol=1e-6
+        )
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert not tokens[0].head_stats  # token 0's row is the prompt's last
+    for token in tokens[1:]:
+        assert set(token.head_stats) == {0, 1}
+        for layer, row in token.attention.items():
+            expected = window_stats(row[:, None, :])[:, :, 0]
+            np.testing.assert_allclose(token.head_stats[layer], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_pulled_rows_equal_the_rows_tokens_carried_for_the_same_greedy_reply(tokenizer):
+    session = ChatSession(make_tiny(tokenizer, "llama"))
+    carried = reply(session, ProbeSettings(attention_layers=(0, 1), top_k=3))
+    pulled = reply(session, ProbeSettings(attention_layers=(0, 1), top_k=3, token_rows=False))
+    carried_tokens = [e for e in carried if isinstance(e, Token)]
+    pulled_tokens = [e for e in pulled if isinstance(e, Token)]
+    assert [t.token_id for t in pulled_tokens] == [t.token_id for t in carried_tokens]
+    assert all(not t.attention for t in pulled_tokens)
+    for token in carried_tokens[1:]:
+        rows = host_rows(session.steps, token.index)
+        assert rows is not None and set(rows) == set(token.attention)
+        for layer, row in token.attention.items():
+            np.testing.assert_array_equal(rows[layer], row)
+            np.testing.assert_array_equal(
+                pulled_tokens[token.index].head_stats[layer], token.head_stats[layer]
+            )
+    # step 0's rows: the prompt's last row, as the prefill's matrix holds it
+    prefill = carried[0]
+    step0 = host_rows(session.steps, 0)
+    assert step0 is not None
+    np.testing.assert_array_equal(step0[0], prefill.attention[0][:, -1])
+
+
+def test_the_trace_keeps_every_step_rows_whatever_the_window_pulls(tokenizer):
+    session = ChatSession(make_tiny(tokenizer, "llama"))
+    events = reply(session, ProbeSettings.for_chat((0, 1), candidates=True))
+    trace = TraceRecorder(session.info)
+    for event in events:
+        trace.add(event)
+    steps = trace.to_dict()["steps"]
+    assert len(steps) == 6 and steps[0]["attention"] == {}
+    for index, step in enumerate(steps[1:], start=1):
+        rows = host_rows(session.steps, index)
+        assert rows is not None
+        assert set(step["attention"]) == {"0", "1"}  # JSON's keys
+        for layer in (0, 1):
+            written = np.asarray(step["attention"][str(layer)], dtype=np.float32)
+            np.testing.assert_array_equal(written, rows[layer])
+
+
+def test_the_ring_drops_its_oldest_steps_past_its_cap_and_holds_any_kind():
+    ring = StepRing(max_bytes=3 * 400)
+    for step in range(6):
+        ring.put(step, ATTENTION, {0: torch.full((10, 10), float(step))})  # 400 bytes
+    assert ring.steps() == [3, 4, 5] and ring.bytes == 1200
+    assert ring.get(2, ATTENTION) is None
+    assert float(ring.get(5, ATTENTION)[0][0, 0]) == 5.0
+    ring.put(5, "residual", np.zeros(10, dtype=np.float32))  # another per-step payload
+    assert ring.steps() == [4, 5]  # the cap counts every kind
+    assert ring.get(5, "residual").shape == (10,) and ring.latest == 5
+    ring.put(9, ATTENTION, {0: torch.zeros(40, 40)})  # larger than the cap: not kept
+    assert ring.get(9, ATTENTION) is None
+    ring.start_reply()
+    assert ring.steps() == [] and ring.latest is None
+
+
+@pytest.mark.parametrize("kind", ["llama"])
+def test_a_small_ring_ages_steps_out(tokenizer, kind):
+    session = ChatSession(make_tiny(tokenizer, kind))
+    reply(session, ProbeSettings(attention_layers=(0,), token_rows=False, ring_bytes=2000))
+    kept = session.steps.steps()
+    assert kept and kept[-1] == 5 and 1 not in kept
+    assert host_rows(session.steps, 1) is None

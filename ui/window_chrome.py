@@ -1,0 +1,95 @@
+"""The main window's frame around the chat: the central area with its buttons, the menus and
+toolbar, and the status bar's permanent widgets (ui.main_window builds them here)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMenu,
+    QProgressBar,
+    QStatusBar,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ui.pacing import PaceControls
+
+
+def central(chat: QWidget, text_input: QWidget, send: QAction, stop: QAction) -> QWidget:
+    """The chat above the input box, Send and Stop beside it."""
+    send_button = QToolButton()
+    send_button.setDefaultAction(send)
+    stop_button = QToolButton()
+    stop_button.setDefaultAction(stop)
+    buttons = QVBoxLayout()
+    buttons.addWidget(send_button)
+    buttons.addWidget(stop_button)
+    buttons.addStretch(1)
+    row = QHBoxLayout()
+    row.addWidget(text_input, 1)
+    row.addLayout(buttons)
+    widget = QWidget()
+    layout = QVBoxLayout(widget)
+    layout.setContentsMargins(6, 6, 6, 6)
+    layout.addWidget(chat, 1)
+    layout.addLayout(row)
+    return widget
+
+
+def menus_and_toolbar(
+    window: QMainWindow,
+    file_actions: Sequence[QAction | None],
+    chat_actions: Sequence[QAction],
+    tools: Sequence[QAction],
+    settings_dock: QDockWidget,
+    pace: PaceControls,
+    stop: QAction,
+) -> QMenu:
+    """File, Chat, View and Step menus and the Chat toolbar; returns the View menu (the docks
+    add their toggles to it). None in `file_actions`: a separator."""
+    file_menu = window.menuBar().addMenu("&File")
+    for action in file_actions:
+        if action is None:
+            file_menu.addSeparator()
+        else:
+            file_menu.addAction(action)
+    chat_menu = window.menuBar().addMenu("&Chat")
+    for action in chat_actions:
+        chat_menu.addAction(action)
+    view_menu = window.menuBar().addMenu("&View")
+    view_menu.addAction(settings_dock.toggleViewAction())
+    toolbar = window.addToolBar("Chat")
+    toolbar.setObjectName("chat_toolbar")
+    for action in tools:
+        toolbar.addAction(action)
+    pace.add_to(toolbar)
+    step_menu = window.menuBar().addMenu("&Step")
+    for action in pace.actions:
+        step_menu.addAction(action)
+    step_menu.addAction(stop)
+    view_menu.addAction(toolbar.toggleViewAction())
+    return view_menu
+
+
+class StatusBar:
+    """The status bar's permanent widgets: a load's progress, the model, context, speed."""
+
+    def __init__(self, bar: QStatusBar) -> None:
+        self.load_progress = QProgressBar()
+        self.load_progress.setRange(0, 100)
+        self.load_progress.setMaximumWidth(160)
+        self.load_progress.setVisible(False)
+        self.model_label = QLabel("No model loaded")
+        self.context_label = QLabel()
+        self.context_label.setToolTip("Context used: prompt tokens / the model's maximum")
+        self.speed_label = QLabel()
+        for widget in (self.load_progress, self.model_label, self.context_label,
+                       self.speed_label):  # fmt: skip
+            bar.addPermanentWidget(widget)
