@@ -53,8 +53,10 @@ from app.server.wire import (
     DecodeStep,
     Done,
     Events,
+    AskLens,
     Generate,
     Held,
+    Lensed,
     Load,
     Loaded,
     LoadFailed,
@@ -65,6 +67,7 @@ from app.server.wire import (
     Reply,
     Request,
     Reset,
+    WatchLens,
 )
 from engine.events import Event, Failed, Finished, PrefillDone, Token
 
@@ -275,6 +278,7 @@ class EngineServer:
         self._lock = threading.Lock()
         self._cancelled_upto = 0
         self._running_job = 0
+        self._lens_watched = False  # what WatchLens last said; a model loaded later follows
 
     def serve(self, receive: Callable[[], Request]) -> None:
         """Listen in a thread of its own, say Ready and run jobs here until Quit; the replies
@@ -302,6 +306,10 @@ class EngineServer:
                     self.cancel(job)
                 case Pace():
                     self.pace(request)
+                case WatchLens(on=on):
+                    self.watch_lens(on)
+                case AskLens():
+                    self.ask_lens(request)
                 case Quit():
                     self.cancel(ALL_JOBS)
                     self.jobs.put(None)
@@ -329,6 +337,29 @@ class EngineServer:
             pacer.play(request.rate)
         else:
             getattr(pacer, request.action)()
+
+    def watch_lens(self, on: bool) -> None:
+        """Keep (or stop keeping) each step's residuals for the logit lens."""
+        with self._lock:
+            self._lens_watched = on
+            session = self.session
+        watch = getattr(session, "watch_lens", None)  # a session without a lens ignores it
+        if watch is not None:
+            watch(on)
+
+    def ask_lens(self, request: AskLens) -> None:
+        """A step's logit lens, computed here in the listener from the residuals the session
+        kept: one batched pass through the head, while a reply may go on in the main thread."""
+        with self._lock:
+            session = self.session
+        lens = None
+        layer_lens = getattr(session, "layer_lens", None)
+        if layer_lens is not None:
+            try:
+                lens = layer_lens(request.step, request.top)
+            except Exception:
+                log.exception("the logit lens of step %d failed", request.step)
+        self.outbox.put(Lensed(request.job, lens))
 
     def cancelled(self, job: int) -> bool:
         return job <= self._cancelled_upto
@@ -362,6 +393,8 @@ class EngineServer:
             return
         with self._lock:
             self.session = session
+        if self._lens_watched:
+            self.watch_lens(True)
         self.outbox.put(Loaded(job, session.info))
         self._report_decode_step(job, session)
 

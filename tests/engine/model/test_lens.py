@@ -111,3 +111,26 @@ def test_the_ring_drops_the_oldest_steps_past_its_byte_cap():
         ring.put(step, torch.zeros(10), token_id=step)  # 40 bytes each
     assert ring.steps == (2, 3, 4) and ring.bytes == 120
     assert ring.get(1) is None and ring.get(4).token_id == 4
+
+
+@torch.inference_mode()
+def exact_top1(model, ids: list[int], first: int) -> np.ndarray:
+    """Each layer's first guess [layers, positions] at every position from `first - 1` on
+    (the passes that chose token `first` onwards), from transformers' hidden states."""
+    _, norm, head = transformers_parts(model)
+    out = model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    rows = [head(norm(h[0, first - 1 : -1])).argmax(-1) for h in out.hidden_states[1:-1]]
+    return torch.stack([*rows, out.logits[0, first - 1 : -1].argmax(-1)]).numpy()
+
+
+def test_the_fast_lens_agrees_with_the_exact_one_over_a_long_reply(
+    bundled, bundled_fast, tokenizer
+):
+    session = ChatSession(bundled_fast, peaks=FIXED)
+    tokens = reply(session, WEATHER, 200)
+    prompt = tokenizer(WEATHER)["input_ids"]
+    fast = np.array([[row[0] for row in session.layer_lens(t.index).token_ids] for t in tokens])
+    ids = prompt + [t.token_id for t in tokens]
+    exact = exact_top1(bundled.model, ids, len(prompt))  # [layers, steps]
+    agreement = float((fast.T == exact).mean())
+    assert agreement >= 0.95, agreement
