@@ -47,13 +47,13 @@ from app.server.pipe import send_message, widen_pipe
 from app.server.shared_arrays import SharedFolder
 from app.server.wire import (
     ALL_JOBS,
+    AskLens,
     Cancel,
     Count,
     Counted,
     DecodeStep,
     Done,
     Events,
-    AskLens,
     Generate,
     Held,
     Lensed,

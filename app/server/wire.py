@@ -23,8 +23,9 @@ only remembers what it asked for, by id, to match the replies.
   Quit()                                                             step attached, or why not
                                         Done(job)                    a job ended (any kind)
 
-`Cancel`, `Pace`, `WatchLens`, `AskLens` and `Quit` are not queued: the server acts on them as they arrive, so Stop
-reaches a running reply within one step, and Next token a held one at once. A `Generate` with
+`Cancel`, `Pace`, `WatchLens`, `AskLens` and `Quit` are not queued: the server acts on them as
+they arrive, so Stop reaches a running reply within one step, Next token a held one at once,
+and a lens is answered while a reply runs or is held. A `Generate` with
 `stream=False` sends only the reply's end (Failed, Finished): its events stay in the engine (a
 reference reply for a benchmark, or a caller that wants the result only).
 

@@ -149,7 +149,7 @@ class LensHead:
             return model.output.forward(normed)
         _, norm, head = transformers_parts(model)
         weight = next(head.parameters())
-        logits = head(norm(residuals.to(weight.dtype)[None]))[0].float()
+        logits: torch.Tensor = head(norm(residuals.to(weight.dtype)[None]))[0].float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -250,9 +250,7 @@ class LayerLensProbe:
         if residuals is not None:
             self.ring.put(step, residuals, token_id)
 
-    def lens(
-        self, step: int, piece: Callable[[int], str], top: int = LENS_TOP
-    ) -> LayerLens | None:
+    def lens(self, step: int, piece: Callable[[int], str], top: int = LENS_TOP) -> LayerLens | None:
         """The step's lens from its kept residuals; None where the step was not kept."""
         kept = self.ring.get(step)
         if kept is None:

@@ -83,7 +83,6 @@ def test_the_sentence_names_the_layer_where_the_answer_leads():
     )
 
 
-
 def test_selecting_a_step_shows_its_lens_quickly(qtbot, build, tiny_loader):
     parts = build(tiny_loader)
     panel, state = parts.internals.layers, parts.internals.state

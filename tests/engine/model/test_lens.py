@@ -132,5 +132,32 @@ def test_the_fast_lens_agrees_with_the_exact_one_over_a_long_reply(
     fast = np.array([[row[0] for row in session.layer_lens(t.index).token_ids] for t in tokens])
     ids = prompt + [t.token_id for t in tokens]
     exact = exact_top1(bundled.model, ids, len(prompt))  # [layers, steps]
-    agreement = float((fast.T == exact).mean())
+    agreement = float((exact == fast.T).mean())
     assert agreement >= 0.95, agreement
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma3"])
+def test_the_fast_models_last_layer_is_its_next_token_distribution(
+    tokenizer, tmp_path, architecture
+):
+    """Glassbox's own model (GGUF blocks, the Head's bulk product and exact rows), Gemma's
+    sliding layers included: the lens's last layer is the Next token probe's distribution."""
+    from engine.gguf.reader import GGUFFile
+    from engine.load.loader import LoadedModel, describe_fast
+    from engine.model import builders
+    from tests.engine.model.test_gemma import gemma
+    from tests.gguf_files import Q4_1, write_gguf
+
+    source = gemma() if architecture == "gemma3" else make_tiny(tokenizer, "llama", attn="eager")
+    path = write_gguf(tmp_path / "tiny.gguf", source, Q4_1, Q4_1)
+    model = builders.build_fast(GGUFFile(path))
+    info = describe_fast(model, "tiny.gguf", "gguf")
+    session = ChatSession(LoadedModel(model, tokenizer, info), FIXED)
+    tokens = reply(session, "Once upon a time there was", 4)
+    for token in tokens:
+        lens = session.layer_lens(token.index)
+        assert lens is not None and lens.layers == model.shape.layers
+        last = dict(zip(lens.token_ids[-1], lens.probs[-1], strict=True))
+        for candidate in token.top_k:
+            assert last[candidate.token_id] == pytest.approx(candidate.prob, abs=1e-5)
+    assert not any("forward" in block.__dict__ for block in model.blocks)  # unwrapped after
