@@ -25,6 +25,7 @@ from typing import Any
 
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, Message
+from ui.confidence import plain_confidences, with_confidence
 from ui.reply_stats import finished_stats
 
 
@@ -70,6 +71,8 @@ class Reply:
     parts: list[str] = field(default_factory=list)
     prefill: PrefillDone | None = None
     failure: Failed | None = None
+    # each token's probability and runners-up so far (ui.confidence), as the stats keep them
+    confidence: list[list[Any]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -262,6 +265,7 @@ class Conversation:
         if not tokens or reply is None or not self.replying:
             return
         reply.parts.extend(token.text for token in tokens)
+        reply.confidence.extend(plain_confidences(tokens))
         self._announce(ReplyTokens(tuple(tokens), reply))
 
     def _apply_other(self, event: Event) -> None:
@@ -278,7 +282,7 @@ class Conversation:
 
     def _end_reply(self, reply: Reply, finished: Finished) -> None:
         cut_off = reply.failure is not None and reply.failure.error_type == ENGINE_STOPPED
-        stats = finished_stats(finished)
+        stats = with_confidence(finished_stats(finished), reply.confidence)
         entry = Entry("assistant", finished.text, reply.model, reply.settings, stats, not cut_off)
         self._entries.append(entry)
         self.state = ReplyState.FAILED if reply.failure else ReplyState.FINISHED

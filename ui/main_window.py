@@ -234,6 +234,10 @@ class MainWindow(QMainWindow):
             chat_menu.addAction(action)
         self.view_menu = self.menuBar().addMenu("&View")
         self.view_menu.addAction(self.settings_dock.toggleViewAction())
+        # each token of a reply tinted by the probability the model gave it (ui.confidence)
+        self.confidence_action = QAction("Token &confidence in the chat", self, checkable=True)
+        self.confidence_action.toggled.connect(self.chat.show_confidence)
+        self.view_menu.addAction(self.confidence_action)
         toolbar = self.addToolBar("Chat")
         toolbar.setObjectName("chat_toolbar")
         for action in (

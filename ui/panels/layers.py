@@ -21,6 +21,7 @@ from ui.panels.state import NEXT_TOKEN, InternalsState
 from ui.panels.state.lens import EMPTY_TEXT, LensBook, lens_sentence
 
 COLUMNS = 5  # guesses a layer shows
+MIN_TEXT_PX = 7  # rows lower than this show the shades alone
 BACKGROUND = QColor(0, 0, 0)
 TEXT = QColor(220, 220, 220)
 DIM = QColor(150, 150, 150)
@@ -73,7 +74,14 @@ class LensGrid(QWidget):
         painter.setPen(DIM)
         painter.drawText(QRectF(0, 0, self.width(), head.top()), centre, "best guesses →")
         painter.drawText(QRectF(head.left(), 0, head.width(), head.top()), centre, "chosen")
-        small = lens.layers * QFontMetrics(self.font()).height() > self.height()
+        # Rows lower than a line of text: the guesses' text in a font that fits the row
+        row_height = self.cell_rect(0, 0).height()
+        small = row_height < QFontMetrics(self.font()).height()
+        font = painter.font()
+        if small:
+            font.setPixelSize(max(MIN_TEXT_PX, int(row_height) - 1))
+        painter.setFont(font)
+        texts = row_height >= MIN_TEXT_PX
         for row in range(lens.layers):
             layer = lens.layers - 1 - row
             first = self.cell_rect(row, 0)
@@ -88,7 +96,7 @@ class LensGrid(QWidget):
                 if lens.token_ids[layer][column] == lens.token_id:
                     painter.setPen(CHOSEN)
                     painter.drawRect(rect)
-                if not small:
+                if texts:
                     painter.setPen(TEXT)
                     text = f"{lens.texts[layer][column]!r} {lens.probs[layer][column]:.0%}"
                     painter.drawText(rect, centre, text)
