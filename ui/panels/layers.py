@@ -136,9 +136,16 @@ class LayersPanel(StatePanel):
         return state.steps - 1 if state.steps else None
 
     def set_lens(self, ask: int, lens: LayerLens | None) -> None:
-        """The engine's answer to an ask (GUI thread)."""
+        """The engine's answer to an ask (GUI thread). A lens whose token is not the one this
+        step chose belongs to a reply the engine began meanwhile: it counts as not kept."""
+        if lens is not None and not self._chose(lens.step, lens.token_id):
+            lens = None
         if self.book.answered(ask, lens):
             self.tracker.mark()
+
+    def _chose(self, step: int, token_id: int) -> bool:
+        chosen = self._state.chosen
+        return 0 <= step < len(chosen) and chosen[step] == token_id
 
     def asked(self, ask: int | None, step: int) -> None:
         """The ask for `step` went out with id `ask` (None: no engine to ask)."""

@@ -114,13 +114,13 @@ def test_the_ring_drops_the_oldest_steps_past_its_byte_cap():
 
 
 @torch.inference_mode()
-def exact_top1(model, ids: list[int], first: int) -> np.ndarray:
-    """Each layer's first guess [layers, positions] at every position from `first - 1` on
-    (the passes that chose token `first` onwards), from transformers' hidden states."""
+def exact_top1(model, ids: list[int], prompt: int) -> np.ndarray:
+    """Each layer's first guess [layers, steps] at the positions whose logits chose the reply's
+    tokens (the prompt's last on), from transformers' hidden states."""
     _, norm, head = transformers_parts(model)
     out = model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
-    rows = [head(norm(h[0, first - 1 : -1])).argmax(-1) for h in out.hidden_states[1:-1]]
-    return torch.stack([*rows, out.logits[0, first - 1 : -1].argmax(-1)]).numpy()
+    rows = [head(norm(h[0, prompt - 1 : -1])).argmax(-1) for h in out.hidden_states[1:-1]]
+    return torch.stack([*rows, out.logits[0, prompt - 1 : -1].argmax(-1)]).numpy()
 
 
 def test_the_fast_lens_agrees_with_the_exact_one_over_a_long_reply(
