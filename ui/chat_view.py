@@ -313,7 +313,7 @@ class ChatView(QTextBrowser):
         cursor.setCharFormat(QTextCharFormat())
 
     def _write_body(self, cursor: QTextCursor, entry: Entry) -> None:
-        tinted = confidences(entry.stats) if self.confidence_shown else ()
+        tinted = confidences(entry.confidence) if self.confidence_shown else ()
         if entry.role == "assistant" and tinted:
             self._write_tinted(cursor, tinted)
         elif entry.role == "assistant":

@@ -5,20 +5,20 @@ chose it, the Next token panel's `prob`), with the runners-up of that step. It i
 the top-k every Token event carries already: no extra forward. A token the sampler drew from
 outside the top-k has no probability here (None): it was below the k-th candidate's.
 
-A reply's confidences are kept in its stats (the store's JSON column, `CONFIDENCE_KEY`) as
-[[text, probability or null, [[runner-up text, probability], ...]], ...], so they survive a
-reload and go into every export. Qt-free (an import contract keeps it so).
+A reply's confidences are kept as [[text, probability or null, [[runner-up text,
+probability], ...]], ...]: in the conversation's Entry, in the store's `confidence` column of
+the message (so they survive a reload) and in every export. Qt-free (an import contract keeps
+it so).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Token
 
-CONFIDENCE_KEY = "token_confidence"
 RUNNERS_UP = 3
 
 
@@ -47,21 +47,15 @@ def plain_confidences(tokens: Iterable[Token]) -> list[list[Any]]:
     return [c.as_plain() for t in tokens if (c := of_token(t)) is not None]
 
 
-def with_confidence(stats: dict[str, Any], plain: Sequence[Any]) -> dict[str, Any]:
-    """`stats` with the reply's token confidences, when it has any."""
-    return {**stats, CONFIDENCE_KEY: list(plain)} if plain else stats
-
-
-def confidences(stats: Mapping[str, Any]) -> tuple[TokenConfidence, ...]:
-    """A stored reply's token confidences (none for a reply stored without them)."""
-    kept = stats.get(CONFIDENCE_KEY) or ()
+def confidences(plain: Sequence[Any]) -> tuple[TokenConfidence, ...]:
+    """A reply's token confidences from their plain form (none for a reply kept without)."""
     return tuple(
         TokenConfidence(
             str(text),
             None if prob is None else float(prob),
             tuple((str(t), float(p)) for t, p in runners),
         )
-        for text, prob, runners in kept
+        for text, prob, runners in plain
     )
 
 

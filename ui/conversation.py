@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, Message
-from ui.confidence import plain_confidences, with_confidence
+from ui.confidence import plain_confidences
 from ui.reply_stats import finished_stats
 
 
@@ -56,6 +56,9 @@ class Entry:
     settings: GenerationSettings | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
     complete: bool = True
+    # each token's probability and runners-up (ui.confidence); empty when not recorded.
+    # An annotation of the text, not part of what the message is: left out of equality.
+    confidence: list[list[Any]] = field(default_factory=list, compare=False)
 
     @property
     def message(self) -> Message:
@@ -282,8 +285,9 @@ class Conversation:
 
     def _end_reply(self, reply: Reply, finished: Finished) -> None:
         cut_off = reply.failure is not None and reply.failure.error_type == ENGINE_STOPPED
-        stats = with_confidence(finished_stats(finished), reply.confidence)
-        entry = Entry("assistant", finished.text, reply.model, reply.settings, stats, not cut_off)
+        stats = finished_stats(finished)
+        entry = Entry("assistant", finished.text, reply.model, reply.settings, stats, not cut_off,
+                      list(reply.confidence))  # fmt: skip
         self._entries.append(entry)
         self.state = ReplyState.FAILED if reply.failure else ReplyState.FINISHED
         self._announce(ReplyEnded(entry, reply))

@@ -41,7 +41,7 @@ def _message_markdown(message: StoredMessage) -> str:
         notes.append("incomplete: the reply was interrupted")
     if notes := [note for note in notes if note]:
         lines += [f"*{' · '.join(notes)}*", ""]
-    if kept := confidences(message.stats):
+    if kept := confidences(message.confidence):
         lines += [markdown_table(kept), ""]
     return "\n".join(lines)
 
@@ -88,6 +88,7 @@ def to_json(conversation: StoredConversation, messages: Sequence[StoredMessage])
                 "settings": message.settings,
                 "complete": message.complete,
                 "stats": message.stats,
+                "confidence": message.confidence,
             }
             for message in messages
         ],

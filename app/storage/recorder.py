@@ -17,7 +17,7 @@ from typing import Any
 from app.storage.store import DEFAULT_TITLE, ConversationStore, ReplySaver
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings
-from ui.confidence import plain_confidences, with_confidence
+from ui.confidence import plain_confidences
 from ui.reply_stats import finished_stats
 
 TITLE_CHARS = 48
@@ -113,5 +113,4 @@ class ConversationRecorder:
             saver.set_text(finished.text)
             saver.flush()
         else:
-            stats = with_confidence(finished_stats(finished), self._confidence)
-            saver.finish(stats, finished.text)
+            saver.finish(finished_stats(finished), finished.text, self._confidence)

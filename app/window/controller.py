@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 def entry_of(message: StoredMessage) -> Entry:
     """A stored message as the conversation holds it."""
     return Entry(
-        message.role, message.text, message.model, stats=message.stats, complete=message.complete
-    )
+        message.role, message.text, message.model, stats=message.stats,
+        complete=message.complete, confidence=message.confidence,
+    )  # fmt: skip
 
 
 class ConversationController(QObject):
