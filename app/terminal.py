@@ -73,6 +73,7 @@ def run_chat(args: argparse.Namespace) -> int:
         return 2
     # --json and --trace carry each step's next-token candidates; plain text shows none
     probes = ProbeSettings.for_chat(layers, candidates=args.trace or args.json)
+    session.watch_lens(bool(args.trace))  # --trace records each step's logit lens
     history = [Message("system", args.system)] if args.system else []
     store = None if args.no_store else open_store()
     chat_log = ChatLog(store, session.info.name, args.system, settings)
@@ -135,6 +136,8 @@ def _turn(
     def consume(event: Event) -> None:
         if trace:
             trace.add(event)
+            if isinstance(event, Token):  # each layer's guess, worked out between steps
+                trace.add_lens(session.layer_lens(event.index))
         _show(event, args.json)
         chat_log.record(event)  # after showing: what is saved was seen
         if isinstance(event, Finished):

@@ -256,6 +256,31 @@ class StepRows:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerLens:
+    """A logit lens of one step (engine/model/lens.py): each layer's guess at the next token.
+
+    Row i is the residual stream after layer i at the step's last position, put through the
+    model's final norm and output head: its `top` token ids, their texts and probabilities
+    (highest first). The last row is the step's own next-token distribution. `chosen_ranks`
+    and `chosen_probs` say, per layer, where the token the step chose stood (rank 0: first).
+    Sent on request, for the step a panel shows; never per token.
+    """
+
+    step: int  # the reply's token index this pass's logits chose
+    token_id: int
+    token_text: str
+    token_ids: tuple[tuple[int, ...], ...]  # [layers][top]
+    texts: tuple[tuple[str, ...], ...]  # [layers][top]
+    probs: tuple[tuple[float, ...], ...]  # [layers][top]
+    chosen_ranks: tuple[int, ...]  # [layers]
+    chosen_probs: tuple[float, ...]  # [layers]
+
+    @property
+    def layers(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     """Something went wrong; `Finished(reason="error")` follows with what was generated.
 

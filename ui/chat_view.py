@@ -31,6 +31,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from engine.settings import Message
+from ui.confidence import TokenConfidence, confidences, describe, tint
 from ui.conversation import (
     Added,
     Change,
@@ -103,6 +104,9 @@ class ChatView(QTextBrowser):
         self._renderer = MarkdownRenderer(self._colors)
         self._reply_cursor: QTextCursor | None = None
         self._reply_start = 0
+        # Replies drawn token by token, each tinted by its probability (ui.confidence)
+        self.confidence_shown = False
+        self._redraw_after_reply = False
         self._pending: list[str] = []  # streamed, shown at the next stream frame
         self._shown_at = -float("inf")  # time.monotonic() of the last streamed text drawn
         self.stream_updates = 0  # insertions of streamed text, ever (tests count them)
@@ -160,6 +164,18 @@ class ChatView(QTextBrowser):
         """Draw the streamed text that waits for the next stream frame now."""
         self._stream_timer.stop()
         self._show_pending()
+
+    def show_confidence(self, on: bool) -> None:
+        """Tint each token of the finished replies by the probability the model gave it (its
+        probability and runners-up on hover), or draw them as Markdown again. A reply still
+        streaming is tinted once it ends."""
+        if on == self.confidence_shown:
+            return
+        self.confidence_shown = on
+        if self.replying:
+            self._redraw_after_reply = True
+        else:
+            self._redraw(self.conversation.entries)
 
     def add_note(self, text: str, error: bool = False) -> None:
         """A line outside the conversation, e.g. why a reply failed; not part of messages()."""
@@ -235,6 +251,9 @@ class ChatView(QTextBrowser):
         self._reply_cursor = None
         self._drop_pending()
         self._follow(at_bottom)
+        if self._redraw_after_reply:
+            self._redraw_after_reply = False
+            self._redraw(self.conversation.entries)
 
     # -- streaming -----------------------------------------------------------------------------
 
@@ -294,7 +313,10 @@ class ChatView(QTextBrowser):
         cursor.setCharFormat(QTextCharFormat())
 
     def _write_body(self, cursor: QTextCursor, entry: Entry) -> None:
-        if entry.role == "assistant":
+        tinted = confidences(entry.confidence) if self.confidence_shown else ()
+        if entry.role == "assistant" and tinted:
+            self._write_tinted(cursor, tinted)
+        elif entry.role == "assistant":
             text = entry.text
             cursor.insertHtml(self._renderer.render(text) if text.strip() else "<i>(no text)</i>")
         else:
@@ -310,6 +332,16 @@ class ChatView(QTextBrowser):
             fmt.setForeground(self._colors.muted)
             fmt.setFontPointSize(max(self.font().pointSizeF() - 1, 6))
             cursor.insertText(stats, fmt)
+
+    def _write_tinted(self, cursor: QTextCursor, tokens: Sequence[TokenConfidence]) -> None:
+        """The reply as its tokens' pieces, each on a background as red as the model was
+        unsure of it, its probability and runners-up as the tooltip."""
+        for token in tokens:
+            fmt = QTextCharFormat()
+            fmt.setBackground(QColor(*tint(token.prob)))
+            fmt.setToolTip(describe(token))
+            cursor.insertText(token.text, fmt)
+        cursor.setCharFormat(QTextCharFormat())
 
     def _background(self, role: str) -> QColor:
         return {"user": self._colors.user, "system": self._colors.system}.get(

@@ -25,6 +25,7 @@ from typing import Any
 
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, Message
+from ui.confidence import plain_confidences
 from ui.reply_stats import finished_stats
 
 
@@ -55,6 +56,9 @@ class Entry:
     settings: GenerationSettings | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
     complete: bool = True
+    # each token's probability and runners-up (ui.confidence); empty when not recorded.
+    # An annotation of the text, not part of what the message is: left out of equality.
+    confidence: list[list[Any]] = field(default_factory=list, compare=False)
 
     @property
     def message(self) -> Message:
@@ -70,6 +74,8 @@ class Reply:
     parts: list[str] = field(default_factory=list)
     prefill: PrefillDone | None = None
     failure: Failed | None = None
+    # each token's probability and runners-up so far (ui.confidence), as the stats keep them
+    confidence: list[list[Any]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -262,6 +268,7 @@ class Conversation:
         if not tokens or reply is None or not self.replying:
             return
         reply.parts.extend(token.text for token in tokens)
+        reply.confidence.extend(plain_confidences(tokens))
         self._announce(ReplyTokens(tuple(tokens), reply))
 
     def _apply_other(self, event: Event) -> None:
@@ -279,7 +286,8 @@ class Conversation:
     def _end_reply(self, reply: Reply, finished: Finished) -> None:
         cut_off = reply.failure is not None and reply.failure.error_type == ENGINE_STOPPED
         stats = finished_stats(finished)
-        entry = Entry("assistant", finished.text, reply.model, reply.settings, stats, not cut_off)
+        entry = Entry("assistant", finished.text, reply.model, reply.settings, stats, not cut_off,
+                      list(reply.confidence))  # fmt: skip
         self._entries.append(entry)
         self.state = ReplyState.FAILED if reply.failure else ReplyState.FINISHED
         self._announce(ReplyEnded(entry, reply))

@@ -150,6 +150,10 @@ class MainWindow(QMainWindow):
         self.view_menu = chrome.menus_and_toolbar(
             self, file_actions, chat_actions, tools, self.settings_dock, self.pace, self.stop_action
         )
+        # each token of a reply tinted by the probability the model gave it (ui.confidence)
+        self.confidence_action = QAction("Token &confidence in the chat", self, checkable=True)
+        self.confidence_action.toggled.connect(self.chat.show_confidence)
+        self.view_menu.addAction(self.confidence_action)
 
     def _build_status_bar(self) -> None:
         bar = chrome.StatusBar(self.statusBar())

@@ -117,6 +117,7 @@ class EngineClient(QObject):
       tokens_counted(int, int | None)  the answer to `count_tokens`: its id, the count
       held_changed(bool)    the reply is held by a pause (True) or goes on (False); every
                             event it sent before is delivered first
+      lens_ready(int, LayerLens | None)  the answer to `ask_lens`: its id, the lens
     """
 
     events = Signal(object)
@@ -129,6 +130,7 @@ class EngineClient(QObject):
     decode_step = Signal(str)
     tokens_counted = Signal(int, object)
     held_changed = Signal(bool)
+    lens_ready = Signal(int, object)
 
     def __init__(self, engine: wire.Transport, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -149,6 +151,7 @@ class EngineClient(QObject):
         self._receiver: _Receiver | None = None
         # What the panels draw of attention rows (sent again to a new engine).
         self._watch = wire.Watch()
+        self._lens_watched = False  # a new engine is told again
         self._attach(engine)
 
     # -- state ---------------------------------------------------------------------------------
@@ -268,6 +271,22 @@ class EngineClient(QObject):
         if not self._shut_down and self._engine is not None:
             self._engine.send(wire.Fetch(step, tuple(layers)))
 
+    def watch_lens(self, on: bool) -> None:
+        """Have the engine keep each step's per-layer residuals (a visible Layers panel), or
+        not; acted on as it arrives (app.server.wire.WatchLens)."""
+        self._lens_watched = on
+        if not self._shut_down and self._engine is not None:
+            self._engine.send(wire.WatchLens(on))
+
+    def ask_lens(self, step: int, top: int = 10) -> int | None:
+        """Ask for the latest reply's step `step` through each layer's eyes; answered as
+        `lens_ready` with the id returned (None: no engine to ask)."""
+        if self._shut_down or self._engine is None:
+            return None
+        request = wire.AskLens(next(self._ids), step, top)
+        self._engine.send(request)
+        return request.job
+
     def reset(self) -> None:
         """Forget the session's KV cache (new chat); runs after any job already queued."""
         if not self._shut_down and self._engine is not None:  # a new engine starts empty
@@ -327,6 +346,8 @@ class EngineClient(QObject):
         self._receiver.start()
         if self._watch != wire.Watch():
             engine.send(self._watch)
+        if self._lens_watched:
+            engine.send(wire.WatchLens(True))
 
     # -- replies (GUI thread) --------------------------------------------------------------------
 
@@ -348,6 +369,8 @@ class EngineClient(QObject):
                 self.decode_step.emit(state)
             case wire.Counted(job=job, tokens=tokens):
                 self.tokens_counted.emit(job, tokens)
+            case wire.Lensed(job=job, lens=lens):
+                self.lens_ready.emit(job, lens)
             case wire.Held(job=job, held=held) if job in self._jobs:
                 # A stepped token is shown now, not at the next tick of the drain timer.
                 self._delivery.drain()

@@ -50,6 +50,7 @@ from app.server.shared_arrays import SharedFolder
 from app.server.view_rows import ViewRows, ring_of
 from app.server.wire import (
     ALL_JOBS,
+    AskLens,
     Cancel,
     Count,
     Counted,
@@ -59,6 +60,7 @@ from app.server.wire import (
     Fetch,
     Generate,
     Held,
+    Lensed,
     Load,
     Loaded,
     LoadFailed,
@@ -70,6 +72,7 @@ from app.server.wire import (
     Request,
     Reset,
     Watch,
+    WatchLens,
 )
 from engine.events import Event, Failed, Finished, PrefillDone, StepRows, Token
 
@@ -287,6 +290,7 @@ class EngineServer:
         self._running_job = 0
         self._reply_job = 0  # the latest Generate's: a Fetch is answered as its events
         self.rows = ViewRows(self.outbox.put)  # what crosses of attention rows (view_rows.py)
+        self._lens_watched = False  # what WatchLens last said; a model loaded later follows
 
     def serve(self, receive: Callable[[], Request]) -> None:
         """Listen in a thread of its own, say Ready and run jobs here until Quit; the replies
@@ -320,6 +324,10 @@ class EngineServer:
                     with self._lock:
                         session, job = self.session, self._reply_job
                     self.rows.fetch(job, request, ring_of(session))
+                case WatchLens(on=on):
+                    self.watch_lens(on)
+                case AskLens():
+                    self.ask_lens(request)
                 case Quit():
                     self.cancel(ALL_JOBS)
                     self.jobs.put(None)
@@ -347,6 +355,29 @@ class EngineServer:
             pacer.play(request.rate)
         else:
             getattr(pacer, request.action)()
+
+    def watch_lens(self, on: bool) -> None:
+        """Keep (or stop keeping) each step's residuals for the logit lens."""
+        with self._lock:
+            self._lens_watched = on
+            session = self.session
+        watch = getattr(session, "watch_lens", None)  # a session without a lens ignores it
+        if watch is not None:
+            watch(on)
+
+    def ask_lens(self, request: AskLens) -> None:
+        """A step's logit lens, computed here in the listener from the residuals the session
+        kept: one batched pass through the head, while a reply may go on in the main thread."""
+        with self._lock:
+            session = self.session
+        lens = None
+        layer_lens = getattr(session, "layer_lens", None)
+        if layer_lens is not None:
+            try:
+                lens = layer_lens(request.step, request.top)
+            except Exception:
+                log.exception("the logit lens of step %d failed", request.step)
+        self.outbox.put(Lensed(request.job, lens))
 
     def cancelled(self, job: int) -> bool:
         return job <= self._cancelled_upto
@@ -380,6 +411,8 @@ class EngineServer:
             return
         with self._lock:
             self.session = session
+        if self._lens_watched:
+            self.watch_lens(True)
         self.outbox.put(Loaded(job, session.info))
         self._report_decode_step(job, session)
 

@@ -19,15 +19,20 @@ only remembers what it asked for, by id, to match the replies.
       and how often it draws them             the last step's before a hold or the end)
   Fetch(step)  a step's rows, from the  Events(job, (StepRows,))  that step's rows, or aged_out
       engine's ring of recent steps
+  WatchLens(on)  keep each step's       Lensed(job, lens)            a step's LayerLens (None:
+      per-layer residuals or stop                                    that step was not kept)
+  AskLens(job, step, top)  a step's
+      logit lens, computed on asking
   Reset(job)                            Counted(job, tokens)
   Count(job, messages)                  DecodeStep(job, state)       after Loaded: the compiled
   Quit()                                                             step attached, or why not
                                         Done(job)                    a job ended (any kind)
 
-`Cancel`, `Pace`, `Watch`, `Fetch` and `Quit` are not queued: the server acts on them as they
-arrive, so Stop reaches a running reply within one step, and Next token a held one at once.
-A `Generate` with `stream=False` sends only the reply's end (Failed, Finished): its events stay
-in the engine (a reference reply for a benchmark, or a caller that wants the result only).
+`Cancel`, `Pace`, `Watch`, `Fetch`, `WatchLens`, `AskLens` and `Quit` are not queued: the
+server acts on them as they arrive, so Stop reaches a running reply within one step, Next
+token a held one at once, and rows or a lens are answered while a reply runs or is held. A
+`Generate` with `stream=False` sends only the reply's end (Failed, Finished): its events stay in
+the engine (a reference reply for a benchmark, or a caller that wants the result only).
 
 The messages travel over a transport (`Transport`): a pipe to the engine's child process
 (app.server.engine_process), or in-memory queues to a server in a thread of this process
@@ -40,7 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from engine.events import Event, ModelInfo
+    from engine.events import Event, LayerLens, ModelInfo
     from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 ALL_JOBS = 2**62  # Cancel(ALL_JOBS) cancels whatever runs or waits
@@ -123,7 +128,27 @@ class Fetch:
     layers: tuple[int, ...] = ()  # () : every watched layer the ring holds
 
 
-Request = Load | Generate | Cancel | Pace | Watch | Fetch | Reset | Count | Quit
+@dataclass(frozen=True)
+class WatchLens:
+    """Keep each step's per-layer residuals for the logit lens from the next pass on (True),
+    or stop (False): about the session, like Pace; only a visible Layers panel wants it."""
+
+    on: bool
+
+
+@dataclass(frozen=True)
+class AskLens:
+    """The logit lens of step `step` of the latest reply, answered by `Lensed(job, ...)` as it
+    arrives (also while that reply runs or is held by a pause); `job` is the asker's id."""
+
+    job: int
+    step: int
+    top: int = 10
+
+
+Request = (
+    Load | Generate | Cancel | Pace | Watch | Fetch | WatchLens | AskLens | Reset | Count | Quit
+)
 
 
 # -- replies -----------------------------------------------------------------------------------
@@ -186,11 +211,19 @@ class Held:
 
 
 @dataclass(frozen=True)
+class Lensed:
+    job: int  # the AskLens it answers
+    lens: LayerLens | None  # None: no model, or the step was not kept
+
+
+@dataclass(frozen=True)
 class Done:
     job: int
 
 
-Reply = Ready | Progress | Loaded | LoadFailed | Events | Counted | DecodeStep | Held | Done
+Reply = (
+    Ready | Progress | Loaded | LoadFailed | Events | Counted | DecodeStep | Held | Lensed | Done
+)
 
 
 class Transport(Protocol):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from app.storage.store import ConversationStore, StoredConversation, StoredMessage
+from ui.confidence import confidences, markdown_table
 from ui.reply_stats import stats_line
 
 ExportFormat = Literal["md", "json"]
@@ -40,6 +41,8 @@ def _message_markdown(message: StoredMessage) -> str:
         notes.append("incomplete: the reply was interrupted")
     if notes := [note for note in notes if note]:
         lines += [f"*{' · '.join(notes)}*", ""]
+    if kept := confidences(message.confidence):
+        lines += [markdown_table(kept), ""]
     return "\n".join(lines)
 
 
@@ -85,6 +88,7 @@ def to_json(conversation: StoredConversation, messages: Sequence[StoredMessage])
                 "settings": message.settings,
                 "complete": message.complete,
                 "stats": message.stats,
+                "confidence": message.confidence,
             }
             for message in messages
         ],

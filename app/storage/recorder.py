@@ -11,12 +11,13 @@ last second of a reply and never a finished message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.storage.store import DEFAULT_TITLE, ConversationStore, ReplySaver
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings
+from ui.confidence import plain_confidences
 from ui.reply_stats import finished_stats
 
 TITLE_CHARS = 48
@@ -42,6 +43,7 @@ class ConversationRecorder:
         self.conversation_id: int | None = None
         self._saver: ReplySaver | None = None
         self._cut_off = False  # the streaming reply's engine stopped under it
+        self._confidence: list[list[Any]] = []  # the streaming reply's (ui.confidence)
 
     @property
     def recording_reply(self) -> bool:
@@ -74,8 +76,9 @@ class ConversationRecorder:
         if isinstance(event, PrefillDone):
             reply = self.store.begin_reply(self.conversation_id, model, settings)
             self._saver, self._cut_off = ReplySaver(self.store, reply), False
+            self._confidence = []
         elif isinstance(event, Token):
-            self.record_text(event.text)
+            self.record_tokens((event,))
         elif isinstance(event, Failed) and event.error_type == ENGINE_STOPPED:
             self._cut_off = True
         elif isinstance(event, Finished):
@@ -85,6 +88,12 @@ class ConversationRecorder:
         """The streaming reply's next text (one token's, or several delivered together)."""
         if self._saver is not None:
             self._saver.append(text)
+
+    def record_tokens(self, tokens: Sequence[Token]) -> None:
+        """The streaming reply's next tokens: their text, and how sure the model was of each."""
+        self.record_text("".join(token.text for token in tokens))
+        if self._saver is not None:
+            self._confidence.extend(plain_confidences(tokens))
 
     def interrupted(self) -> None:
         """Save what streamed so far now; the reply stays incomplete (quit, switch, Ctrl+C)."""
@@ -104,4 +113,4 @@ class ConversationRecorder:
             saver.set_text(finished.text)
             saver.flush()
         else:
-            saver.finish(finished_stats(finished), finished.text)
+            saver.finish(finished_stats(finished), finished.text, self._confidence)

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -70,6 +70,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE conversations ADD COLUMN completion INTEGER NOT NULL DEFAULT 0;
     """,
+    # 4: how sure the model was of each token of a reply (ui.confidence), as JSON.
+    """
+    ALTER TABLE messages ADD COLUMN confidence TEXT NOT NULL DEFAULT '[]';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 OUR_TABLES = frozenset({"conversations", "messages", "app_state"})
@@ -115,6 +119,8 @@ class StoredMessage:
     settings: dict[str, Any]
     complete: bool
     stats: dict[str, Any]
+    # each token's [text, probability or null, runners-up] (ui.confidence); [] when not kept
+    confidence: list[Any] = dataclasses.field(default_factory=list)
 
     def as_message(self) -> Message:
         """The message as the chat template takes it."""
@@ -153,6 +159,14 @@ def _json_default(value: Any) -> Any:
 
 def _dumps(value: Mapping[str, Any]) -> str:
     return json.dumps(dict(value), default=_json_default, ensure_ascii=False)
+
+
+def _loads_list(text: str | None) -> list[Any]:
+    try:
+        value = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        return []
+    return value if isinstance(value, list) else []
 
 
 def _loads(text: str | None) -> dict[str, Any]:
@@ -504,14 +518,21 @@ class ConversationStore:
             if cursor.rowcount == 0:
                 self._explain_missing_reply(conn, message_id)
 
-    def finish_reply(self, message_id: int, text: str, stats: Mapping[str, Any]) -> None:
-        """Store a reply's final text and numbers and mark it complete, in one transaction."""
+    def finish_reply(
+        self,
+        message_id: int,
+        text: str,
+        stats: Mapping[str, Any],
+        confidence: Sequence[Any] = (),
+    ) -> None:
+        """Store a reply's final text, numbers and token confidences and mark it complete, in
+        one transaction."""
         now = self._clock()
         with self._write() as conn:
             cursor = conn.execute(
-                "UPDATE messages SET text = ?, stats = ?, complete = 1"
+                "UPDATE messages SET text = ?, stats = ?, confidence = ?, complete = 1"
                 " WHERE id = ? AND complete = 0",
-                (text, _dumps(stats), message_id),
+                (text, _dumps(stats), json.dumps(list(confidence)), message_id),
             )
             if cursor.rowcount == 0:
                 self._explain_missing_reply(conn, message_id)
@@ -621,11 +642,14 @@ class ReplySaver:
         self._last_save = self._clock()
         return True
 
-    def finish(self, stats: Mapping[str, Any], text: str | None = None) -> None:
-        """Store the final text (default: what was streamed) and stats; the reply is complete."""
+    def finish(
+        self, stats: Mapping[str, Any], text: str | None = None, confidence: Sequence[Any] = ()
+    ) -> None:
+        """Store the final text (default: what was streamed), stats and token confidences;
+        the reply is complete."""
         if text is not None:
             self._text = text
-        self.store.finish_reply(self.message_id, self._text, stats)
+        self.store.finish_reply(self.message_id, self._text, stats, confidence)
         self._saved_text = self._text
         self.finished = True
 
@@ -647,6 +671,8 @@ def _from_row(kind: type[Stored], row: sqlite3.Row) -> Stored:
         value = row[field.name]
         if field.name in JSON_COLUMNS:
             value = _loads(value)
+        elif field.name == "confidence":
+            value = _loads_list(value)
         elif field.type == "bool":  # a string: this module's annotations are postponed
             value = bool(value)
         values[field.name] = value

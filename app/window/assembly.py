@@ -72,6 +72,7 @@ def assemble(
     internals.frame_interval_changed.connect(worker.set_drain_interval)
     worker.set_drain_interval(internals.busy_interval)
     _connect_engine_notes(window, worker)
+    _connect_lens(internals, worker)
     controller.reopen_last()
     return Parts(window, worker, internals, controller)
 
@@ -111,6 +112,15 @@ def _connect_rows(window: MainWindow, worker: EngineClient, internals: Internals
     internals.state.fetch_rows = worker.fetch
     internals.rows_wanted.connect(worker.watch)
     worker.watch(*internals.rows_wanted_now)
+
+
+def _connect_lens(internals: InternalsView, worker: EngineClient) -> None:
+    """The Layers panel asks the engine for the step it shows, and has it keep steps only
+    while the panel is on screen."""
+    panel = internals.layers
+    panel.lens_wanted.connect(lambda step: panel.asked(worker.ask_lens(step), step))
+    panel.watch_changed.connect(worker.watch_lens)
+    worker.lens_ready.connect(panel.set_lens)
 
 
 def _connect_internals(window: MainWindow, internals: InternalsView) -> None:

@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 def entry_of(message: StoredMessage) -> Entry:
     """A stored message as the conversation holds it."""
     return Entry(
-        message.role, message.text, message.model, stats=message.stats, complete=message.complete
-    )
+        message.role, message.text, message.model, stats=message.stats,
+        complete=message.complete, confidence=message.confidence,
+    )  # fmt: skip
 
 
 class ConversationController(QObject):
@@ -96,7 +97,7 @@ class ConversationController(QObject):
         elif isinstance(change, Truncated):  # the last reply is regenerated
             self.recorder.truncate(len(change.entries))
         elif isinstance(change, ReplyTokens):  # tokens delivered together: saved as one piece
-            self.recorder.record_text(change.text)
+            self.recorder.record_tokens(change.tokens)
         elif isinstance(change, ReplyEvent):
             reply = change.reply
             self.recorder.record(change.event, model=reply.model, settings=reply.settings)

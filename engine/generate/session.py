@@ -32,6 +32,7 @@ from engine.events import (
     Event,
     Failed,
     FinishReason,
+    LayerLens,
     Peaks,
     PrefillDone,
     Roofline,
@@ -52,6 +53,7 @@ from engine.measure.peaks import peaks_or_none
 from engine.measure.roofline import ForwardCost, Meter
 from engine.model.attention_probe import AttentionProbe
 from engine.model.decoder import Cache, decoder_for
+from engine.model.lens import LENS_TOP, LayerLensProbe
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from engine.text import chat_format
 from engine.text.detokenize import TextStream
@@ -87,6 +89,8 @@ class ChatSession(PacedGeneration):
         self.eos_ids = self._eos_ids()
         # The latest reply's steps' attention rows, for the window to pull (ProbeSettings)
         self.steps = StepRing(ProbeSettings().ring_bytes)
+        # Each layer's guess at the next token, kept for recent steps while watched
+        self.lens_probe = LayerLensProbe(loaded.model)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -97,6 +101,17 @@ class ChatSession(PacedGeneration):
     @property
     def cached_tokens(self) -> int:
         return len(self._cached_ids)
+
+    def watch_lens(self, on: bool) -> None:
+        """Keep each step's per-layer residuals (from the next pass on) for `layer_lens`;
+        off, no pass records anything. Any thread may call it."""
+        self.lens_probe.watching = on
+
+    def layer_lens(self, step: int, top: int = LENS_TOP) -> LayerLens | None:
+        """The logit lens of step `step` of the latest reply, computed now from its kept
+        residuals (None where it was not kept: unwatched then, or dropped from the ring).
+        Any thread may call it, also while a reply runs."""
+        return self.lens_probe.lens(step, self._piece, top)
 
     def count_tokens(self, messages: Sequence[Message], completion: bool = False) -> int:
         return len(encoder(completion)(self.tokenizer, messages))
@@ -160,6 +175,7 @@ class ChatSession(PacedGeneration):
         sampler = Sampler(settings, self.device)
         clock = stopwatch(self.device)
         history = torch.tensor(prompt, device=self.device)  # [T]: prompt + tokens so far
+        self.lens_probe.ring.clear()  # a step number names a step of the latest reply
 
         self.steps.start_reply(probes.ring_bytes)
         clock.start()
@@ -188,6 +204,7 @@ class ChatSession(PacedGeneration):
             probs = sampler.distribution(forward.logits, history)  # [vocab]
             chosen = sampler.choose(probs)
             token_id = int(chosen)  # the one host sync a step waits on (on a GPU)
+            self.lens_probe.keep(index, forward.residuals, token_id)
             reason = self._stop_reason(token_id, index, budget, settings)
             token = self._token_event(index, token_id, forward, probs, probes, stream, reason)
             # token 0's latency starts with the prefill
@@ -209,9 +226,12 @@ class ChatSession(PacedGeneration):
             reused = 0
         ids = torch.tensor([prompt[reused:]], device=self.device)  # [1, n]
         probe = self._probe(probes, rows=probes.prompt_rows(len(prompt) - reused, len(prompt)))
-        logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
+        with self.lens_probe.capture():
+            logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
         self._cached_ids = list(prompt) if use_cache else []
-        return Forward(logits, probe, new=len(prompt) - reused, cached=reused, with_cache=use_cache)
+        new = len(prompt) - reused
+        residuals = self.lens_probe.residuals.take()
+        return Forward(logits, probe, new, cached=reused, with_cache=use_cache, residuals=residuals)
 
     def decode_one_token(
         self, token_id: int, history: torch.Tensor, use_cache: bool, probes: ProbeSettings
@@ -219,11 +239,12 @@ class ChatSession(PacedGeneration):
         """One pass for `token_id`, the last of `history` [T] (without a cache: all T again)."""
         ids = history[None, -1:] if use_cache else history[None, :]  # [1, 1] or [1, T]
         probe = self._probe(probes, rows=1)
-        logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
+        with self.lens_probe.capture():
+            logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
         if use_cache:
             self._cached_ids.append(token_id)
-        new = ids.shape[1]
-        return Forward(logits, probe, new=new, cached=len(history) - new, with_cache=use_cache)
+        new, residuals = ids.shape[1], self.lens_probe.residuals.take()
+        return Forward(logits, probe, new, len(history) - new, use_cache, residuals)
 
     def _stop_reason(
         self, token_id: int, index: int, budget: int, settings: GenerationSettings
@@ -402,6 +423,8 @@ class Forward:
     new: int  # positions run now
     cached: int  # positions read from the cache (0 without one)
     with_cache: bool
+    # each layer's output at the last position [layers, dim], while the lens is watched
+    residuals: torch.Tensor | None = None
 
 
 def _count(tally: Tally, index: int, step_s: float) -> None:

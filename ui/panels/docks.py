@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QDockWidget, QGraphicsItem, QMainWindow, QWidget
 from engine.events import Event, ModelInfo
 from ui.panels.attention import AttentionPanel
 from ui.panels.kv_cache import KvCachePanel
+from ui.panels.layers import LayersPanel
 from ui.panels.next_token import NextTokenPanel
 from ui.panels.placement import PlacementPanel
 from ui.panels.roofline import RooflinePanel
@@ -69,6 +70,7 @@ DOCKS = (
     ("internals_roofline", "Roofline", "roofline"),
     ("internals_tokens", "Tokens", "tokens"),
     ("internals_placement", "Placement", "placement"),
+    ("internals_layers", "Layers", "layers"),
 )
 
 
@@ -119,6 +121,7 @@ class InternalsView(QObject):
         self.roofline = RooflinePanel(self.state)
         self.tokens = TokensPanel(self.state)
         self.placement = PlacementPanel(self.state)
+        self.layers = LayersPanel(self.state)
         self.attention.watched_layers_requested.connect(self.watched_layers_requested)
         self.docks: dict[str, QDockWidget] = {}
         for name, title, attribute in DOCKS:
@@ -173,6 +176,7 @@ class InternalsView(QObject):
             self.roofline,
             self.tokens,
             self.placement,
+            self.layers,
         )
 
     # -- feeding ---------------------------------------------------------------------------
@@ -444,7 +448,7 @@ def build_docks(
     area: Qt.DockWidgetArea = Qt.DockWidgetArea.RightDockWidgetArea,
 ) -> InternalsView:
     """Add the docks to `window` in two tab groups: timing + KV cache + roofline + placement,
-    attention + next token + tokens.
+    attention + next token + tokens + layers.
 
     Call it before `window.restoreState(...)` so the saved layout finds the docks by name.
     """
@@ -457,6 +461,7 @@ def build_docks(
     window.tabifyDockWidget(docks["roofline"], docks["placement"])
     window.tabifyDockWidget(docks["attention"], docks["next_token"])
     window.tabifyDockWidget(docks["next_token"], docks["tokens"])
+    window.tabifyDockWidget(docks["tokens"], docks["layers"])
     docks["timing"].raise_()
     docks["attention"].raise_()
     return view

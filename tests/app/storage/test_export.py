@@ -108,6 +108,7 @@ def test_json_holds_every_field(store, chat):
         "settings",
         "complete",
         "stats",
+        "confidence",
     }
     assert messages[1]["text"] == "Start at the Colosseum.\n"
     assert messages[1]["stats"] == STATS and messages[1]["complete"] is True

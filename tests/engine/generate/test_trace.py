@@ -6,7 +6,13 @@ import json
 
 from engine.events import Peaks, Token
 from engine.generate.session import ChatSession
-from engine.generate.trace import MODEL_FIELDS, PREFILL_FIELDS, STEP_FIELDS, TraceRecorder
+from engine.generate.trace import (
+    LENS_FIELDS,
+    MODEL_FIELDS,
+    PREFILL_FIELDS,
+    STEP_FIELDS,
+    TraceRecorder,
+)
 from engine.serialize import event_to_dict, plain
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from tests.models import make_tiny
@@ -34,3 +40,29 @@ def test_the_trace_holds_each_event_as_serialized(tokenizer):
         written = event_to_dict(token)
         assert step == {"text": token.piece, **{name: written[name] for name in STEP_FIELDS}}
     assert data["finish_reason"] == "length" and data["error"] is None
+
+
+def test_the_trace_records_each_watched_steps_logit_lens(tokenizer):
+    session = ChatSession(make_tiny(tokenizer, "llama"), peaks=FIXED)
+    trace = TraceRecorder(session.info)
+    settings = GenerationSettings(greedy=True, max_new_tokens=3, ignore_eos=True)
+    session.watch_lens(True)
+    for event in session.generate([Message("user", "Hi")], settings, ProbeSettings((), 5)):
+        trace.add(event)
+        if isinstance(event, Token):
+            trace.add_lens(session.layer_lens(event.index))
+    data = json.loads(json.dumps(trace.to_dict()))
+    for index, step in enumerate(data["steps"]):
+        lens = session.layer_lens(index)
+        assert step["lens"] == {name: plain(lens)[name] for name in LENS_FIELDS}
+        assert len(step["lens"]["probs"]) == session.info.layers
+        # the last layer's guesses are the step's own top-k
+        top = [c["token_id"] for c in step["top_k"]]
+        assert step["lens"]["token_ids"][-1][: len(top)] == top
+    unwatched = TraceRecorder(session.info)
+    session.watch_lens(False)
+    for event in session.generate([Message("user", "Hi")], settings, ProbeSettings((), 5)):
+        unwatched.add(event)
+        if isinstance(event, Token):
+            unwatched.add_lens(session.layer_lens(event.index))
+    assert all("lens" not in step for step in unwatched.to_dict()["steps"])  # as before

@@ -1,0 +1,258 @@
+"""A logit lens: what each layer of a pass would have said the next token is.
+
+The residual stream after layer i, at the pass's last position, goes through the model's own
+final norm and output head (nostalgebraist's logit lens): softmax(head(norm(h_i))). After the
+last layer that is exactly the model's next-token distribution; before it, the guess of a
+stream that was never trained to be read there (see docs/lens.md for where that misleads).
+
+Cost is paid only when looked at. While a lens is watched, `Residuals` records each layer's
+output at the last position (a [dim] vector a layer: the bundled model's 30 x 576 floats a
+step), `StepRing` keeps recent steps under a byte cap, and `LensHead` runs the head over a
+step's [layers, dim] in one batched product when a panel asks for it. Unwatched, nothing is
+installed and a pass runs as it always did.
+
+Two kinds of model:
+- transformers: forward hooks on the decoder layers; the head is the model's final norm and
+  lm_head (with Gemma's final logit soft-capping where the config has one).
+- Glassbox's GGUF models (engine/model/llama.py): its blocks are called through `.forward`
+  (never nn.Module.__call__, so hooks would not fire): the capture wraps each block's
+  `forward` for the pass. The compiled and static decode steps do not run the blocks, so the
+  capture takes them off the model for the pass (the pass runs eagerly: slower, the same
+  numbers). The head is the model's `norm` and `output` Head: the bulk int4 product ranks
+  every token and the Head's exact rows replace the likeliest, as for the next-token probe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from engine.events import LayerLens
+from engine.model.llama import GGUFLlama, rms_norm
+
+RING_BYTES = 32 * 2**20  # residuals kept for past steps, at most
+LENS_TOP = 10  # candidates a layer's guess carries
+
+
+def _layer_output(output: Any) -> torch.Tensor:
+    """A decoder layer's hidden states [batch, n, dim] (some layers return a tuple)."""
+    return cast(torch.Tensor, output[0] if isinstance(output, tuple) else output)
+
+
+def transformers_parts(model: nn.Module) -> tuple[nn.ModuleList, nn.Module, nn.Module]:
+    """(decoder layers, final norm, output head) of a transformers causal LM."""
+    inner = getattr(model, "model", None) or getattr(model, "transformer", None)
+    if inner is None:
+        raise ValueError(f"{type(model).__name__}: no decoder to read a logit lens from")
+    layers = getattr(inner, "layers", None) or getattr(inner, "h", None)
+    norm = getattr(inner, "norm", None) or getattr(inner, "ln_f", None)
+    head = getattr(model, "lm_head", None)
+    if layers is None or norm is None or head is None:
+        raise ValueError(f"{type(model).__name__}: its layers, final norm or head not found")
+    return cast(nn.ModuleList, layers), cast(nn.Module, norm), cast(nn.Module, head)
+
+
+class Residuals:
+    """Each decoder layer's output at the last position of one pass, while `capture` runs."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.layers: dict[int, torch.Tensor] = {}
+
+    @contextmanager
+    def capture(self) -> Iterator[None]:
+        self.layers = {}
+        if isinstance(self.model, GGUFLlama):
+            with _wrapped_blocks(self.model, self._keep):
+                yield
+            return
+        handles = [
+            layer.register_forward_hook(self._hook(i))
+            for i, layer in enumerate(transformers_parts(self.model)[0])
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def take(self) -> torch.Tensor | None:
+        """The pass's residuals [layers, dim] float32, on the model's device (None: none ran)."""
+        if not self.layers:
+            return None
+        rows = [self.layers[i] for i in sorted(self.layers)]
+        self.layers = {}
+        return torch.stack(rows).float()
+
+    def _keep(self, layer: int, x: torch.Tensor) -> None:
+        self.layers[layer] = x.detach()
+
+    def _hook(self, layer: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            self._keep(layer, _layer_output(output)[0, -1])
+
+        return hook
+
+
+@contextmanager
+def _wrapped_blocks(model: GGUFLlama, keep: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+    """Every block's output recorded for one pass, run eagerly: the compiled and static steps
+    skip the blocks, so they are taken off the model until the pass ends."""
+    compiled, static = model.decode_step, model.static_step
+    model.decode_step, model.static_step = None, None
+    blocks = list(model.blocks)
+    for block in blocks:
+        inner = type(block).forward.__get__(block)
+
+        def forward(x: torch.Tensor, layer: int, where: Any, inner: Any = inner) -> torch.Tensor:
+            y: torch.Tensor = inner(x, layer, where)
+            keep(layer, y[-1])
+            return y
+
+        block.__dict__["forward"] = forward  # found before the class's method
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
+        # A step attached meanwhile (a background compile that finished) is kept.
+        if model.decode_step is None:
+            model.decode_step = compiled
+        if model.static_step is None:
+            model.static_step = static
+
+
+class LensHead:
+    """The model's final norm and output head, applied to every layer's residual at once."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        config = getattr(model, "config", None)
+        self.softcap: float | None = getattr(config, "final_logit_softcapping", None)
+
+    @torch.inference_mode()
+    def logits(self, residuals: torch.Tensor) -> torch.Tensor:
+        """residuals [layers, dim] -> logits [layers, vocab] float32."""
+        model = self.model
+        if isinstance(model, GGUFLlama):
+            # Row by row as the model norms its one last position, so the last layer's logits
+            # are the pass's own; then one batched product through the Head.
+            eps = model.shape.eps
+            normed = torch.cat([rms_norm(row[None], model.norm, eps) for row in residuals])
+            return model.output.forward(normed)
+        _, norm, head = transformers_parts(model)
+        weight = next(head.parameters())
+        logits: torch.Tensor = head(norm(residuals.to(weight.dtype)[None]))[0].float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+@dataclass(frozen=True)
+class KeptStep:
+    residuals: torch.Tensor  # [layers, dim] float32
+    token_id: int  # the token the step chose
+
+
+class StepRing:
+    """Recent steps' residuals, oldest dropped first past `max_bytes`; any thread may read."""
+
+    def __init__(self, max_bytes: int = RING_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._steps: OrderedDict[int, KeptStep] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._steps.clear()
+            self._bytes = 0
+
+    def put(self, step: int, residuals: torch.Tensor, token_id: int) -> None:
+        size = residuals.numel() * residuals.element_size()
+        with self._lock:
+            old = self._steps.pop(step, None)
+            if old is not None:
+                self._bytes -= old.residuals.numel() * old.residuals.element_size()
+            self._steps[step] = KeptStep(residuals, token_id)
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._steps) > 1:
+                _, dropped = self._steps.popitem(last=False)
+                self._bytes -= dropped.residuals.numel() * dropped.residuals.element_size()
+
+    def get(self, step: int) -> KeptStep | None:
+        with self._lock:
+            return self._steps.get(step)
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(self._steps)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+
+def layer_lens(
+    step: int,
+    logits: torch.Tensor,
+    token_id: int,
+    piece: Callable[[int], str],
+    top: int = LENS_TOP,
+) -> LayerLens:
+    """Each layer's `top` guesses from its logits [layers, vocab], and where the token the
+    step chose stood in each layer's distribution (rank 0: its first guess)."""
+    probs = torch.softmax(logits.float(), dim=-1)  # [layers, vocab]
+    best = probs.topk(top, dim=-1)
+    chosen = probs[:, token_id]  # [layers]
+    ranks = (probs > chosen[:, None]).sum(-1)
+    ids = best.indices.cpu().tolist()
+    texts = {i: piece(i) for row in ids for i in set(row)}
+    return LayerLens(
+        step=step,
+        token_id=token_id,
+        token_text=piece(token_id),
+        token_ids=tuple(tuple(row) for row in ids),
+        texts=tuple(tuple(texts[i] for i in row) for row in ids),
+        probs=tuple(tuple(row) for row in best.values.cpu().tolist()),
+        chosen_ranks=tuple(ranks.cpu().tolist()),
+        chosen_probs=tuple(chosen.cpu().tolist()),
+    )
+
+
+class LayerLensProbe:
+    """The session's lens: watched or not, the ring of kept steps, and a step's lens on ask."""
+
+    def __init__(self, model: nn.Module, max_bytes: int = RING_BYTES) -> None:
+        self.residuals = Residuals(model)
+        self.head = LensHead(model)
+        self.ring = StepRing(max_bytes)
+        self.watching = False  # set from any thread; read once per pass
+
+    @contextmanager
+    def capture(self) -> Iterator[None]:
+        """Record the pass's residuals if the lens is watched; otherwise nothing at all."""
+        if not self.watching:
+            yield
+            return
+        with self.residuals.capture():
+            yield
+
+    def keep(self, step: int, residuals: torch.Tensor | None, token_id: int) -> None:
+        if residuals is not None:
+            self.ring.put(step, residuals, token_id)
+
+    def lens(self, step: int, piece: Callable[[int], str], top: int = LENS_TOP) -> LayerLens | None:
+        """The step's lens from its kept residuals; None where the step was not kept."""
+        kept = self.ring.get(step)
+        if kept is None:
+            return None
+        return layer_lens(step, self.head.logits(kept.residuals), kept.token_id, piece, top)

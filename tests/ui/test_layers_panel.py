@@ -1,0 +1,96 @@
+"""The Layers panel on a real engine: it asks for the step it shows and draws the engine's
+logit lens of it, the last layer equal to the Next token panel's candidates."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.events import Finished, Token
+from engine.settings import GenerationSettings
+from tests.ui.test_teaching_panels import show
+from ui.panels.state.lens import EMPTY_TEXT, lead_layer, lens_sentence
+
+
+def send_and_wait(qtbot, parts, text: str, tokens: int = 6) -> list:
+    events: list = []
+    parts.window.events_received.connect(events.extend)
+    parts.window.settings_panel.set_settings(
+        GenerationSettings(greedy=True, max_new_tokens=tokens, ignore_eos=True)
+    )
+    assert parts.window.send(text)
+    qtbot.waitUntil(lambda: any(isinstance(e, Finished) for e in events), timeout=30000)
+    return events
+
+
+def shown_step(parts) -> int | None:
+    parts.internals.redraw()
+    return parts.internals.layers.shown_step
+
+
+def test_the_panel_shows_the_latest_steps_lens_then_a_selected_one(qtbot, build, tiny_loader):
+    parts = build(tiny_loader)
+    panel, state = parts.internals.layers, parts.internals.state
+    show(parts.internals, "layers")
+    qtbot.waitUntil(panel.isVisible)
+    parts.internals.redraw(force=True)
+    assert panel.pages.empty and panel.pages.message.text() == EMPTY_TEXT
+    events = send_and_wait(qtbot, parts, "Hello there")
+    tokens = [e for e in events if isinstance(e, Token)]
+    last = len(tokens) - 1
+    qtbot.waitUntil(lambda: shown_step(parts) == last, timeout=10000)
+    lens = panel.grid.lens
+    assert lens is not None and lens.step == last and lens.token_id == tokens[-1].token_id
+    assert lens.layers == parts.window.info.layers and not panel.pages.empty
+    # its last layer is the Next token panel's distribution
+    final = dict(zip(lens.token_ids[-1], lens.probs[-1], strict=True))
+    for candidate in tokens[-1].top_k:
+        assert final[candidate.token_id] == pytest.approx(candidate.prob, abs=1e-6)
+    assert panel.sentence.text() == f"Step {last}: {lens_sentence(lens)}"
+    # a selected step (a token of the reply clicked) shows that step's lens
+    state.select(state.prompt_tokens + 2)
+    qtbot.waitUntil(lambda: shown_step(parts) == 2, timeout=10000)
+    assert panel.grid.lens.step == 2 and panel.grid.lens.token_id == tokens[2].token_id
+
+
+def test_a_step_made_while_the_panel_was_closed_says_so(qtbot, build, tiny_loader):
+    parts = build(tiny_loader)
+    panel = parts.internals.layers
+    parts.internals.docks["layers"].close()
+    send_and_wait(qtbot, parts, "Hello there", tokens=3)
+    show(parts.internals, "layers")
+    qtbot.waitUntil(lambda: "was not kept" in panel.pages.message.text(), timeout=10000)
+    assert panel.pages.empty and panel.grid.lens is None
+    send_and_wait(qtbot, parts, "And again", tokens=3)  # open now: kept
+    qtbot.waitUntil(lambda: shown_step(parts) == 2, timeout=10000)
+
+
+def test_the_sentence_names_the_layer_where_the_answer_leads():
+    from engine.events import LayerLens
+
+    lens = LayerLens(
+        step=0, token_id=7, token_text=" sunny",
+        token_ids=((5, 7), (5, 7), (7, 5), (7, 5)),
+        texts=((" much", " sunny"), (" much", " sunny"), (" sunny", " much"), (" sunny", " much")),
+        probs=((0.3, 0.1), (0.4, 0.2), (0.5, 0.1), (0.6, 0.1)),
+        chosen_ranks=(1, 1, 0, 0), chosen_probs=(0.1, 0.2, 0.5, 0.6),
+    )  # fmt: skip
+    assert lead_layer(lens) == 2
+    assert lens_sentence(lens) == (
+        "' sunny' (60% at the end) leads from layer 3 of 4 on; at layer 2 the best guess"
+        " was ' much' (40%)."
+    )
+
+
+def test_selecting_a_step_shows_its_lens_quickly(qtbot, build, tiny_loader):
+    parts = build(tiny_loader)
+    panel, state = parts.internals.layers, parts.internals.state
+    show(parts.internals, "layers")
+    qtbot.waitUntil(panel.isVisible)
+    send_and_wait(qtbot, parts, "Hello there", tokens=5)
+    qtbot.waitUntil(lambda: shown_step(parts) == 4, timeout=10000)
+    started = time.perf_counter()
+    state.select(state.prompt_tokens + 1)
+    qtbot.waitUntil(lambda: panel.shown_step == 1, timeout=5000)  # the view's own timer
+    assert time.perf_counter() - started < 1.0  # a loaded CI machine; docs/lens.md: ~ms
