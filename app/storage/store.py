@@ -4,10 +4,9 @@ SQLite in WAL mode, one short transaction per write, so a crash or a kill at any
 readable database: finished messages are whole, and a reply that was streaming stays marked
 incomplete with the text saved last. `ReplySaver` throttles those partial saves.
 
-The schema is versioned with `PRAGMA user_version`; `MIGRATIONS[n]` takes a database from
-version n to n + 1, so an old file is brought up to date when it is opened. A file that is not
-SQLite, is damaged, holds somebody else's tables or was written by a newer Glassbox is moved
-aside (`<name>.corrupt-<timestamp>`) and a fresh one started; `recovered_from` tells the app.
+The file's schema, its migrations and what happens to a file that cannot serve are in
+app/storage/schema.py (a damaged one is moved aside and a fresh one started; `recovered_from`
+tells the app); the stored records and their rows in app/storage/records.py.
 
 Threads: a store belongs to the thread that opened it (the GUI thread). sqlite3's default
 `check_same_thread=True` is kept, so use from another thread fails loudly instead of racing.
@@ -17,189 +16,50 @@ Another process (the CLI) may open the same file at the same time; writers wait 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from engine.settings import GenerationSettings, Message
-
-# Each script takes the database from version n to n + 1 (index n). Append, never edit.
-MIGRATIONS: tuple[str, ...] = (
-    # 1: conversations and their messages.
-    """
-    CREATE TABLE conversations (
-        id INTEGER PRIMARY KEY,
-        title TEXT NOT NULL,
-        created REAL NOT NULL,
-        updated REAL NOT NULL,
-        model TEXT,
-        system_prompt TEXT NOT NULL DEFAULT '',
-        settings TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE TABLE messages (
-        id INTEGER PRIMARY KEY,
-        conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
-        position INTEGER NOT NULL,
-        role TEXT NOT NULL,
-        text TEXT NOT NULL DEFAULT '',
-        created REAL NOT NULL,
-        model TEXT,
-        settings TEXT NOT NULL DEFAULT '{}',
-        complete INTEGER NOT NULL DEFAULT 1,
-        stats TEXT NOT NULL DEFAULT '{}',
-        UNIQUE (conversation_id, position)
-    );
-    """,
-    # 2: soft delete (so a deletion can be undone) and a key-value table for app state.
-    """
-    ALTER TABLE conversations ADD COLUMN deleted REAL;
-    CREATE INDEX conversations_by_update ON conversations (deleted, updated);
-    CREATE TABLE app_state (
-        key TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    );
-    """,
-    # 3: completion mode per conversation (text continued as written, no chat template).
-    """
-    ALTER TABLE conversations ADD COLUMN completion INTEGER NOT NULL DEFAULT 0;
-    """,
-    # 4: how sure the model was of each token of a reply (ui.confidence), as JSON.
-    """
-    ALTER TABLE messages ADD COLUMN confidence TEXT NOT NULL DEFAULT '[]';
-    """,
+from app.storage.records import (
+    StoredConversation,
+    StoredMessage,
+    conversation_from_row,
+    dumps,
+    generation_settings,
+    message_from_row,
+    settings_to_dict,
+    value_text,
 )
-SCHEMA_VERSION = len(MIGRATIONS)
-OUR_TABLES = frozenset({"conversations", "messages", "app_state"})
+from app.storage.schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    UnusableDatabase,
+    open_database,
+    set_aside,
+)
+from engine.settings import GenerationSettings
+
+__all__ = [
+    "DEFAULT_TITLE",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "ConversationStore",
+    "ReplySaver",
+    "StoredConversation",
+    "StoredMessage",
+    "UnusableDatabase",
+    "generation_settings",
+    "set_aside",
+    "settings_to_dict",
+]
+
 ROLES = frozenset({"system", "user", "assistant"})
-BUSY_TIMEOUT_S = 5.0
 DEFAULT_TITLE = "New chat"
 LAST_OPENED_KEY = "last_opened_conversation"
-# Damage that makes a file unusable; anything else (a lock, a full disk) is raised as is.
-_DAMAGE_ERRORS = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
-_SIDECARS = ("-wal", "-shm", "-journal")
-
-
-class UnusableDatabase(Exception):
-    """The file cannot serve as our store; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredConversation:
-    """One chat. Times are Unix seconds; `deleted` is set while a deletion can be undone."""
-
-    id: int
-    title: str
-    created: float
-    updated: float
-    model: str | None
-    system_prompt: str
-    settings: dict[str, Any]
-    deleted: float | None = None
-    completion: bool = False  # completion mode: the text is continued, no chat template
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One message. `complete` is False for a reply that was cut off while streaming."""
-
-    id: int
-    conversation_id: int
-    position: int
-    role: str
-    text: str
-    created: float
-    model: str | None
-    settings: dict[str, Any]
-    complete: bool
-    stats: dict[str, Any]
-    # each token's [text, probability or null, runners-up] (ui.confidence); [] when not kept
-    confidence: list[Any] = dataclasses.field(default_factory=list)
-
-    def as_message(self) -> Message:
-        """The message as the chat template takes it."""
-        return Message(self.role, self.text)
-
-
-def settings_to_dict(settings: GenerationSettings | Mapping[str, Any] | None) -> dict[str, Any]:
-    if settings is None:
-        return {}
-    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
-        return dataclasses.asdict(settings)
-    return dict(settings)
-
-
-def generation_settings(data: Mapping[str, Any]) -> GenerationSettings:
-    """Stored settings back as GenerationSettings; unknown keys (from other versions) are skipped.
-
-    Raises engine.settings.SettingsError if a stored value is out of range.
-    """
-    known = {field.name for field in dataclasses.fields(GenerationSettings)}
-    values = {key: value for key, value in data.items() if key in known}
-    if "stop_strings" in values:
-        values["stop_strings"] = tuple(values["stop_strings"])
-    return GenerationSettings(**values)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    if isinstance(value, tuple | set | frozenset):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot store {type(value).__name__} as JSON")
-
-
-def _dumps(value: Mapping[str, Any]) -> str:
-    return json.dumps(dict(value), default=_json_default, ensure_ascii=False)
-
-
-def _loads_list(text: str | None) -> list[Any]:
-    try:
-        value = json.loads(text or "[]")
-    except json.JSONDecodeError:
-        return []
-    return value if isinstance(value, list) else []
-
-
-def _loads(text: str | None) -> dict[str, Any]:
-    try:
-        value = json.loads(text or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _casefold(text: str | None) -> str:
-    return text.casefold() if text else ""
-
-
-def _aside_name(path: Path, moment: float) -> Path:
-    stamp = datetime.fromtimestamp(moment).strftime("%Y%m%d-%H%M%S")
-    candidate = path.with_name(f"{path.name}.corrupt-{stamp}")
-    counter = 1
-    while candidate.exists():
-        candidate = path.with_name(f"{path.name}.corrupt-{stamp}-{counter}")
-        counter += 1
-    return candidate
-
-
-def set_aside(path: Path, moment: float) -> Path:
-    """Move a damaged database (and its WAL files) out of the way; return its new path."""
-    target = _aside_name(path, moment)
-    path.replace(target)
-    for suffix in _SIDECARS:
-        sidecar = path.with_name(path.name + suffix)
-        if sidecar.exists():
-            sidecar.replace(target.with_name(target.name + suffix))
-    return target
 
 
 class ConversationStore:
@@ -217,73 +77,13 @@ class ConversationStore:
         self.recovery_reason: str | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._conn = self._open()
+            self._conn = open_database(self.path)
         except UnusableDatabase as problem:
             self.recovered_from = set_aside(self.path, self._clock())
             self.recovery_reason = str(problem)
-            self._conn = self._open()
+            self._conn = open_database(self.path)
         if purge:
             self.purge_deleted()
-
-    # -- opening ---------------------------------------------------------------------------
-
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        try:
-            conn.row_factory = sqlite3.Row
-            conn.create_function("casefold", 1, _casefold, deterministic=True)
-            self._check(conn)
-            conn.execute("PRAGMA journal_mode = WAL")
-            # FULL: a finished message survives a power cut, not only a crash; writes are rare.
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate(conn)
-        except sqlite3.DatabaseError as error:
-            conn.close()
-            if getattr(error, "sqlite_errorname", "").startswith(_DAMAGE_ERRORS):
-                raise UnusableDatabase(f"damaged or not a database: {error}") from error
-            raise
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    @staticmethod
-    def _check(conn: sqlite3.Connection) -> None:
-        """Read-only checks, before anything is written to a file that may not be ours."""
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise UnusableDatabase(
-                f"written by a newer Glassbox (schema {version}; this one knows {SCHEMA_VERSION})"
-            )
-        tables = {
-            row[0]
-            for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-            )
-        }
-        if version == 0 and tables:
-            raise UnusableDatabase(f"not a Glassbox database (tables: {', '.join(sorted(tables))})")
-        if unknown := tables - OUR_TABLES:
-            raise UnusableDatabase(f"unknown tables: {', '.join(sorted(unknown))}")
-        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
-        if problems != ["ok"]:
-            raise UnusableDatabase(f"damaged: {'; '.join(problems[:3])}")
-
-    @staticmethod
-    def _migrate(conn: sqlite3.Connection) -> None:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            # One transaction per step: a crash mid-migration leaves the previous version.
-            try:
-                conn.executescript(
-                    f"BEGIN IMMEDIATE;\n{MIGRATIONS[target - 1]}\n"
-                    f"PRAGMA user_version = {target};\nCOMMIT;"
-                )
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
 
     @property
     def schema_version(self) -> int:
@@ -337,7 +137,7 @@ class ConversationStore:
                     now,
                     model,
                     system_prompt,
-                    _dumps(values),
+                    dumps(values),
                     int(completion),
                 ),
             )
@@ -350,7 +150,7 @@ class ConversationStore:
         row = self._conn.execute(
             "SELECT * FROM conversations WHERE id = ?", (conversation_id,)
         ).fetchone()
-        return _conversation(row) if row else None
+        return conversation_from_row(row) if row else None
 
     def list_conversations(self, limit: int | None = None) -> list[StoredConversation]:
         """Live conversations, most recently updated first."""
@@ -359,7 +159,7 @@ class ConversationStore:
             " ORDER BY updated DESC, id DESC LIMIT ?",
             (-1 if limit is None else limit,),
         )
-        return [_conversation(row) for row in rows]
+        return [conversation_from_row(row) for row in rows]
 
     def search(self, text: str, limit: int | None = None) -> list[StoredConversation]:
         """Live conversations whose title or any message contains `text`, newest first.
@@ -377,7 +177,7 @@ class ConversationStore:
             " ORDER BY c.updated DESC, c.id DESC LIMIT :limit",
             {"needle": needle, "limit": -1 if limit is None else limit},
         )
-        return [_conversation(row) for row in rows]
+        return [conversation_from_row(row) for row in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
         """Set a conversation's title (raises ValueError when it is blank). Not a recency bump."""
@@ -402,7 +202,7 @@ class ConversationStore:
         for column, value in (
             ("model", model),
             ("system_prompt", system_prompt),
-            ("settings", None if settings is None else _dumps(settings_to_dict(settings))),
+            ("settings", None if settings is None else dumps(settings_to_dict(settings))),
             ("completion", None if completion is None else int(completion)),
         ):
             if value is not None:
@@ -443,11 +243,11 @@ class ConversationStore:
             "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
             (conversation_id,),
         )
-        return [_message(row) for row in rows]
+        return [message_from_row(row) for row in rows]
 
     def message(self, message_id: int) -> StoredMessage | None:
         row = self._conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
-        return _message(row) if row else None
+        return message_from_row(row) if row else None
 
     def add_message(
         self,
@@ -486,9 +286,9 @@ class ConversationStore:
                     text,
                     now,
                     model,
-                    _dumps(settings_to_dict(settings)),
+                    dumps(settings_to_dict(settings)),
                     int(complete),
-                    _dumps(stats or {}),
+                    dumps(stats or {}),
                 ),
             )
             conn.execute(
@@ -532,7 +332,7 @@ class ConversationStore:
             cursor = conn.execute(
                 "UPDATE messages SET text = ?, stats = ?, confidence = ?, complete = 1"
                 " WHERE id = ? AND complete = 0",
-                (text, _dumps(stats), json.dumps(list(confidence)), message_id),
+                (text, dumps(stats), json.dumps(list(confidence)), message_id),
             )
             if cursor.rowcount == 0:
                 self._explain_missing_reply(conn, message_id)
@@ -578,7 +378,7 @@ class ConversationStore:
                 conn.execute(
                     "INSERT INTO app_state (key, value) VALUES (?, ?)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (key, json.dumps(value, default=_json_default)),
+                    (key, value_text(value)),
                 )
 
     def last_opened(self) -> int | None:
@@ -657,31 +457,3 @@ class ReplySaver:
 def _clean_title(title: str) -> str:
     # One line: titles come from typing and from first messages.
     return " ".join(title.split())
-
-
-JSON_COLUMNS = frozenset({"settings", "stats"})  # text in the table, dicts in Python
-Stored = TypeVar("Stored", StoredConversation, StoredMessage)
-
-
-def _from_row(kind: type[Stored], row: sqlite3.Row) -> Stored:
-    """A stored conversation or message from its table's row: the columns are named as the
-    fields; the JSON ones are parsed and SQLite's 0/1 flags become bools."""
-    values = {}
-    for field in dataclasses.fields(kind):
-        value = row[field.name]
-        if field.name in JSON_COLUMNS:
-            value = _loads(value)
-        elif field.name == "confidence":
-            value = _loads_list(value)
-        elif field.type == "bool":  # a string: this module's annotations are postponed
-            value = bool(value)
-        values[field.name] = value
-    return kind(**values)
-
-
-def _conversation(row: sqlite3.Row) -> StoredConversation:
-    return _from_row(StoredConversation, row)
-
-
-def _message(row: sqlite3.Row) -> StoredMessage:
-    return _from_row(StoredMessage, row)

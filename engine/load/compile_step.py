@@ -2,9 +2,10 @@
 into PACKAGE, what compiled_decode.Attacher runs in the background when none is kept.
 
 The entry point lives apart from engine/step/compiled.py because it loads the model
-(engine/load/loader.py), and the loader attaches compiled steps: one module for both would import
-itself in a circle. It holds the package's build lock (engine/disk/build_lock.py) while it works,
-so a second launch waits for this build instead of starting its own.
+(engine/load/loader.py), and the fast route (engine/load/gguf_fast.py) attaches compiled steps:
+one module for both would import itself in a circle. It holds the package's build lock
+(engine/disk/build_lock.py) while it works, so a second launch waits for this build instead of
+starting its own.
 """
 
 from __future__ import annotations

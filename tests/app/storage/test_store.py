@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app import paths
-from app.storage import store as store_module
+from app.storage import schema
 from app.storage.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -380,8 +380,8 @@ def test_completion_mode_is_kept_per_conversation_and_old_files_default_to_chat(
 def test_a_failing_migration_leaves_the_previous_version(db_path, monkeypatch):
     make_v1_database(db_path)
     broken = (*MIGRATIONS, "CREATE TABLE extra (x INTEGER); SELECT no_such_function();")
-    monkeypatch.setattr(store_module, "MIGRATIONS", broken)
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", len(broken))
+    monkeypatch.setattr(schema, "MIGRATIONS", broken)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", len(broken))
     with pytest.raises(sqlite3.OperationalError, match="no_such_function"):
         ConversationStore(db_path)
     # Every real step was applied and committed; the failed one left nothing; the file stayed.

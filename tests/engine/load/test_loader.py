@@ -214,11 +214,11 @@ def test_load_folder_in_an_explicit_dtype(tiny_folder, tmp_path):
 def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
     """Both precisions read the GGUF itself; the tokenizer is converted once and kept, and so
     are the fast path's 4-bit weights as its kernels read them."""
-    from engine.load.loader import _file_key
+    from engine.load.tokenizer import file_key
 
     stages: list[tuple[str, float]] = []
     path = bundled_gguf_path()
-    older = tmp_path / "tokenizers" / f"{path.stem}-{_file_key(path)}"  # before merges as strings
+    older = tmp_path / "tokenizers" / f"{path.stem}-{file_key(path)}"  # before merges as strings
     older.mkdir(parents=True)
     (older / "tokenizer.json").write_text("{}")
     exact = load_model(
@@ -279,9 +279,11 @@ def test_gguf_loads_without_a_model_copy_and_keeps_only_its_tokenizer(tmp_path):
 def test_an_architecture_the_own_model_cannot_read_loads_in_memory_in_bf16(monkeypatch, tmp_path):
     """transformers' own GGUF reader, dequantised in memory to bf16: nothing but the tokenizer
     is written to the cache folder (the bundled file, taken for one the own model refuses)."""
-    import engine.load.loader
+    import engine.load.route
 
-    monkeypatch.setattr(engine.load.loader, "_unsupported", lambda file: "architecture 'x'")
+    monkeypatch.setattr(
+        engine.load.route, "unsupported_by_own_model", lambda file: "architecture 'x'"
+    )
     loaded = load_model(LoadRequest(spec="bundled", device="cpu", precision="auto"),
                         cache_dir=tmp_path)  # fmt: skip
     assert loaded.info.precision == "exact" and loaded.info.dtype == "bfloat16"
@@ -384,7 +386,7 @@ def test_the_direct_tokenizer_conversion_equals_autotokenizers(tmp_path):
     skipping AutoTokenizer's config parse: the same tokenizer.json and chat template."""
     from transformers import AutoTokenizer
 
-    from engine.load.loader import _tokenizer_converter
+    from engine.load.tokenizer import _tokenizer_converter
 
     path = bundled_gguf_path()
     ours, reference = tmp_path / "ours", tmp_path / "reference"
@@ -399,7 +401,7 @@ def test_merges_kept_as_strings_encode_and_decode_as_the_pairs_did(tmp_path):
     parse peak on Gemma 3): the same ids and text as transformers' pair form."""
     from tokenizers import Tokenizer
 
-    from engine.load.loader import _tokenizer_converter
+    from engine.load.tokenizer import _tokenizer_converter
     from engine.text.tokenizer import compact_merges
 
     _tokenizer_converter()(bundled_gguf_path()).save_pretrained(tmp_path)

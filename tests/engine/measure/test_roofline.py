@@ -91,9 +91,9 @@ def test_sliding_layers_attend_within_their_window(tokenizer):
 def test_fast_gguf_counts_the_packed_bytes_by_hand(tokenizer, tmp_path):
     hf = make_tiny(tokenizer, "llama", attn="eager")
     path = write_gguf(tmp_path / "tiny.gguf", hf, Q4_1, "Q8_0")
-    from engine.model import builders
+    from engine.model import fast_builder
 
-    model = builders.build_fast(GGUFFile(path))
+    model = fast_builder.build_fast(GGUFFile(path))
     cost = ForwardCost.of(model, describe_fast(model, "tiny", "gguf"))
     # Q4_1 repacked for the int4 kernel: a nibble per weight plus a bf16 scale and zero per 32
     # weights = 0.625 bytes a weight. Norms and RoPE frequencies in float32.

@@ -17,7 +17,7 @@ from engine.events import Token
 from engine.generate.session import ChatSession
 from engine.gguf.reader import GGUFError, GGUFFile
 from engine.load.loader import LoadedModel, describe_fast
-from engine.model import builders
+from engine.model import fast_builder, reference
 from engine.model.kv_buffer import KVBuffer
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from engine.weights import linear as quant
@@ -59,7 +59,7 @@ def written(request, tmp_path_factory):
 
 
 def fast_loaded(path, tokenizer) -> LoadedModel:
-    model = builders.build_fast(GGUFFile(path))
+    model = fast_builder.build_fast(GGUFFile(path))
     return LoadedModel(model, tokenizer, describe_fast(model, path.name, "gguf"))
 
 
@@ -109,7 +109,7 @@ def test_int4_repack_equals_the_dequantised_matmul(kind, rows):
 
 @pytest.mark.parametrize("rows", [64, 4096 + 64])  # the second is repacked in two chunks
 def test_q8_0_splits_exactly_into_two_int4_halves(rows):
-    from engine.model.builders import _int4_run
+    from engine.model.fast_builder import _int4_run
 
     raw, reference = quantized(rows, 256, Q8_0)
     x = torch.randn(2, 256)
@@ -205,7 +205,7 @@ def test_exact_model_from_a_lossless_gguf_equals_the_original(architecture, tmp_
     """F32 tensors: the exact model must be the original, q/k un-permuted back exactly."""
     original = hf_model(architecture)
     path = write_gguf(tmp_path / "f32.gguf", original, F32, F32)
-    rebuilt = builders.build_exact(GGUFFile(path), torch.float32)
+    rebuilt = reference.build_exact(GGUFFile(path), torch.float32)
     ids = torch.randint(0, 49152, (1, 16))
     with torch.inference_mode():
         torch.testing.assert_close(rebuilt(ids).logits, original(ids).logits, rtol=0, atol=1e-5)
@@ -222,8 +222,8 @@ def test_fast_model_follows_the_exact_model_of_the_same_file(
     has no clear top, so its whole row of logits is compared, with a wider tolerance)."""
     path = write_gguf(tmp_path / "q.gguf", hf_model(architecture), weights, embedding)
     file = GGUFFile(path)
-    exact = builders.build_exact(file, torch.float32)
-    fast = builders.build_fast(file)
+    exact = reference.build_exact(file, torch.float32)
+    fast = fast_builder.build_fast(file)
     ids = torch.randint(0, 49152, (1, 24))
     with torch.inference_mode():
         expected = exact(ids).logits[0]
@@ -261,12 +261,12 @@ def packs_for(path: Path, folder: Path) -> PackCache:
 def test_packed_weights_are_kept_and_equal_a_fresh_repack(written, tmp_path):
     _, path = written
     file = GGUFFile(path)
-    fresh = builders.build_fast(file)
+    fresh = fast_builder.build_fast(file)
     first = packs_for(path, tmp_path)
-    builders.build_fast(file, packs=first)
+    fast_builder.build_fast(file, packs=first)
     assert first.missed and first.path.is_file()  # nothing stored yet: built, then written
     again = packs_for(path, tmp_path)
-    model = builders.build_fast(file, packs=again)
+    model = fast_builder.build_fast(file, packs=again)
     assert not again.missed  # every int4 weight came from the pack
     assert_same_weights(model, fresh)
     ids = torch.randint(0, 49152, (1, 12))
@@ -277,13 +277,13 @@ def test_packed_weights_are_kept_and_equal_a_fresh_repack(written, tmp_path):
 def test_a_damaged_pack_is_ignored_and_written_anew(written, tmp_path):
     _, path = written
     file = GGUFFile(path)
-    builders.build_fast(file, packs=packs_for(path, tmp_path))
+    fast_builder.build_fast(file, packs=packs_for(path, tmp_path))
     pack = packs_for(path, tmp_path).path
     pack.write_bytes(pack.read_bytes()[: pack.stat().st_size // 2])  # truncated
     damaged = packs_for(path, tmp_path)
-    model = builders.build_fast(file, packs=damaged)
+    model = fast_builder.build_fast(file, packs=damaged)
     assert damaged.missed
-    assert_same_weights(model, builders.build_fast(file))
+    assert_same_weights(model, fast_builder.build_fast(file))
     assert packs_for(path, tmp_path).stored.keys() == damaged.entries.keys()  # written anew
 
 
@@ -292,16 +292,16 @@ def test_a_pack_entry_that_does_not_fit_is_repacked(written, tmp_path):
     """An entry of the wrong shape (another model's, say) is rebuilt from the file."""
     _, path = written
     file = GGUFFile(path)
-    builders.build_fast(file, packs=packs_for(path, tmp_path))
+    fast_builder.build_fast(file, packs=packs_for(path, tmp_path))
     pack = packs_for(path, tmp_path).path
     entries = torch.load(pack, weights_only=True)
     name = next(iter(entries))
     entries[name]["packed"] = entries[name]["packed"][:, :-1].clone()
     torch.save(entries, pack)
     stale = packs_for(path, tmp_path)
-    model = builders.build_fast(file, packs=stale)
+    model = fast_builder.build_fast(file, packs=stale)
     assert stale.missed
-    assert_same_weights(model, builders.build_fast(file))
+    assert_same_weights(model, fast_builder.build_fast(file))
 
 
 def test_a_pack_is_named_by_the_file_torch_and_format(tmp_path):
@@ -320,7 +320,7 @@ def test_saving_a_pack_removes_only_older_packs_of_the_same_file(written, tmp_pa
     for stale in (older, neighbour):
         stale.write_bytes(b"a pack")
     packs = packs_for(path, tmp_path)
-    builders.build_fast(GGUFFile(path), packs=packs)
+    fast_builder.build_fast(GGUFFile(path), packs=packs)
     assert packs.path.is_file() and neighbour.is_file() and not older.exists()
 
 

@@ -13,7 +13,7 @@ import engine.model.gemma
 from engine.generate.session import ChatSession
 from engine.gguf.reader import GGUFFile
 from engine.load.loader import LoadedModel, describe_fast
-from engine.model import builders
+from engine.model import fast_builder, gguf_shape, reference
 from engine.model.attention_probe import AttentionProbe
 from engine.model.gemma import GGUFGemma
 from engine.model.kv_buffer import WindowedKVBuffer
@@ -58,11 +58,11 @@ def written(tmp_path_factory):
 def models(written):
     """(exact, fast) models of the same file."""
     file = GGUFFile(written[1])
-    return builders.build_exact(file, torch.float32), builders.build_fast(file)
+    return reference.build_exact(file, torch.float32), fast_builder.build_fast(file)
 
 
 def test_shape_reads_llama_cpps_layer_pattern_and_scale(written):
-    shape = builders.read_shape(GGUFFile(written[1]))
+    shape = gguf_shape.read_shape(GGUFFile(written[1]))
     assert shape.architecture == "gemma3"
     assert shape.sliding_layers == SLIDING and shape.sliding_window == WINDOW
     assert (shape.rope_base, shape.local_rope_base) == (1e6, 1e4)
@@ -74,7 +74,7 @@ def test_exact_model_from_a_lossless_gguf_equals_the_original(tmp_path):
     stored as 1 + w and read back as w)."""
     original = gemma()
     path = write_gguf(tmp_path / "f.gguf", original, F32, F32)
-    rebuilt = builders.build_exact(GGUFFile(path), torch.float32)
+    rebuilt = reference.build_exact(GGUFFile(path), torch.float32)
     ids = torch.randint(0, 49152, (1, LENGTH))
     with torch.inference_mode():
         torch.testing.assert_close(rebuilt(ids).logits, original(ids).logits, rtol=0, atol=1e-5)
@@ -164,7 +164,7 @@ def test_sliding_layer_attention_equals_an_eager_attention(models, eager):
 def test_kv_bytes_are_the_cache_tensors_and_the_formula(written, tokenizer):
     """The session's KV numbers on the fast model: what the cache's tensors hold, and the
     panel's formula (sliding layers capped at their window)."""
-    model = builders.build_fast(GGUFFile(written[1]))
+    model = fast_builder.build_fast(GGUFFile(written[1]))
     info = describe_fast(model, "gemma3.gguf", "gguf")
     assert info.architecture == "GGUFGemma (gemma3)"
     assert (info.sliding_layers, info.sliding_window) == (SLIDING, WINDOW)
@@ -209,12 +209,12 @@ def test_sliding_layers_hold_only_their_window_as_the_context_grows():
 
 def test_the_compiled_step_is_refused_for_gemma(models, written, tmp_path, monkeypatch, caplog):
     """compiled_decode's step is Llama's ops: the loader builds none for Gemma, and says why."""
-    from engine.load.loader import _compile_in_background
+    from engine.load.gguf_fast import compile_in_background
     from engine.settings import LoadRequest
 
     monkeypatch.setenv("GLASSBOX_COMPILE", "1")
     _, fast = models
     assert GGUFLlama.compile_refusal is None
-    with caplog.at_level("INFO", logger="engine.load.loader"):
-        assert _compile_in_background(fast, written[1], tmp_path, LoadRequest()) is None
+    with caplog.at_level("INFO", logger="engine.load.gguf_fast"):
+        assert compile_in_background(fast, written[1], tmp_path, LoadRequest()) is None
     assert "gemma3's norms" in caplog.text and not (tmp_path / "compiled").exists()

@@ -13,9 +13,9 @@ from engine.device_map import DeviceMap
 from engine.events import Token
 from engine.generate.session import ChatSession
 from engine.gguf.reader import GGUFFile
-from engine.load import loader
+from engine.load import gguf_fast, loader, route
 from engine.load.loader import LoadedModel, ModelLoadError, describe_fast
-from engine.model.builders import build_fast, fast_skeleton
+from engine.model.fast_builder import build_fast, fast_skeleton
 from engine.placement import mapped, plan
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 from tests.engine.model.test_fast import hf_model
@@ -48,7 +48,7 @@ def load(path, tokenizer, max_memory: str = "") -> LoadedModel:
     info = describe_fast(model, path.name, "gguf")
     if places is None:
         return LoadedModel(model, tokenizer, info)
-    placed = loader.place_fast(model, places, "test")
+    placed = gguf_fast.place_fast(model, places, "test")
     info = dataclasses.replace(info, placement=placed.placement)
     return LoadedModel(model, tokenizer, info, transfers=placed.meter)
 
@@ -62,7 +62,7 @@ def run(loaded: LoadedModel, layers: tuple[int, ...]):
 def one_layer_cap(path) -> str:
     """A RAM cap that holds the first layer and not the second (nor the head)."""
     from engine.gguf.reader import GGUFFile
-    from engine.model.builders import fast_skeleton
+    from engine.model.fast_builder import fast_skeleton
     from engine.placement.plan import units
 
     found = units(fast_skeleton(GGUFFile(path)))
@@ -118,7 +118,7 @@ def test_a_cap_below_one_layer_is_refused_before_loading(tiny_gguf, tmp_path):
 
 
 def test_the_fast_model_places_nothing_on_a_gpu(tiny_gguf, tmp_path, monkeypatch):
-    monkeypatch.setattr(loader, "pick_device", lambda _: torch.device("cuda"))
+    monkeypatch.setattr(route, "pick_device", lambda _: torch.device("cuda"))
     request = LoadRequest(spec=str(tiny_gguf), precision="fast", max_memory="cpu=1GiB")
     with pytest.raises(loader.ModelLoadError, match="between RAM and disk only"):
         loader.load_model(request, cache_dir=tmp_path / "cache")
@@ -190,7 +190,7 @@ def test_a_step_reads_back_what_the_os_dropped_and_drops_behind(tmp_path, monkey
 
 @pytest.mark.bundled
 def test_a_fast_load_too_big_for_free_memory_proposes_a_ram_cap(monkeypatch, tmp_path):
-    monkeypatch.setattr(loader, "build_fast", lambda *a, **k: pytest.fail("loaded anyway"))
+    monkeypatch.setattr(gguf_fast, "build_fast", lambda *a, **k: pytest.fail("loaded anyway"))
     monkeypatch.setattr(plan, "free_memory", lambda device: 60 << 20)  # the units: 97 MB
     request = LoadRequest(spec="bundled", device="cpu", precision="fast")
     with pytest.raises(ModelLoadError, match=r"It would fit as --device-map auto") as error:
@@ -227,7 +227,7 @@ def test_a_fast_load_that_runs_out_of_memory_proposes_its_own_cap(monkeypatch, t
 
     free = iter([1 << 40, 60 << 20])  # room at the check, then none
     monkeypatch.setattr(plan, "free_memory", lambda device: next(free))
-    monkeypatch.setattr(loader, "build_fast", no_memory)
+    monkeypatch.setattr(gguf_fast, "build_fast", no_memory)
     request = LoadRequest(spec="bundled", device="cpu", precision="fast")
     with pytest.raises(ModelLoadError, match=r"needs 96\.6 MB on cpu") as error:
         loader.load_model(request, cache_dir=tmp_path)

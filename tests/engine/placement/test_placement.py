@@ -20,7 +20,7 @@ from engine.device_map import (
 )
 from engine.events import PrefillDone, Token
 from engine.generate.session import ChatSession
-from engine.load import loader
+from engine.load import gguf_exact, loader
 from engine.load.loader import ModelLoadError, place
 from engine.placement import plan
 from engine.placement.transfer import probe
@@ -286,7 +286,7 @@ def test_bundled_refuses_a_cap_below_one_layer_before_dequantising(monkeypatch, 
     def never(*args, **kwargs):
         raise AssertionError("dequantised before the plan was checked")
 
-    monkeypatch.setattr(loader, "build_exact", never)
+    monkeypatch.setattr(gguf_exact, "build_exact", never)
     request = LoadRequest(spec="bundled", device="cpu", max_memory="cpu=1MiB")
     with pytest.raises(ModelLoadError, match=r"Placement refused: a cap of 1\.0 MB on cpu"):
         loader.load_model(request, cache_dir=tmp_path)
@@ -294,7 +294,7 @@ def test_bundled_refuses_a_cap_below_one_layer_before_dequantising(monkeypatch, 
 
 @pytest.mark.bundled
 def test_bundled_too_big_for_free_memory_gets_a_proposal(monkeypatch, tmp_path):
-    monkeypatch.setattr(loader, "build_exact", lambda *a, **k: pytest.fail("loaded anyway"))
+    monkeypatch.setattr(gguf_exact, "build_exact", lambda *a, **k: pytest.fail("loaded anyway"))
     monkeypatch.setattr(plan, "free_memory", lambda device: 400 << 20)
     request = LoadRequest(spec="bundled", device="cpu", precision="exact")
     with pytest.raises(
@@ -355,17 +355,17 @@ def test_a_gguf_streams_its_disk_placed_weights_without_holding_them(tmp_path):
     """The exact path writes each disk-placed weight as it is dequantised: those weights never
     sit in the model in RAM, and the placed model computes what the one in memory does."""
     from engine.gguf.reader import GGUFFile
-    from engine.model import builders
+    from engine.model import reference
     from engine.placement.dispatch import DiskWriter, offload_folder, place_in_memory
     from tests.engine.model.test_fast import hf_model
     from tests.gguf_files import F32, write_gguf
 
     file = GGUFFile(write_gguf(tmp_path / "f32.gguf", hf_model("llama"), F32, F32))
-    in_memory = builders.build_exact(file, torch.float32)
+    in_memory = reference.build_exact(file, torch.float32)
     mapping = {unit.name: "cpu" for unit in plan.units(in_memory)}
     mapping["model.layers.1"] = mapping["model.layers.2"] = "disk"
     writer = DiskWriter(mapping, offload_folder(tmp_path))
-    streamed = builders.build_exact(file, torch.float32, sink=writer)
+    streamed = reference.build_exact(file, torch.float32, sink=writer)
     writer.close()
     on_meta = {name for name, p in streamed.named_parameters() if p.is_meta}
     assert on_meta == {n for n, _ in in_memory.named_parameters() if n.startswith(DISKED)}

@@ -18,7 +18,7 @@ from engine.disk.cache_folder import default_cache_dir
 from engine.generate.session import ChatSession
 from engine.gguf.reader import GGUFFile
 from engine.load.loader import LoadedModel, describe_fast
-from engine.model import builders
+from engine.model import fast_builder
 from engine.model.attention_probe import AttentionProbe
 from engine.model.kv_buffer import KVBuffer
 from engine.model.llama import GGUFLlama, QKNormAttention
@@ -63,7 +63,7 @@ def needs_a_compiler() -> None:
 
 
 def build(path) -> GGUFLlama:
-    return builders.build_fast(GGUFFile(path))
+    return fast_builder.build_fast(GGUFFile(path))
 
 
 @pytest.fixture(scope="module")
@@ -209,20 +209,21 @@ def test_the_benchmark_times_the_compiled_step_and_the_eager_one_beside(
 
 def test_a_load_that_builds_no_step_uses_a_kept_one_only(compiled, tiny_gguf, tmp_path,
                                                           monkeypatch):  # fmt: skip
-    from engine.load.loader import _compile_in_background, _file_key
+    from engine.load.gguf_fast import compile_in_background
+    from engine.load.tokenizer import file_key
     from engine.settings import LoadRequest
 
     monkeypatch.setenv("GLASSBOX_COMPILE", "1")
     _, kept = compiled
     request = LoadRequest(precision="fast", build_compiled=False)
     fresh = build(tiny_gguf)
-    assert _compile_in_background(fresh, tiny_gguf, tmp_path, request) is None  # none kept
+    assert compile_in_background(fresh, tiny_gguf, tmp_path, request) is None  # none kept
     threads = torch.get_num_threads()
     path = compiled_decode.artifact_path(tmp_path / "compiled", tiny_gguf.stem,
-                                         _file_key(tiny_gguf), threads, fresh)  # fmt: skip
+                                         file_key(tiny_gguf), threads, fresh)  # fmt: skip
     path.parent.mkdir()
     shutil.copy(kept, path)
-    attacher = _compile_in_background(fresh, tiny_gguf, tmp_path, request)
+    attacher = compile_in_background(fresh, tiny_gguf, tmp_path, request)
     assert attacher is not None and attacher.done.wait(60)
     assert attacher.state == "compiled" and fresh.decode_step is not None
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.gguf.reader import GGUFFile
-from engine.model import builders
+from engine.model import fast_builder
 from engine.model.attention_probe import AttentionProbe
 from engine.model.llama import GGUFLlama
 from engine.step import static as static_decode
@@ -35,7 +35,7 @@ def tiny_gguf(tmp_path_factory):
 
 
 def build(path, device: str = "cpu") -> GGUFLlama:
-    model = builders.build_fast(GGUFFile(path), kernels=False)  # the GPU's form, as loaded
+    model = fast_builder.build_fast(GGUFFile(path), kernels=False)  # the GPU's form, as loaded
     if device != "cpu":
         from engine.model.to_device import to_device
 

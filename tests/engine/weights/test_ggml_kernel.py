@@ -10,7 +10,8 @@ import torch
 
 from engine.gguf import blocks as ggml_blocks
 from engine.gguf.reader import GGUFFile
-from engine.model import builders
+from engine.model import fast_builder
+from engine.model.reference import build_exact
 from engine.step import compiled
 from engine.weights import ggml_kernel
 from engine.weights import linear as quant
@@ -129,7 +130,7 @@ def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_pat
     cache follow the exact model's."""
     monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "all")
     file = GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", Q6_K))
-    fast = builders.build_fast(file)
+    fast = fast_builder.build_fast(file)
     block = fast.blocks[0]
     q_k, v = block.attention.qkv.linears()
     assert isinstance(q_k, quant.GGMLLinear) and q_k.qtype == quant.Q4_K
@@ -146,7 +147,7 @@ def test_a_fast_model_holds_the_files_blocks_and_follows_the_exact_model(tmp_pat
     if compiled._package_loader() is not None:  # else it refuses for the torch
         assert compiled.refusal(fast) is None
 
-    exact = builders.build_exact(file, torch.float32)
+    exact = build_exact(file, torch.float32)
     ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = exact(ids).logits[0]
@@ -169,7 +170,7 @@ def test_which_types_the_kernels_hold_under_each_kernel_set(capability, monkeypa
 def test_turned_off_the_weights_take_torchs_int4_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "0")
     assert not ggml_kernel.in_use()
-    fast = builders.build_fast(GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", Q6_K)))
+    fast = fast_builder.build_fast(GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", Q6_K)))
     assert not any(isinstance(m, quant.GGMLLinear) for m in fast.modules())
 
 

@@ -11,7 +11,8 @@ import torch
 
 from engine.gguf import blocks as ggml_blocks
 from engine.gguf.reader import GGUFFile
-from engine.model import builders
+from engine.model import fast_builder
+from engine.model.reference import build_exact
 from engine.weights import linear as quant
 from engine.weights.pack_cache import PackCache, pack_path
 from tests.engine.model.test_fast import assert_follows_logits
@@ -161,8 +162,8 @@ Q6_LAYOUT = quant.Q6KLinear if quant.kernel_block_rows() == 64 else quant.DenseL
 @pytest.mark.parametrize("head", [Q4_K, Q6_K])
 def test_mixed_types_fuse_by_layout_and_follow_the_exact_model(head, tmp_path, caplog):
     file = GGUFFile(mixed_gguf(tmp_path / "mixed.gguf", head))
-    with caplog.at_level(logging.INFO, logger="engine.model.builders"):
-        fast = builders.build_fast(file)
+    with caplog.at_level(logging.INFO, logger="engine.model.fast_builder"):
+        fast = fast_builder.build_fast(file)
     block = fast.blocks[0]
     qkv = block.attention.qkv
     assert isinstance(qkv, quant.PartsLinear)  # [q; k] one int4 product, v another
@@ -185,7 +186,7 @@ def test_mixed_types_fuse_by_layout_and_follow_the_exact_model(head, tmp_path, c
     else:
         assert notes == []  # nothing dequantised
 
-    exact = builders.build_exact(file, torch.float32)
+    exact = build_exact(file, torch.float32)
     ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = exact(ids).logits[0]
@@ -199,9 +200,9 @@ def test_a_second_build_of_mixed_types_reads_everything_from_the_pack(tmp_path, 
     repacks and dequantises nothing, and holds the same weights."""
     path = mixed_gguf(tmp_path / "mixed.gguf", Q6_K)
     file = GGUFFile(path)
-    fresh = builders.build_fast(file)
+    fresh = fast_builder.build_fast(file)
     first = PackCache(pack_path(tmp_path, path.stem, "key"), path.stem)
-    builders.build_fast(file, packs=first)
+    fast_builder.build_fast(file, packs=first)
     assert first.missed
 
     def refuse(*args, **kwargs):
@@ -209,9 +210,9 @@ def test_a_second_build_of_mixed_types_reads_everything_from_the_pack(tmp_path, 
 
     monkeypatch.setattr(quant.Int4Linear, "from_parts", refuse)
     monkeypatch.setattr(quant.Int4Linear, "requantized", refuse)
-    monkeypatch.setattr(builders, "_dense", refuse)
+    monkeypatch.setattr(fast_builder, "_dense", refuse)
     again = PackCache(pack_path(tmp_path, path.stem, "key"), path.stem)
-    model = builders.build_fast(file, packs=again)
+    model = fast_builder.build_fast(file, packs=again)
     assert not again.missed
     buffers = dict(model.named_buffers())
     for name, expected in fresh.named_buffers():
@@ -226,6 +227,6 @@ def test_the_compiled_step_takes_every_layout_build_fast_makes(tmp_path):
     from engine.step import compiled as compiled_decode
 
     path = mixed_gguf(tmp_path / "mixed.gguf", Q6_K)
-    model = builders.build_fast(GGUFFile(path))
+    model = fast_builder.build_fast(GGUFFile(path))
     if compiled_decode._package_loader() is not None:  # else it refuses for the torch
         assert compiled_decode.refusal(model) is None

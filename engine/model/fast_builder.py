@@ -1,21 +1,13 @@
-"""Build models from a GGUF file: Glassbox's quantised GGUFLlama, or a transformers reference.
-
-Both read the same tensors through GGUFFile. llama.cpp's converter stores the q and k weights
-of `llama` models with the rows of each head interleaved for its RoPE layout; rows are
-independent in every GGUF type, so they are put back in transformers' order (rotate-half RoPE)
-by reordering raw rows, exactly, before anything is dequantised or repacked.
-"""
+"""Glassbox's own model (GGUFLlama, GGUFGemma) on a GGUF's quantised weights: each weight held
+in the layout its kernels multiply fastest (the file's own blocks in the GGML kernels, int4
+repacked for torch's kernel, or bf16), and the plan a placement makes of it."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import dataclasses
-import functools
 import logging
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import cast
 
 import torch
 
@@ -28,6 +20,7 @@ from engine.model.gemma import (
     GemmaFeedForward,
     GGUFGemma,
 )
+from engine.model.gguf_shape import TensorProgress, raw_rows, read_shape, release_freed_memory
 from engine.model.llama import (
     Attention,
     Block,
@@ -43,102 +36,9 @@ from engine.weights import ggml_kernel
 from engine.weights import linear as quant
 from engine.weights.pack_cache import PackCache
 
-if TYPE_CHECKING:
-    from transformers import (
-        Gemma3TextConfig,
-        LlamaConfig,
-        PreTrainedModel,
-        Qwen2Config,
-        Qwen3Config,
-    )
-
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
-# Gemma 3's layers attend within a window but every GEMMA_GLOBAL-th, which sees everything:
-# the file does not say so; llama.cpp (set_swa_pattern(6)) and transformers both assume it.
-GEMMA_GLOBAL = 6
-GEMMA_LOCAL_ROPE_BASE = 10000.0  # the sliding layers' RoPE base (also not in the file)
-# Called per tensor: (tensors done, tensors in all).
-TensorProgress = Callable[[int, int], None]
 ROW_CHUNK = 2048  # rows repacked at a time, so a large lm_head never exists in float32 whole
-
-
-class Unsupported(ValueError):
-    """The GGUF holds a model the own engine cannot run; the message says what."""
-
-
-def read_shape(file: GGUFFile) -> LlamaShape:
-    """The model's dimensions from the metadata, or Unsupported with the reason."""
-    arch = file.get("general.architecture", "?")
-    if arch not in ARCHITECTURES:
-        raise Unsupported(f"architecture '{arch}' (the own engine runs {', '.join(ARCHITECTURES)})")
-
-    def meta(key: str, default: Any = None) -> Any:  # a metadata value, as the file types it
-        value = file.get(f"{arch}.{key}", default)
-        if value is None:
-            raise Unsupported(f"metadata {arch}.{key} is missing")
-        return value
-
-    scaling = file.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
-        raise Unsupported(f"RoPE scaling '{scaling}'")
-    dim, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
-    head_dim = int(meta("attention.key_length", dim // heads))
-    if int(meta("rope.dimension_count", head_dim)) != head_dim:
-        raise Unsupported("partial RoPE (rotary dimensions below the head size)")
-    if "token_embd.weight" not in file.tensors:
-        raise Unsupported("no token_embd.weight tensor")
-    shape = LlamaShape(
-        vocab=file.tensors["token_embd.weight"].shape[0],
-        dim=dim,
-        layers=int(meta("block_count")),
-        heads=heads,
-        kv_heads=int(meta("attention.head_count_kv", heads)),
-        head_dim=head_dim,
-        ffn=int(meta("feed_forward_length")),
-        eps=float(meta("attention.layer_norm_rms_epsilon")),
-        rope_base=float(meta("rope.freq_base", 10000.0)),
-        context=int(meta("context_length", 2048)),
-        architecture=arch,
-        parameters=sum(math.prod(info.shape) for info in file.tensors.values()),
-    )
-    return _gemma_shape(shape, int(meta("attention.sliding_window"))) if arch == "gemma3" else shape
-
-
-def _gemma_shape(shape: LlamaShape, window: int) -> LlamaShape:
-    """Gemma 3's sliding layers, window and q·k scale, as llama.cpp reads them: the scale is
-    head_dim ** -0.5, but (dim / heads) ** -0.5 on the 62-layer 27B (query_pre_attn_scalar)."""
-    layers = tuple(i for i in range(shape.layers) if (i + 1) % GEMMA_GLOBAL)
-    scalar = shape.dim // shape.heads if shape.layers == 62 else shape.head_dim
-    return dataclasses.replace(
-        shape,
-        sliding_layers=layers,
-        sliding_window=window,
-        local_rope_base=GEMMA_LOCAL_ROPE_BASE,
-        query_scale=scalar**-0.5,
-    )
-
-
-def raw_rows(file: GGUFFile, shape: LlamaShape, name: str) -> torch.Tensor:
-    """A tensor's raw rows (uint8 [rows, row_bytes]) in transformers' row order."""
-    rows = torch.from_numpy(file.read(name))
-    if shape.architecture != "llama":  # only llama's converter permutes
-        return rows
-    if name.endswith("attn_q.weight"):
-        return _unpermute(rows, shape.heads)
-    if name.endswith("attn_k.weight"):
-        return _unpermute(rows, shape.kv_heads)
-    return rows
-
-
-def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's per-head (d/2, 2) -> (2, d/2) row interleave (as transformers does)."""
-    half = rows.shape[0] // heads // 2
-    return rows.reshape(heads, half, 2, -1).transpose(1, 2).reshape(rows.shape)
-
-
-# -- the quantised model ---------------------------------------------------------------------
 
 
 def build_fast(
@@ -289,24 +189,6 @@ def _gemma_block(
     before, after_attention, before_ffn, after_ffn = (vector(f"{prefix}{n}.weight") for n in names)
     norms = (before, after_attention, before_ffn, after_ffn)
     return GemmaBlock(attention, GemmaFeedForward(gate_up, down, shape.ffn), norms, shape.eps)
-
-
-def release_freed_memory() -> None:
-    """Hand the repacking's freed temporaries back to the OS (glibc keeps them otherwise:
-    100 MB of resident memory on the bundled model, more than its weights)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None elsewhere. Looked up once: find_library runs ldconfig,
-    ~4 ms a call, and loading calls this after every chunk."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        return None
 
 
 # the layouts of a weight
@@ -562,172 +444,3 @@ def fast_skeleton(file: GGUFFile) -> torch.nn.Module:
 def fast_bytes(file: GGUFFile) -> int:
     """What the fast model holds in memory, about: the units of its plan (fast_skeleton)."""
     return sum(weight.numel() for weight in fast_skeleton(file).parameters())
-
-
-# -- the transformers reference ------------------------------------------------------------
-
-HF_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3's (and Gemma 3's) QK-norm
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-}
-
-
-# Gemma 3 names its norms after where they sit: its ffn_norm is the one before the feed-forward.
-GEMMA_HF_NAMES = {
-    **HF_NAMES,
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-}
-
-
-def hf_name(name: str, architecture: str = "llama") -> str | None:
-    if name == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if name == "output_norm.weight":
-        return "model.norm.weight"
-    if name == "output.weight":
-        return "lm_head.weight"
-    if name.startswith("blk."):
-        _, index, rest = name.split(".", 2)
-        names = GEMMA_HF_NAMES if architecture == "gemma3" else HF_NAMES
-        if rest in names:
-            return f"model.layers.{index}.{names[rest]}"
-    return None
-
-
-def hf_config(file: GGUFFile) -> LlamaConfig | Qwen2Config | Qwen3Config | Gemma3TextConfig:
-    """A transformers config for the GGUF's model (Llama, Qwen2, Qwen3 or Gemma3 classes)."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
-
-    shape = read_shape(file)
-    if shape.architecture == "gemma3":
-        return _gemma_config(file, shape)
-    if "rope_freqs.weight" in file.tensors:
-        raise Unsupported("Llama 3 RoPE frequency factors in the transformers reference")
-    classes: dict[str, type[LlamaConfig] | type[Qwen2Config] | type[Qwen3Config]] = {
-        "llama": LlamaConfig,
-        "qwen2": Qwen2Config,
-        "qwen3": Qwen3Config,
-    }
-    config_class = classes[shape.architecture]
-    # head_dim and rope_theta go through the configs' **kwargs (read into rope_parameters);
-    # their typed signatures leave them out.
-    config: LlamaConfig | Qwen2Config | Qwen3Config = config_class(  # type: ignore[call-arg]
-        vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.ffn,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=shape.eps,
-        rope_theta=shape.rope_base, max_position_embeddings=shape.context,
-        tie_word_embeddings="output.weight" not in file.tensors,
-        bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
-        pad_token_id=file.get("tokenizer.ggml.padding_token_id"),
-        architectures=[config_class.__name__.replace("Config", "ForCausalLM")],
-    )  # fmt: skip
-    return config
-
-
-def _gemma_config(file: GGUFFile, shape: LlamaShape) -> Gemma3TextConfig:
-    """Gemma3TextConfig of the shape read_shape found: its layer types, window, both RoPE bases
-    and q·k scale spelled out, rather than left to the config's defaults."""
-    from transformers import Gemma3TextConfig
-
-    sliding = set(shape.sliding_layers)
-    kinds = ["sliding_attention" if i in sliding else "full_attention" for i in range(shape.layers)]
-    rope = {
-        "full_attention": {"rope_type": "default", "rope_theta": shape.rope_base},
-        "sliding_attention": {"rope_type": "default", "rope_theta": shape.local_rope_base},
-    }
-    return Gemma3TextConfig(
-        vocab_size=shape.vocab, hidden_size=shape.dim, intermediate_size=shape.ffn,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, rms_norm_eps=shape.eps,
-        rope_parameters=rope, max_position_embeddings=shape.context,
-        sliding_window=shape.sliding_window, layer_types=kinds,
-        query_pre_attn_scalar=round(shape.query_scale**-2),
-        tie_word_embeddings="output.weight" not in file.tensors,
-        bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
-        pad_token_id=file.get("tokenizer.ggml.padding_token_id"),
-        architectures=["Gemma3ForCausalLM"],
-    )  # fmt: skip
-
-
-def exact_skeleton(file: GGUFFile, dtype: torch.dtype) -> PreTrainedModel:
-    """The transformers model of the GGUF on the meta device: its shapes, no weights (what a
-    placement is planned on before anything is dequantised)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model: PreTrainedModel = AutoModelForCausalLM.from_config(hf_config(file), dtype=dtype)  # type: ignore[no-untyped-call]
-    return model
-
-
-def exact_bytes(file: GGUFFile, dtype: torch.dtype) -> int:
-    """What the dequantised weights take in `dtype` (an estimate: tensors the file holds)."""
-    size = torch.empty((), dtype=dtype).element_size()
-    return sum(math.prod(info.shape) * size for info in file.tensors.values())
-
-
-# Takes a dequantised weight (its transformers name) out of RAM, e.g. to disk; False: keep it.
-WeightSink = Callable[[str, torch.Tensor], bool]
-
-
-def build_exact(
-    file: GGUFFile,
-    dtype: torch.dtype,
-    progress: TensorProgress | None = None,
-    sink: WeightSink | None = None,
-) -> PreTrainedModel:
-    """The transformers model with every weight dequantised to `dtype` (no copy on disk).
-
-    `sink` may take each weight as it is made (a placement writing it to disk): a weight it
-    takes stays on the meta device, so a model larger than RAM never sits in it whole."""
-    config = hf_config(file)
-    shape = read_shape(file)
-    state = {}
-    taken: set[str] = set()
-    names = list(file.tensors)
-    gemma = shape.architecture == "gemma3"
-    for done, name in enumerate(names, 1):
-        target = hf_name(name, shape.architecture)
-        if target == "lm_head.weight" and config.tie_word_embeddings:
-            target = None  # the head is the embedding
-        if target is not None:
-            info = file.tensors[name]
-            rows = raw_rows(file, shape, name)
-            weight = quant.dense(rows, info.type, info.shape[-1]).reshape(info.shape)
-            if gemma and name.endswith("norm.weight"):  # the file's 1 + w, Gemma3RMSNorm's w
-                weight = weight - 1
-            weight = weight.to(dtype, copy=True)
-            if sink is not None and sink(target, weight):
-                taken.add(target)
-            else:
-                state[target] = weight
-        if progress is not None:
-            progress(done, len(names))
-    model = exact_skeleton(file, dtype)
-    model.load_state_dict(state, strict=False, assign=True)
-    model.tie_weights()
-    missing = [n for n, p in model.named_parameters() if p.is_meta and n not in taken]
-    if missing:
-        raise Unsupported(f"the GGUF lacks {', '.join(missing[:3])}")
-    # The rotary tables are buffers computed at construction, which happened on the meta device.
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
-    if gemma:  # so is the embedding's √dim, made in the model's dtype as transformers does
-        scale = torch.tensor(config.hidden_size**0.5, dtype=dtype)
-        model.model.embed_tokens.embed_scale = scale
-    exact: PreTrainedModel = model.eval()  # type: ignore[no-untyped-call]
-    return exact

@@ -1,0 +1,56 @@
+"""GGUF weights kept as the file's own blocks and multiplied by the GGML kernels
+(engine/weights/ggml_kernel.py) with integer dot products, llama.cpp's way."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.gguf.blocks import Q4_1, Q4_K, quantize_q4_1, quantize_q4_k
+
+# From this many rows the GGML kernels' products (one row of weights at a time, ~40 G
+# multiply-adds a second on 2 threads) lose to dequantising for one dense matmul. Qwen2.5-1.5B's
+# ffn_gate, 2 threads: 16 rows 5.0 ms against 3.6, 8 rows 2.5 against 3.1.
+GGML_DENSE_ROWS = 16
+
+
+class GGMLLinear(torch.nn.Module):
+    """y = x·Wᵀ with W the file's own blocks of one type, multiplied by the GGML kernels
+    (engine/weights/ggml_kernel.py: activations rounded to int8 in two terms per block); held at the
+    file's size. From GGML_DENSE_ROWS rows (a prefill) the blocks are dequantised to bf16
+    for one dense matmul, exactly as gguf dequantizes them."""
+
+    raw: torch.Tensor  # a buffer, declared for the type checker
+
+    def __init__(self, raw: torch.Tensor, qtype: int, in_features: int) -> None:
+        super().__init__()
+        self.register_buffer("raw", raw, persistent=False)  # uint8 [out, row bytes]
+        self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
+
+    @classmethod
+    def requantized(cls, weight: torch.Tensor, qtype: int = Q4_1) -> GGMLLinear:
+        """float weights [N, K] requantised to Q4_1 or Q4_K blocks (lossy: the lm_head's bulk
+        product, whose top logits llama.Head recomputes from the file's rows)."""
+        quantize = {Q4_1: quantize_q4_1, Q4_K: quantize_q4_k}[qtype]
+        raw = torch.from_numpy(quantize(weight.float().numpy()))
+        return cls(raw, qtype, weight.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.numel()
+
+    def dense(self) -> torch.Tensor:
+        """The weights [out, in] in bf16."""
+        weight: torch.Tensor = torch.ops.glassbox.ggml_dequantize(
+            self.raw, self.qtype, self.in_features
+        )
+        return weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out] in bf16."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        if x.shape[0] >= GGML_DENSE_ROWS:
+            y = torch.nn.functional.linear(x, self.dense())
+        else:
+            y = torch.ops.glassbox.ggml_mm(x, self.raw, self.qtype)
+        return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)
