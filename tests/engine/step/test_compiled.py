@@ -365,11 +365,15 @@ def test_gemma_decodes_through_the_compiled_step_as_eagerly(compiled_gemma):
     through its own cache (the sliding layers' window moved to the front on the way) and
     through a plain one."""
     assert_a_gemma_plan(compiled_gemma)
-    assert_follows_the_eager_steps(compiled_gemma, new_cache=small_windowed_cache)
+    # Gemma rounds to bf16 at more places a layer than Llama (four norms, the QK-norm), each
+    # of which the compiled step fuses into its own loops: measured up to 0.016 apart (4 bf16
+    # steps at 0.5) on 3 of 49,152 logits, where the tiny Llama's stay within one step.
+    steps = 8
+    assert_follows_the_eager_steps(compiled_gemma, steps, new_cache=small_windowed_cache)
     cache = decode(compiled_gemma, list(range(5 + STEPS)), frozenset(), True,
                    small_windowed_cache)[1]  # fmt: skip
     assert cache.offset > 0  # the step wrote past a move of the window
-    assert_follows_the_eager_steps(compiled_gemma)
+    assert_follows_the_eager_steps(compiled_gemma, steps)
 
 
 def test_gemmas_flat_ops_follow_the_eager_steps_in_torchs_kernels(tmp_path, monkeypatch):
