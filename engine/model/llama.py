@@ -27,15 +27,16 @@ from torch import nn
 from engine.model.attention_probe import AttentionProbe, attention_weights
 from engine.model.kv_buffer import KVBuffer
 from engine.model.layer import (
+    ROPE_MATRIX_ROWS,
     LayerForm,
     LayerOps,
     LayerWeights,
+    Rope,
     decode_layer,
     glu,
     norm_row,
     post_norm_row,
     qk_norm,
-    rotate,
 )
 from engine.weights.linear import Linear, RowReader
 
@@ -103,60 +104,6 @@ def post_norm(h: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch
 @functools.cache
 def eps_tensor(eps: float, device: torch.device) -> torch.Tensor:
     return torch.full((1, 1), eps, device=device)
-
-
-# Up to this many new positions, RoPE is one batched matmul with a rotation matrix per position
-# (3 ops: 11 µs a decode step against 22 µs elementwise); more, and the matrices cost more.
-ROPE_MATRIX_ROWS = 8
-
-
-class Rope:
-    """Rotary position embedding for positions start..start+n-1, rotate-half layout, float32.
-
-    Built once per forward pass, applied in every layer. x [n, heads, d] bf16 -> same, rotated.
-    """
-
-    def __init__(
-        self, inv_freq: torch.Tensor, start: int, n: int, matrix_rows: int = ROPE_MATRIX_ROWS
-    ) -> None:
-        positions = torch.arange(start, start + n, device=inv_freq.device, dtype=torch.float32)
-        self._build(positions, inv_freq, n <= matrix_rows)
-
-    @classmethod
-    def at(cls, positions: torch.Tensor, inv_freq: torch.Tensor, matrix: bool) -> Rope:
-        """The rotation of positions held in a tensor [n] (a GPU step's, on the device)."""
-        rope = cls.__new__(cls)
-        rope._build(positions.float(), inv_freq, matrix)
-        return rope
-
-    def _build(self, positions: torch.Tensor, inv_freq: torch.Tensor, matrix: bool) -> None:
-        angles = torch.outer(positions, inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)[:, None]  # [n, 1, d]
-        cos, sin = angles.cos(), angles.sin()
-        half = inv_freq.shape[0]
-        # rotate_half(x)·sin = roll(x, half)·(sin with its first half negated)
-        self.cos = cos
-        self.sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        self.matrix = rotation_matrices(cos[:, 0], sin[:, 0]) if matrix else None
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """What layer.rotate takes: (matrices,) or (cos, signed sin)."""
-        return (self.matrix,) if self.matrix is not None else (self.cos, self.sin)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return rotate(x, self.tensors())
-
-
-def rotation_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """[n, d] cos and sin -> [n, d, d] matrices M with x·M = x·cos + rotate_half(x)·sin."""
-    d = cos.shape[-1]
-    half = d // 2
-    rotate = torch.zeros(d, d, device=cos.device)  # rotate_half(x) = x·rotate
-    index = torch.arange(half, device=cos.device)
-    rotate[index + half, index] = -1.0
-    rotate[index, index + half] = 1.0
-    eye = torch.eye(d, device=cos.device)
-    return eye * cos[:, None, :] + rotate * sin[:, None, :]
 
 
 @dataclass(frozen=True)

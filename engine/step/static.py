@@ -45,9 +45,9 @@ import torch.nn.functional as F
 
 from engine.model.attention_probe import AttentionProbe
 from engine.model.kv_buffer import KVBuffer
-from engine.model.layer import LayerOps, decode_layer, norm_row
-from engine.model.llama import Attention, Block, GGUFLlama, Rope
-from engine.step.compiled import layers_refusal
+from engine.model.layer import LayerOps, Rope, decode_layer, norm_row
+from engine.model.llama import Attention, Block, GGUFLlama
+from engine.step.flat import layers_refusal
 
 log = logging.getLogger(__name__)
 
