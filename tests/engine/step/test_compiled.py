@@ -366,15 +366,17 @@ def test_gemma_decodes_through_the_compiled_step_as_eagerly(compiled_gemma):
     through its own cache (the sliding layers' window moved to the front on the way) and
     through a plain one."""
     assert_a_gemma_plan(compiled_gemma)
+    # The mixed layouts' tolerances (test_compiled_steps_of_biases_and_mixed_layouts...):
     # Gemma rounds to bf16 at more places a layer than Llama (four norms, the QK-norm), each
-    # of which the compiled step fuses into its own loops: measured up to 0.016 apart (4 bf16
-    # steps at 0.5) on 3 of 49,152 logits, where the tiny Llama's stay within one step.
-    steps = 8
-    assert_follows_the_eager_steps(compiled_gemma, steps, new_cache=small_windowed_cache)
+    # of which the compiled step fuses into its own loops, and a key a bf16 step apart moves
+    # every later step: measured up to 0.025 apart at a logit of 0.49 on 1 of 49,152 logits
+    # (largest logit 0.66), where the tiny Llama's stay within one bf16 step.
+    tolerances = {"logit_steps": 16, "attention_atol": 0.06}
+    assert_follows_the_eager_steps(compiled_gemma, new_cache=small_windowed_cache, **tolerances)
     cache = decode(compiled_gemma, list(range(5 + STEPS)), frozenset(), True,
                    small_windowed_cache)[1]  # fmt: skip
     assert cache.offset > 0  # the step wrote past a move of the window
-    assert_follows_the_eager_steps(compiled_gemma, steps)
+    assert_follows_the_eager_steps(compiled_gemma, **tolerances)
 
 
 def test_gemmas_flat_ops_follow_the_eager_steps_in_torchs_kernels(tmp_path, monkeypatch):
