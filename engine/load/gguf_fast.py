@@ -129,7 +129,7 @@ def compile_in_background(
     request builds one)."""
     if not request.compiled:
         return None
-    # the model's own refusal first: compiled_decode.refusal checks only Llama's ops
+    # the model's own refusal first (layers placed on disk), then the step's and the user's
     reason = model.compile_refusal or compiled_decode.refusal(model) or compiled_decode.disabled()
     if reason is not None:
         log.info("the decode step stays eager: %s", reason)

@@ -10,28 +10,20 @@ What Gemma 3 adds to a Llama block, each as transformers' Gemma3 and llama.cpp c
 - sliding-window layers: a query sees only the last `sliding_window` keys, itself included;
   they rotate with RoPE base 10,000, the global layers with the file's own base;
 - q·k scaled by query_pre_attn_scalar ** -0.5 (head_dim ** -0.5 but on 27B).
-The Llama classes are left untouched: these are subclasses, so a Llama decode step runs the
-ops it ran before.
+Each is a field of engine/model/layer.py's one decoder layer (None or False for Llama), so the
+eager forward, the CPU's compiled step and the GPU's static step all run Gemma's layers; these
+subclasses only fill them in.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.nn.functional as F
 
 from engine.model import llama
 from engine.model.attention_probe import attention_weights
-from engine.model.kv_buffer import WindowedKVBuffer
-from engine.model.llama import (
-    Pass,
-    QKNormAttention,
-    Rope,
-    decode_attention,
-    eps_tensor,
-    rms_norm,
-)
+from engine.model.kv_buffer import KVBuffer, WindowedKVBuffer
+from engine.model.llama import QKNormAttention, decode_attention
 from engine.weights.linear import Linear, RowReader
 
 
@@ -76,6 +68,8 @@ def attend_window(
 
 
 class GemmaAttention(QKNormAttention):
+    scale: float
+
     def __init__(
         self,
         shape: llama.LlamaShape,
@@ -99,28 +93,14 @@ class GemmaAttention(QKNormAttention):
         return attention_weights(q, seen, mask, self.scale, rows)
 
 
+GLOBAL, LOCAL = 0, 1  # GGUFGemma.frequencies: the file's RoPE base, the sliding layers' base
+
+
 class GemmaFeedForward(llama.FeedForward):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up.forward(x)
-        gate = F.gelu(gate_up[:, : self.ffn], approximate="tanh")
-        return self.down.forward(gate * gate_up[:, self.ffn :])
-
-
-def post_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """A sublayer's bf16 output [n, dim] RMS-normalised in float32, kept in float32 for the
-    residual stream it joins. One position (a decode step, 36 calls in Gemma-3-270M) as
-    llama.rms_norm does it: the mean square as one matmul, 3 ops where F.rms_norm runs ~9."""
-    h = h.float()
-    if h.shape[0] != 1:
-        return F.rms_norm(h, weight.shape, weight, eps)
-    inverse_rms = torch.addmm(eps_tensor(eps, h.device), h, h.t(), alpha=1 / h.shape[1]).rsqrt_()
-    return h * (weight * inverse_rms)
+    gelu = True  # GeGLU: gelu (tanh approximation) of the gate
 
 
 class GemmaBlock(llama.Block):
-    post_attention_norm: torch.Tensor  # buffers, declared for the type checker
-    post_ffn_norm: torch.Tensor
-
     def __init__(
         self,
         attention: GemmaAttention,
@@ -132,13 +112,7 @@ class GemmaBlock(llama.Block):
         super().__init__(attention, feed_forward, (norms[0], norms[2]), eps)
         self.register_buffer("post_attention_norm", norms[1], persistent=False)
         self.register_buffer("post_ffn_norm", norms[3], persistent=False)
-
-    def forward(self, x: torch.Tensor, layer: int, where: Pass) -> torch.Tensor:
-        h = rms_norm(x, self.attention_norm, self.eps)
-        h = self.attention.forward(h, layer, where)
-        x = x + post_norm(h, self.post_attention_norm, self.eps)
-        h = self.feed_forward.forward(rms_norm(x, self.ffn_norm, self.eps))
-        return x + post_norm(h, self.post_ffn_norm, self.eps)
+        self.rope = LOCAL if attention.window is not None else GLOBAL
 
 
 class GemmaEmbedding(llama.Embedding):
@@ -152,12 +126,14 @@ class GemmaEmbedding(llama.Embedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lookup(ids.reshape(-1)).mul_(self.scale)  # [n, dim] float32
 
+    def table(self) -> torch.Tensor:
+        return self.lookup.all().mul(self.scale)
+
 
 class GGUFGemma(llama.GGUFLlama):
-    """GGUFLlama with Gemma blocks, and a second RoPE table for the sliding layers."""
+    """GGUFLlama with Gemma blocks, and a second RoPE base for the sliding layers."""
 
     local_inv_freq: torch.Tensor  # a buffer, declared for the type checker
-    compile_refusal = "gemma3's norms and window are not in the compiled step yet"
     # Never by matrices: at head_dim 256 one costs 16x the FLOPs of Llama's 64; measured here,
     # building one and rotating by it took ~60x the elementwise form's time.
     rope_matrix_rows = 0
@@ -167,22 +143,15 @@ class GGUFGemma(llama.GGUFLlama):
                  inv_freq: torch.Tensor, local_inv_freq: torch.Tensor) -> None:  # fmt: skip
         super().__init__(shape, embedding, blocks, norm, output, inv_freq)
         self.register_buffer("local_inv_freq", local_inv_freq, persistent=False)
-        self.sliding = frozenset(shape.sliding_layers)
 
-    def new_cache(self) -> WindowedKVBuffer:
-        """A cache whose sliding layers keep only their window."""
+    def frequencies(self) -> tuple[torch.Tensor, ...]:
+        return self.inv_freq, self.local_inv_freq  # GLOBAL, LOCAL
+
+    def new_cache(self) -> KVBuffer:
+        """A cache whose sliding layers keep only their window (a static step's buckets hold
+        every position: its graphs are recorded over whole buckets)."""
+        if self.static_step is not None:
+            return self.static_step.new_cache()
         s = self.shape
         return WindowedKVBuffer(s.layers, s.kv_heads, s.head_dim, self.cache_dtype, self.device,
                                 sliding=s.sliding_layers, window=s.sliding_window)  # fmt: skip
-
-    def _layers(self, x: torch.Tensor, where: Pass) -> torch.Tensor:
-        """Every block, eagerly (the compiled step is Llama's): global layers rotate with
-        the pass's rope, sliding ones with the local base."""
-        local_rope = Rope(self.local_inv_freq, where.start, x.shape[0], self.rope_matrix_rows)
-        local = dataclasses.replace(where, rope=local_rope)
-        read_in = self.read_in
-        for layer, block in enumerate(self.blocks):
-            if read_in is not None:
-                read_in(layer)
-            x = block.forward(x, layer, local if layer in self.sliding else where)
-        return x

@@ -50,10 +50,15 @@ class KVBuffer:
         self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store keys/values [1, kv_heads, n, head_dim] at positions start..start+n-1; return
-        views of positions 0..start+n-1. Call `reserve(start + n)` before the pass."""
+        the views `held` gives. Call `reserve(start + n)` before the pass."""
         end = start + keys.shape[2]
         self.keys[layer][:, :, start:end] = keys
         self.values[layer][:, :, start:end] = values
+        return self.held(layer, start, end)
+
+    def held(self, layer: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the keys and values held for the queries at start..end-1: positions
+        0..end-1 here."""
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
     def truncate(self, tokens: int) -> bool:
@@ -138,7 +143,15 @@ class WindowedKVBuffer(KVBuffer):
         first, end = start - self.offset, start - self.offset + keys.shape[2]
         self.keys[layer][:, :, first:end] = keys
         self.values[layer][:, :, first:end] = values
+        return self.held(layer, start, start + keys.shape[2])
+
+    def held(self, layer: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """As KVBuffer.held; on a sliding layer from the first position the query at `start`
+        sees (start - window + 1)."""
+        if layer not in self.sliding:
+            return super().held(layer, start, end)
         seen = max(0, start - (self.window - 1) - self.offset)
+        end -= self.offset
         return self.keys[layer][:, :, seen:end], self.values[layer][:, :, seen:end]
 
     def truncate(self, tokens: int) -> bool:

@@ -26,6 +26,18 @@ from torch import nn
 
 from engine.model.attention_probe import AttentionProbe, attention_weights
 from engine.model.kv_buffer import KVBuffer
+from engine.model.layer import (
+    ROPE_MATRIX_ROWS,
+    LayerForm,
+    LayerOps,
+    LayerWeights,
+    Rope,
+    decode_layer,
+    glu,
+    norm_row,
+    post_norm_row,
+    qk_norm,
+)
 from engine.weights.linear import Linear, RowReader
 
 log = logging.getLogger(__name__)
@@ -65,25 +77,28 @@ class StaticStep(Protocol):
 
 class DecodeStep(Protocol):
     """Every layer of a one-token pass in one call (engine/step/compiled.py builds one):
-    x [1, dim], the rotation matrix [1, d, d], the position and the cache -> x after the last
-    layer and each layer's queries [1, heads, 1, d]."""
+    x [1, dim], the pass's rotations (one per RoPE base), the position and the cache -> x
+    after the last layer and each layer's queries [1, heads, 1, d]."""
 
     def __call__(
-        self, x: torch.Tensor, rotation: torch.Tensor, start: int, cache: KVBuffer
+        self, x: torch.Tensor, ropes: tuple[Rope, ...], start: int, cache: KVBuffer
     ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """float32 [n, dim] -> RMS-normalised and scaled in float32, out in bf16.
+    """float32 [n, dim] -> RMS-normalised and scaled in float32, out in bf16: one position
+    (a decode step) as layer.norm_row, a matmul for the mean square; more take the fused op."""
+    if x.shape[0] == 1:
+        return norm_row(x, weight, eps_tensor(eps, x.device))
+    return F.rms_norm(x, weight.shape, weight, eps).to(torch.bfloat16)
 
-    For one position (a decode step, 61 calls) the mean square is one matmul, x·xᵀ/dim + eps,
-    and the cast to bf16 happens in the last multiply: 4 ops where F.rms_norm and a cast run
-    9, ~0.9 ms of a 15 ms step here. Longer inputs take the fused op.
-    """
-    if x.shape[0] != 1:
-        return F.rms_norm(x, weight.shape, weight, eps).to(torch.bfloat16)
-    inverse_rms = torch.addmm(eps_tensor(eps, x.device), x, x.t(), alpha=1 / x.shape[1]).rsqrt_()
-    return torch.mul(x, weight * inverse_rms, out=torch.empty_like(x, dtype=torch.bfloat16))
+
+def post_norm(h: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """A sublayer's output [n, dim] as it joins the residual stream (layer.post_norm_row for
+    one position): as it is, or RMS-normalised in float32 where a block has the norm."""
+    if weight is None or h.shape[0] == 1:
+        return post_norm_row(h, weight, eps_tensor(eps, h.device))
+    return F.rms_norm(h.float(), weight.shape, weight, eps)
 
 
 @functools.cache
@@ -91,56 +106,13 @@ def eps_tensor(eps: float, device: torch.device) -> torch.Tensor:
     return torch.full((1, 1), eps, device=device)
 
 
-# Up to this many new positions, RoPE is one batched matmul with a rotation matrix per position
-# (3 ops: 11 µs a decode step against 22 µs elementwise); more, and the matrices cost more.
-ROPE_MATRIX_ROWS = 8
-
-
-class Rope:
-    """Rotary position embedding for positions start..start+n-1, rotate-half layout, float32.
-
-    Built once per forward pass, applied in every layer. x [n, heads, d] bf16 -> same, rotated.
-    """
-
-    def __init__(
-        self, inv_freq: torch.Tensor, start: int, n: int, matrix_rows: int = ROPE_MATRIX_ROWS
-    ) -> None:
-        positions = torch.arange(start, start + n, device=inv_freq.device, dtype=torch.float32)
-        angles = torch.outer(positions, inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)[:, None]  # [n, 1, d]
-        cos, sin = angles.cos(), angles.sin()
-        half = inv_freq.shape[0]
-        # rotate_half(x)·sin = roll(x, half)·(sin with its first half negated)
-        self.cos, self.half = cos, half
-        self.sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        self.matrix = rotation_matrices(cos[:, 0], sin[:, 0]) if n <= matrix_rows else None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
-        if self.matrix is not None:  # row vectors: x·M
-            return torch.matmul(x, self.matrix).to(torch.bfloat16)
-        # not addcmul: its fused multiply-add rounds differently from the reference formula
-        return (x * self.cos + x.roll(self.half, -1) * self.sin).to(torch.bfloat16)
-
-
-def rotation_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """[n, d] cos and sin -> [n, d, d] matrices M with x·M = x·cos + rotate_half(x)·sin."""
-    d = cos.shape[-1]
-    half = d // 2
-    rotate = torch.zeros(d, d, device=cos.device)  # rotate_half(x) = x·rotate
-    index = torch.arange(half, device=cos.device)
-    rotate[index + half, index] = -1.0
-    rotate[index, index + half] = 1.0
-    eye = torch.eye(d, device=cos.device)
-    return eye * cos[:, None, :] + rotate * sin[:, None, :]
-
-
 @dataclass(frozen=True)
 class Pass:
-    """What every layer of one forward pass shares: the positions' rotation, the cache its keys
-    and values go to (None in the no-cache teaching mode), its first position, the probe."""
+    """What every layer of one forward pass shares: the positions' rotations (one per RoPE
+    base: a block takes `ropes[block.rope]`), the cache its keys and values go to (None in the
+    no-cache teaching mode), its first position, the probe."""
 
-    rope: Rope
+    ropes: tuple[Rope, ...]
     cache: KVBuffer | None
     start: int
     probe: AttentionProbe | None
@@ -197,7 +169,10 @@ def decode_attention(
 
 
 class Attention(nn.Module):
-    bias: torch.Tensor | None  # a buffer, declared for the type checker
+    bias: torch.Tensor | None  # buffers, declared for the type checker
+    qk_norm: torch.Tensor | None
+    window: int | None = None  # keys a query sees on a sliding layer; None: every key
+    scale: float | None = None  # q·k scale; None: head_dim ** -0.5
 
     def __init__(
         self, shape: LlamaShape, qkv: Linear, out: Linear, bias: torch.Tensor | None
@@ -205,30 +180,53 @@ class Attention(nn.Module):
         super().__init__()
         self.qkv, self.out = qkv, out  # qkv: q, k, v projections fused into one matmul
         self.register_buffer("bias", bias, persistent=False)  # Qwen2 has q/k/v biases
+        self.register_buffer("qk_norm", None, persistent=False)  # QKNormAttention's
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.eps = shape.eps
 
-    def forward(self, x: torch.Tensor, layer: int, where: Pass) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, where: Pass, rope: Rope) -> torch.Tensor:
+        """A pass of n positions (the prompt's; one position goes through layer.decode_layer)
+        with the same pieces: x [n, dim] bf16 -> [n, dim]."""
         n, d = x.shape[0], self.head_dim
         qkv = self.qkv.forward(x)  # [n, (h + 2·kv_h)·d]
         if self.bias is not None:
             qkv = qkv + self.bias
         qk_heads = self.heads + self.kv_heads
-        qk = where.rope(self.before_rope(qkv[:, : qk_heads * d].view(n, qk_heads, d)))
-        # [1, heads, n, d]; one position is a plain view, which SDPA reads ~25% faster
-        qk = qk.view(1, qk_heads, 1, d) if n == 1 else qk.transpose(0, 1)[None]
+        qk = qkv[:, : qk_heads * d].view(n, qk_heads, d)
+        if self.qk_norm is not None:
+            qk = qk_norm(qk, self.qk_norm, eps_tensor(self.eps, x.device))
+        qk = rope(qk).transpose(0, 1)[None]  # [1, heads, n, d]
         q, k = qk[:, : self.heads], qk[:, self.heads :]  # [1, h, n, d], [1, kv_h, n, d]
         v = qkv[:, qk_heads * d :].view(n, self.kv_heads, d).transpose(0, 1)[None]
-        if where.cache is not None:
-            k, v = where.cache.write(layer, where.start, k, v)  # [1, kv_h, T, d]
-        probe = where.probe
-        if probe is not None and probe.wants(layer):
-            probe.weights[layer] = self.probe_weights(q, k, where.start, probe.rows)
+        k, v = self.write(k, v, layer, where)
+        self.watch(q, k, layer, where)
         y = self.attend(q, k, v, where.start)
         return self.out.forward(y[0].transpose(0, 1).reshape(n, self.heads * d))
 
-    def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
-        """q and k [n, h + kv_h, d] before they are rotated: as they are (Gemma norms them)."""
-        return qk
+    def write(
+        self, k: torch.Tensor, v: torch.Tensor, layer: int, where: Pass
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pass's keys and values into the cache: the ones its queries see."""
+        return (k, v) if where.cache is None else where.cache.write(layer, where.start, k, v)
+
+    def watch(self, q: torch.Tensor, k: torch.Tensor, layer: int, where: Pass) -> None:
+        """The probe's weights of this layer, if it watches it, from the q and k attended with."""
+        probe = where.probe
+        if probe is not None and probe.wants(layer):
+            probe.weights[layer] = self.probe_weights(q, k, where.start, probe.rows)
+
+    def ops(self, block: Block, layer: int, where: Pass) -> LayerOps:
+        """How the eager forward runs layer.decode_layer: the model's own linears, the pass's
+        rotation, the cache's write, this attention (and the probe)."""
+
+        def write(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.write(k, v, layer, where)
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.watch(q, k, layer, where)
+            return self.attend(q, k, v, where.start)
+
+        return LayerOps(block.multiply, where.ropes[block.rope], write, attend)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         """Causal attention over every key: [1, h, n, d]."""
@@ -243,7 +241,7 @@ class Attention(nn.Module):
 
 class QKNormAttention(Attention):
     """Attention whose q and k heads are each RMS-normalised over their values before RoPE
-    (Qwen3's q_norm/k_norm, Gemma 3's QK-norm), in float32 as RoPE works anyway."""
+    (Qwen3's q_norm/k_norm, Gemma 3's QK-norm): layer.qk_norm."""
 
     qk_norm: torch.Tensor  # a buffer, declared for the type checker
 
@@ -251,12 +249,6 @@ class QKNormAttention(Attention):
         super().__init__(shape, qkv, out, None)
         # [h + kv_h, d] float32: q's norm weights once per query head, then k's per key head
         self.register_buffer("qk_norm", qk_norm, persistent=False)
-        self.eps = shape.eps
-
-    def before_rope(self, qk: torch.Tensor) -> torch.Tensor:
-        qk = qk.float()
-        inverse_rms = qk.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        return qk.mul(inverse_rms).mul_(self.qk_norm)
 
 
 def qk_norm_weights(shape: LlamaShape, q_norm: torch.Tensor, k_norm: torch.Tensor) -> torch.Tensor:
@@ -265,18 +257,25 @@ def qk_norm_weights(shape: LlamaShape, q_norm: torch.Tensor, k_norm: torch.Tenso
 
 
 class FeedForward(nn.Module):
+    gelu = False  # SwiGLU; GeGLU where True (layer.glu)
+
     def __init__(self, gate_up: Linear, down: Linear, ffn: int) -> None:
         super().__init__()
         self.gate_up, self.down, self.ffn = gate_up, down, ffn  # gate and up fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up.forward(x)
-        return self.down.forward(F.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn :])
+        return self.down.forward(glu(self.gate_up.forward(x), self.gelu))
 
 
 class Block(nn.Module):
+    """One decoder layer: one position through layer.decode_layer, more through the same
+    pieces with the prompt's attention (Attention.forward)."""
+
     attention_norm: torch.Tensor  # buffers, declared for the type checker
     ffn_norm: torch.Tensor
+    post_attention_norm: torch.Tensor | None
+    post_ffn_norm: torch.Tensor | None
+    rope = 0  # which of a pass's rotations this layer takes (Gemma's sliding layers: 1)
 
     def __init__(
         self,
@@ -289,12 +288,37 @@ class Block(nn.Module):
         self.attention, self.feed_forward = attention, feed_forward
         self.register_buffer("attention_norm", norms[0], persistent=False)
         self.register_buffer("ffn_norm", norms[1], persistent=False)
+        self.register_buffer("post_attention_norm", None, persistent=False)  # Gemma's
+        self.register_buffer("post_ffn_norm", None, persistent=False)
         self.eps = eps
+        a = attention
+        self.form = LayerForm(a.heads, a.kv_heads, a.head_dim, gelu=feed_forward.gelu)
 
     def forward(self, x: torch.Tensor, layer: int, where: Pass) -> torch.Tensor:
+        if x.shape[0] == 1:
+            ops = self.attention.ops(self, layer, where)
+            x, _ = decode_layer(x, self.weights(), self.form, eps_tensor(self.eps, x.device), ops)
+            return x
         h = rms_norm(x, self.attention_norm, self.eps)
-        x = x + self.attention.forward(h, layer, where)
-        return x + self.feed_forward.forward(rms_norm(x, self.ffn_norm, self.eps))
+        h = self.attention.forward(h, layer, where, where.ropes[self.rope])
+        x = x + post_norm(h, self.post_attention_norm, self.eps)
+        h = self.feed_forward.forward(rms_norm(x, self.ffn_norm, self.eps))
+        return x + post_norm(h, self.post_ffn_norm, self.eps)
+
+    def weights(self) -> LayerWeights:
+        """The layer's tensors besides its linears, as layer.decode_layer takes them."""
+        a = self.attention
+        return LayerWeights(self.attention_norm, self.ffn_norm, a.bias, a.qk_norm,
+                            self.post_attention_norm, self.post_ffn_norm)  # fmt: skip
+
+    def linears(self) -> tuple[Linear, Linear, Linear, Linear]:
+        """qkv, out, gate_up, down: layer.QKV..DOWN (read at each call: to_device swaps them)."""
+        a, f = self.attention, self.feed_forward
+        return a.qkv, a.out, f.gate_up, f.down
+
+    def multiply(self, which: int, x: torch.Tensor) -> torch.Tensor:
+        """layer.LayerOps.multiply with the model's own linears."""
+        return self.linears()[which].forward(x)
 
 
 class Embedding(nn.Module):
@@ -309,6 +333,10 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lookup(ids.reshape(-1))  # [n, dim] float32
+
+    def table(self) -> torch.Tensor:
+        """Every token's row [vocab, dim] float32, as forward returns them (a GPU step's)."""
+        return self.lookup.all()
 
 
 class Head(nn.Module):
@@ -391,9 +419,8 @@ class GGUFLlama(nn.Module):
                 return logits[None] if every_position else logits
         if cache is not None:
             cache.reserve(start + n)
-        rope = Rope(self.inv_freq, start, n, self.rope_matrix_rows)
         x = self.embedding.forward(ids)  # [n, dim] float32
-        x = self._layers(x, Pass(rope, cache, start, probe))
+        x = self._layers(x, Pass(self.ropes(start, n), cache, start, probe))
         if cache is not None:
             cache.length = start + n
         if not every_position:
@@ -402,6 +429,14 @@ class GGUFLlama(nn.Module):
             self.read_in(self.shape.layers)
         logits = self.output.forward(rms_norm(x, self.norm, self.shape.eps))
         return logits if every_position else logits[-1]
+
+    def frequencies(self) -> tuple[torch.Tensor, ...]:
+        """RoPE's inverse frequencies [d / 2] per base a layer may take (Block.rope)."""
+        return (self.inv_freq,)
+
+    def ropes(self, start: int, n: int) -> tuple[Rope, ...]:
+        """The rotations of positions start..start+n-1, one per base (Block.rope)."""
+        return tuple(Rope(f, start, n, self.rope_matrix_rows) for f in self.frequencies())
 
     def _layers(self, x: torch.Tensor, where: Pass) -> torch.Tensor:
         """Every block, through the compiled step when it can take this pass: one token after
@@ -425,20 +460,25 @@ class GGUFLlama(nn.Module):
     ) -> torch.Tensor:
         """One token through the compiled step; a watched layer's attention from the queries
         it returns and the keys it wrote."""
-        rope, start, probe = where.rope, where.start, where.probe
-        assert rope.matrix is not None  # one position: always the matrix form
+        start, probe = where.start, where.probe
         cache.reserve(start + 2)  # it was compiled for a cache with room after this position
-        x, queries = step(x, rope.matrix, start, cache)
-        if probe is None:
-            return x
+        x, queries = step(x, where.ropes, start, cache)
+        if probe is not None:
+            self.watch(probe, queries, cache, start)
+        return x
+
+    def watch(
+        self, probe: AttentionProbe, queries: list[torch.Tensor], cache: KVBuffer, start: int
+    ) -> None:
+        """Watched layers' attention after a fast step (compiled or static), from the queries
+        it returned and the keys it cached for the position `start`."""
         for layer in sorted(probe.layers):
             if layer < len(queries):
-                keys = cache.keys[layer][:, :, : start + 1]
+                keys, _ = cache.held(layer, start, start + 1)
                 attention = cast("Attention", self.blocks[layer].attention)
                 probe.weights[layer] = attention.probe_weights(
                     queries[layer], keys, start, probe.rows
                 )
-        return x
 
     def weight_bytes(self) -> int:
         """Bytes of the weights a decode step reads (the mapped lookup rows excluded)."""

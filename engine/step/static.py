@@ -9,10 +9,11 @@ a device tensor updated in place, every shape fixed. Here:
   tensors are allocated once per model and reused by every conversation, so a graph records
   their addresses once; growing to the next bucket copies the filled part once and records a
   graph for that bucket (`BucketedKVBuffer`, `StaticDecode.builds` counts the recordings);
-- the step (`static_step`) embeds the token from a dense table, builds the rotation from the
-  device position, writes k and v at that position and attends over the whole bucket with a
-  mask beyond it, then runs the lm_head: the model's own modules, the same ops as
-  llama.Block for one token, with no host value anywhere;
+- the step (`static_step`) embeds the token from a dense table, builds the rotations from the
+  device position, and runs every layer through engine/model/layer.py's `decode_layer` (the
+  eager forward's own layer) with ops that write k and v at that position and attend over
+  the whole bucket with a mask beyond it (and outside a sliding layer's window), then the
+  lm_head: the model's own modules, with no host value anywhere;
 - the probes stay outside the graph: the step returns every layer's queries (as the CPU's
   compiled step does, engine/step/compiled.py), and a watched layer's attention is computed
   from them and the cached keys right after the step, before the next replay overwrites its
@@ -32,6 +33,7 @@ live view on costing <= 5%). `glassbox bench --device cuda` measures them.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import threading
@@ -43,8 +45,9 @@ import torch.nn.functional as F
 
 from engine.model.attention_probe import AttentionProbe
 from engine.model.kv_buffer import KVBuffer
-from engine.model.llama import Attention, Block, GGUFLlama, QKNormAttention, rotation_matrices
-from engine.step.compiled import one_row_norm
+from engine.model.layer import LayerOps, Rope, decode_layer, norm_row
+from engine.model.llama import Attention, Block, GGUFLlama
+from engine.step.flat import layers_refusal
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +88,7 @@ def refusal(model: GGUFLlama) -> str | None:
     """Why the static step cannot run this model, or None if it can."""
     if model.compile_refusal is not None:
         return model.compile_refusal.replace("compiled step", "static step")
-    for block in model.blocks:
-        if type(block) is not Block:
-            return f"its {type(block).__name__} layers are not in the static step"
-        if type(block.attention) not in (Attention, QKNormAttention):
-            return "its attention is not in the static step"
-    return None
+    return layers_refusal(model, "static step")
 
 
 class BucketedKVBuffer(KVBuffer):
@@ -115,14 +113,6 @@ class BucketedKVBuffer(KVBuffer):
         self.keys, self.values = list(keys), list(values)
 
 
-def rotation_at(position: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """llama.Rope's matrix for the position held in `position` [1] (int64, on the device):
-    [1, d, d] float32, the same arithmetic as Rope(inv_freq, start, 1)."""
-    angles = torch.outer(position.float(), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)  # [1, d]
-    return rotation_matrices(angles.cos(), angles.sin())
-
-
 def static_step(
     model: GGUFLlama,
     table: torch.Tensor,
@@ -131,56 +121,56 @@ def static_step(
     keys: Sequence[torch.Tensor],
     values: Sequence[torch.Tensor],
 ) -> StepOut:
-    """One token through every layer and the lm_head, every shape fixed by the bucket.
+    """One token through every layer (layer.decode_layer) and the lm_head, every shape fixed
+    by the bucket.
 
-    table [vocab, dim] float32 (the embedding rows); token, position [1] int64; keys/values
-    [1, kv_h, bucket, d] per layer, written at `position`. Returns the logits [vocab] float32
-    and each layer's queries [1, h, 1, d] bf16.
+    table [vocab, dim] float32 (the embedding's rows, Embedding.table); token, position [1]
+    int64; keys/values [1, kv_h, bucket, d] per layer, written at `position`. Returns the
+    logits [vocab] float32 and each layer's queries [1, h, 1, d] bf16.
     """
     eps = torch.full((1, 1), model.shape.eps, device=table.device)
     x = table[token]  # [1, dim] float32
-    rotation = rotation_at(position, model.inv_freq)  # [1, d, d]
-    seen = torch.arange(keys[0].shape[2], device=table.device) <= position  # [bucket]
+    matrix = model.rope_matrix_rows >= 1  # the form the eager one-token pass rotates by
+    ropes = [Rope.at(position, frequencies, matrix) for frequencies in model.frequencies()]
+    key_positions = torch.arange(keys[0].shape[2], device=table.device)  # [bucket]
+    seen = key_positions <= position
     queries = []
     for layer, module in enumerate(model.blocks):
         block = cast(Block, module)
-        h = one_row_norm(x, block.attention_norm, eps)
-        y, q = attention_step(block.attention, h, rotation, position, keys[layer], values[layer],
-                              seen)  # fmt: skip
-        x = x + y
-        x = x + block.feed_forward.forward(one_row_norm(x, block.ffn_norm, eps))
+        attention = block.attention
+        mask = seen
+        if attention.window is not None:  # a sliding layer: within its window too
+            mask = seen & (key_positions > position - attention.window)
+        write = functools.partial(_write_at, keys[layer], values[layer], position)
+        attend = functools.partial(_attend_bucket, attention, mask)
+        ops = LayerOps(block.multiply, ropes[block.rope], write, attend)
+        x, q = decode_layer(x, block.weights(), block.form, eps, ops)
         queries.append(q)
-    logits = model.output.forward(one_row_norm(x, model.norm, eps))
+    logits = model.output.forward(norm_row(x, model.norm, eps))
     return logits[0], queries
 
 
-def attention_step(
-    attention: Attention,
-    h: torch.Tensor,
-    rotation: torch.Tensor,
-    position: torch.Tensor,
+def _write_at(
     keys: torch.Tensor,
     values: torch.Tensor,
-    seen: torch.Tensor,
+    position: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """llama.Attention.forward for one token over a whole bucket: (output [1, dim], q)."""
-    heads, kv_heads, d = attention.heads, attention.kv_heads, attention.head_dim
-    qkv = attention.qkv.forward(h)  # [1, (h + 2·kv_h)·d]
-    if attention.bias is not None:
-        qkv = qkv + attention.bias
-    qk_heads = heads + kv_heads
-    qk = attention.before_rope(qkv[:, : qk_heads * d].view(1, qk_heads, d))
-    qk = torch.matmul(qk.float(), rotation).to(torch.bfloat16).view(1, qk_heads, 1, d)
-    q, k = qk[:, :heads], qk[:, heads:]
-    v = qkv[:, qk_heads * d :].view(1, kv_heads, 1, d)
+    """The new key and value at the device position; the query sees the whole bucket."""
     keys.index_copy_(2, position, k.to(keys.dtype))
     values.index_copy_(2, position, v.to(values.dtype))
-    y = F.scaled_dot_product_attention(
-        q.float(), keys.float(), values.float(), attn_mask=seen.view(1, 1, 1, -1),
-        enable_gqa=kv_heads != heads,
+    return keys, values
+
+
+def _attend_bucket(
+    attention: Attention, mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """q [1, h, 1, d] over a whole bucket, the positions it may not see masked out."""
+    return F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask.view(1, 1, 1, -1),
+        scale=attention.scale, enable_gqa=k.shape[1] != q.shape[1],
     )  # fmt: skip
-    out = attention.out.forward(y.to(torch.bfloat16).view(1, heads * d))
-    return out, q
 
 
 class StaticDecode:
@@ -196,7 +186,7 @@ class StaticDecode:
     ) -> None:
         self.model, self.backend, self.first = model, backend, first
         self.reason = reason  # why it runs uncaptured, if it does
-        self.table = model.embedding.lookup.all().to(model.device)  # [vocab, dim] float32
+        self.table = model.embedding.table().to(model.device)  # [vocab, dim] float32
         self.token = torch.zeros(1, dtype=torch.long, device=model.device)
         self.position = torch.zeros(1, dtype=torch.long, device=model.device)
         self.pool: dict[int, Buffers] = {}
@@ -234,21 +224,9 @@ class StaticDecode:
         logits, queries = self._step(cache.capacity)()
         cache.length = start + 1
         if probe is not None:
-            self._probe(probe, queries, cache, start)
+            self.model.watch(probe, queries, cache, start)
         # a graph's outputs are overwritten by its next replay: the caller keeps a copy
         return logits if self.backend == EAGER else logits.clone()
-
-    def _probe(
-        self, probe: AttentionProbe, queries: list[torch.Tensor], cache: KVBuffer, start: int
-    ) -> None:
-        """Watched layers' attention from the step's queries and the keys it cached."""
-        for layer in sorted(probe.layers):
-            if layer < len(queries):
-                attention = cast(Block, self.model.blocks[layer]).attention
-                keys = cache.keys[layer][:, :, : start + 1]
-                probe.weights[layer] = attention.probe_weights(
-                    queries[layer], keys, start, probe.rows
-                )
 
     def _step(self, capacity: int) -> Callable[[], StepOut]:
         if capacity not in self.steps:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import engine.model.layer
 import engine.model.llama
 from engine import kv_formula
 from engine.events import Token
@@ -134,7 +135,7 @@ def test_row_reader_reads_the_dequantised_rows(kind):
     torch.testing.assert_close(rows.all(), reference, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("n", [1, engine.model.llama.ROPE_MATRIX_ROWS, 40])
+@pytest.mark.parametrize("n", [1, engine.model.layer.ROPE_MATRIX_ROWS, 40])
 def test_rope_equals_the_rotate_half_formula(n):
     """The per-position rotation matrices (short passes) and the elementwise form (long ones)
     against RoPE as transformers writes it: x·cos + rotate_half(x)·sin, in float32."""
@@ -147,8 +148,8 @@ def test_rope_equals_the_rotate_half_formula(n):
     xf = x.float()
     rotated = torch.cat([-xf[..., d // 2 :], xf[..., : d // 2]], -1)
     expected = (xf * angles.cos() + rotated * angles.sin()).bfloat16()
-    rope = engine.model.llama.Rope(inv_freq, start, n)
-    assert (rope.matrix is not None) == (n <= engine.model.llama.ROPE_MATRIX_ROWS)
+    rope = engine.model.layer.Rope(inv_freq, start, n)
+    assert (rope.matrix is not None) == (n <= engine.model.layer.ROPE_MATRIX_ROWS)
     # float32 either way; a fused multiply-add can round an element 1 ulp apart, which now and
     # then moves its bf16 rounding by one step
     torch.testing.assert_close(rope(x).float(), expected.float(), rtol=2**-7, atol=1e-6)

@@ -17,7 +17,6 @@ from engine.model import fast_builder, gguf_shape, reference
 from engine.model.attention_probe import AttentionProbe
 from engine.model.gemma import GGUFGemma
 from engine.model.kv_buffer import WindowedKVBuffer
-from engine.model.llama import GGUFLlama
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from tests.engine.model.test_fast import assert_follows_logits, assert_kv_bytes_follow_the_formula
 from tests.gguf_files import F32, Q4_1, write_gguf
@@ -207,14 +206,17 @@ def test_sliding_layers_hold_only_their_window_as_the_context_grows():
     assert cache.truncate(38) and not cache.truncate(20)
 
 
-def test_the_compiled_step_is_refused_for_gemma(models, written, tmp_path, monkeypatch, caplog):
-    """compiled_decode's step is Llama's ops: the loader builds none for Gemma, and says why."""
+def test_the_loader_gives_gemma_a_compiled_step(models, written, tmp_path, monkeypatch, caplog):
+    """Gemma 3's layers are in the compiled step (tests/engine/step/test_compiled.py holds it to
+    the eager steps): the loader refuses it nothing, and attaches one where one is kept."""
     from engine.load.gguf_fast import compile_in_background
     from engine.settings import LoadRequest
+    from engine.step import compiled as compiled_decode
 
     monkeypatch.setenv("GLASSBOX_COMPILE", "1")
     _, fast = models
-    assert GGUFLlama.compile_refusal is None
+    assert fast.compile_refusal is None and compiled_decode.refusal(fast) is None
+    request = LoadRequest(build_compiled=False)
     with caplog.at_level("INFO", logger="engine.load.gguf_fast"):
-        assert compile_in_background(fast, written[1], tmp_path, LoadRequest()) is None
-    assert "gemma3's norms" in caplog.text and not (tmp_path / "compiled").exists()
+        assert compile_in_background(fast, written[1], tmp_path, request) is None
+    assert "none is kept" in caplog.text  # not refused: no package built in this test

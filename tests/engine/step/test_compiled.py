@@ -4,8 +4,11 @@ the bundled model, against the exact model teacher-forced."""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,16 +23,18 @@ from engine.gguf.reader import GGUFFile
 from engine.load.loader import LoadedModel, describe_fast
 from engine.model import fast_builder
 from engine.model.attention_probe import AttentionProbe
-from engine.model.kv_buffer import KVBuffer
+from engine.model.kv_buffer import KVBuffer, WindowedKVBuffer
 from engine.model.llama import GGUFLlama, QKNormAttention
 from engine.settings import Message
 from engine.step import compiled as compiled_decode
+from engine.step import flat
 from engine.step.compiled import Attacher
 from engine.weights import ggml_kernel
 from engine.weights import linear as quant
 from tests.engine.model.test_fast import decoded_against_exact, hf_model
+from tests.engine.model.test_gemma import gemma
 from tests.engine.weights.test_linear import mixed_gguf
-from tests.gguf_files import Q4_1, Q6_K, Q8_0, write_gguf
+from tests.gguf_files import Q4_1, Q5_0, Q6_K, Q8_0, write_gguf
 
 
 class RequantizedLinear(torch.nn.Module):
@@ -90,10 +95,21 @@ def small_cache(model: GGUFLlama) -> KVBuffer:
                     model.device, chunk=16)  # fmt: skip
 
 
-def decode(model: GGUFLlama, tokens: list[int], layers: frozenset[int], compiled: bool):
+def small_windowed_cache(model: GGUFLlama) -> WindowedKVBuffer:
+    """Gemma's own cache with small chunks, so that its sliding layers move their window to
+    the front within a few steps."""
+    s = model.shape
+    return WindowedKVBuffer(
+        s.layers, s.kv_heads, s.head_dim, model.cache_dtype, model.device,
+        sliding=s.sliding_layers, window=s.sliding_window, chunk=16,
+    )  # fmt: skip
+
+
+def decode(model: GGUFLlama, tokens: list[int], layers: frozenset[int], compiled: bool,
+           new_cache: Callable[[GGUFLlama], KVBuffer] = small_cache):  # fmt: skip
     """Prefill 5 tokens, then one step per remaining token; each step's logits and probe.
     `compiled=False` runs the eager step with the compiled one set aside meanwhile."""
-    step, cache = model.decode_step, small_cache(model)
+    step, cache = model.decode_step, new_cache(model)
     if not compiled:
         model.decode_step = None
     try:
@@ -145,16 +161,20 @@ def test_compiled_steps_of_biases_and_mixed_layouts_follow_the_eager_steps(compi
 
 
 def assert_follows_the_eager_steps(
-    model: GGUFLlama, logit_steps: int = 0, attention_atol: float = ATTENTION_ATOL
+    model: GGUFLlama,
+    logit_steps: int = 0,
+    attention_atol: float = ATTENTION_ATOL,
+    new_cache: Callable[[GGUFLlama], KVBuffer] = small_cache,
 ) -> None:
     seeded = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, model.shape.vocab, (5 + STEPS,), generator=seeded).tolist()
     layers = frozenset(range(model.shape.layers))
-    fast, fast_cache = decode(model, tokens, layers, compiled=True)
-    eager, eager_cache = decode(model, tokens, layers, compiled=False)
+    fast, fast_cache = decode(model, tokens, layers, compiled=True, new_cache=new_cache)
+    eager, eager_cache = decode(model, tokens, layers, compiled=False, new_cache=new_cache)
     assert model.decode_step is not None  # no step fell back to eager on the way
     assert fast_cache.length == eager_cache.length == len(tokens)
-    assert fast_cache.capacity == 48  # grown twice by 16 positions, in place
+    full = min(set(range(model.shape.layers)) - set(model.shape.sliding_layers))
+    assert fast_cache.keys[full].shape[2] == 48  # grown twice by 16 positions, in place
     for (logits, attention), (reference, reference_attention) in zip(fast, eager, strict=True):
         atol = max(LOGIT_ATOL, logit_steps * reference.abs().max().item() / 256)
         torch.testing.assert_close(logits, reference, atol=atol, rtol=0)
@@ -163,10 +183,11 @@ def assert_follows_the_eager_steps(
             assert rows.shape == reference_attention[layer].shape
             np.testing.assert_allclose(rows, reference_attention[layer], atol=attention_atol)
             torch.testing.assert_close(rows.sum(-1), torch.ones(rows.shape[:-1]))
-    for layer in range(model.shape.layers):
+    end = len(tokens)
+    for layer in range(model.shape.layers):  # the keys a next query sees (a window, if slides)
         torch.testing.assert_close(
-            fast_cache.keys[layer][:, :, : len(tokens)].float(),
-            eager_cache.keys[layer][:, :, : len(tokens)].float(),
+            fast_cache.held(layer, end - 1, end)[0].float(),
+            eager_cache.held(layer, end - 1, end)[0].float(),
             atol=0.05,  # a bf16 step at the keys' size
             rtol=0.02,
         )
@@ -272,7 +293,7 @@ def test_only_one_token_after_a_cached_position_goes_through_the_step(tiny_gguf)
     model = build(tiny_gguf)
     calls = []
 
-    def recording(x, rotation, start, cache):
+    def recording(x, ropes, start, cache):
         calls.append(start)
         raise RuntimeError("recorded")
 
@@ -286,26 +307,15 @@ def test_only_one_token_after_a_cached_position_goes_through_the_step(tiny_gguf)
     assert calls == [4]
 
 
-class EagerRunner:
-    """The step's flat ops run eagerly behind the compiled runner's interface: the inputs
-    CompiledDecode passes, unflattened as torch.export flattened them."""
+class EagerDecode(compiled_decode.CompiledDecode):
+    """The step's ops (decode_layers) run eagerly on the inputs CompiledDecode passes."""
 
     def __init__(self, model: GGUFLlama) -> None:
+        super().__init__(None, model)  # type: ignore[arg-type]  # no package: run() below
         self.plan = compiled_decode.layer_plan(model)
-        self.sizes = [len(layer) for layer in compiled_decode.layer_weights(model)]
 
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        x, rotation, filled, eps, *rest = inputs
-        weights, at = [], 0
-        for size in self.sizes:
-            weights.append(tuple(rest[at : at + size]))
-            at += size
-        layers = len(self.sizes)
-        keys, values = rest[at : at + layers], rest[at + layers :]
-        out, queries = compiled_decode.decode_layers(
-            x, rotation, filled, eps, weights, keys, values, self.plan
-        )
-        return [out, *queries]
+    def run(self, inputs):
+        return compiled_decode.decode_layers(*inputs, self.plan)
 
 
 def test_the_steps_qk_norm_follows_the_eager_steps(tmp_path):
@@ -313,8 +323,72 @@ def test_the_steps_qk_norm_follows_the_eager_steps(tmp_path):
     the compiled ops to the same flat ops)."""
     model = build(write_gguf(tmp_path / "qwen3.gguf", hf_model("qwen3"), Q4_1, Q8_0))
     assert all(plan.qk_norm for plan in compiled_decode.layer_plan(model))
-    model.decode_step = compiled_decode.CompiledDecode(EagerRunner(model), model)
+    model.decode_step = EagerDecode(model)
     assert_follows_the_eager_steps(model)
+
+
+GEMMA_SCALE = 32**-0.5  # a q·k scale other than head_dim ** -0.5 (as on Gemma 3 27B)
+
+
+def build_gemma(path: Path) -> GGUFLlama:
+    """test_gemma's tiny Gemma 3 (sliding layers of a window of 8, a global one, random norms)
+    in mixed layouts: v in Q8_0 and the gate in Q5_0 (the GGML kernels' kinds where they hold
+    them), the rest Q4_1; its attention scaled by GEMMA_SCALE (eager and step alike)."""
+    types = {"attn_v.weight": Q8_0, "ffn_gate.weight": Q5_0}
+    model = build(write_gguf(path, gemma(), Q4_1, Q8_0, types=types))
+    for block in model.blocks:
+        block.attention.scale = GEMMA_SCALE
+    return model
+
+
+@pytest.fixture(scope="module")
+def compiled_gemma(tmp_path_factory) -> GGUFLlama:
+    needs_a_compiler()
+    model = build_gemma(tmp_path_factory.mktemp("gguf") / "gemma3.gguf")
+    assert compiled_decode.refusal(model) is None
+    path = tmp_path_factory.mktemp("compiled") / "gemma3.pt2"
+    compiled_decode.compile_to(model, path)
+    model.decode_step = compiled_decode.load(path, model)
+    return model
+
+
+def assert_a_gemma_plan(model: GGUFLlama) -> None:
+    """Every Gemma 3 feature in the step's plan, so the step below runs them all."""
+    shape, plans = model.shape, compiled_decode.layer_plan(model)
+    assert {plan.window for plan in plans} == {0, shape.sliding_window}
+    assert all((plan.rope == 1) == (plan.window > 0) for plan in plans)  # the local base
+    assert all(plan.form.gelu and plan.qk_norm for plan in plans)
+    assert all("post_ffn_norm" in plan.weights for plan in plans)
+    assert all(plan.scale == GEMMA_SCALE != shape.head_dim**-0.5 for plan in plans)
+
+
+def test_gemma_decodes_through_the_compiled_step_as_eagerly(compiled_gemma):
+    """Gemma 3's layers compiled: logits and every layer's probe against the eager steps,
+    through its own cache (the sliding layers' window moved to the front on the way) and
+    through a plain one."""
+    assert_a_gemma_plan(compiled_gemma)
+    # The mixed layouts' tolerances (test_compiled_steps_of_biases_and_mixed_layouts...):
+    # Gemma rounds to bf16 at more places a layer than Llama (four norms, the QK-norm), each
+    # of which the compiled step fuses into its own loops, and a key a bf16 step apart moves
+    # every later step: measured up to 0.025 apart at a logit of 0.49 on 1 of 49,152 logits
+    # (largest logit 0.66), where the tiny Llama's stay within one bf16 step.
+    tolerances = {"logit_steps": 16, "attention_atol": 0.06}
+    assert_follows_the_eager_steps(compiled_gemma, new_cache=small_windowed_cache, **tolerances)
+    cache = decode(compiled_gemma, list(range(5 + STEPS)), frozenset(), True,
+                   small_windowed_cache)[1]  # fmt: skip
+    assert cache.offset > 0  # the step wrote past a move of the window
+    assert_follows_the_eager_steps(compiled_gemma, **tolerances)
+
+
+def test_gemmas_flat_ops_follow_the_eager_steps_in_torchs_kernels(tmp_path, monkeypatch):
+    """The step's ops without the GGML kernels (inductor's attention loops, int4 layouts),
+    run eagerly: the compiled test above runs the GGML kernels where this CPU has them."""
+    monkeypatch.setenv("GLASSBOX_GGML_KERNELS", "0")
+    model = build_gemma(tmp_path / "gemma3.gguf")
+    assert_a_gemma_plan(model)
+    assert not any(plan.attention_kernel for plan in compiled_decode.layer_plan(model))
+    model.decode_step = EagerDecode(model)
+    assert_follows_the_eager_steps(model, new_cache=small_windowed_cache)
 
 
 def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
@@ -339,7 +413,7 @@ def test_models_the_step_cannot_run_are_refused(tmp_path, monkeypatch):
     assert compiled_decode.disabled() is None
 
 
-def test_the_artifact_is_named_by_file_torch_cpu_plan_threads_and_code(
+def test_the_artifact_is_named_by_file_torch_cpu_plan_threads_and_version(
     tiny_gguf, tmp_path, monkeypatch
 ):
     model = build(tiny_gguf)
@@ -352,11 +426,34 @@ def test_the_artifact_is_named_by_file_torch_cpu_plan_threads_and_code(
     if compiled_decode.layer_plan(int4) != compiled_decode.layer_plan(model):
         assert compiled_decode.artifact_path(tmp_path, "model", "abc123", 3, int4) != path
 
-    def decode_layers(*inputs):  # another version of the step
-        return inputs
-
-    monkeypatch.setattr(compiled_decode, "decode_layers", decode_layers)
+    assert path.name.endswith(f"-v{compiled_decode.STEP_VERSION}.pt2")
+    monkeypatch.setattr(compiled_decode, "STEP_VERSION", compiled_decode.STEP_VERSION + 1)
     assert compiled_decode.artifact_path(tmp_path, "model", "abc123", 3, model) != path
+
+
+# The step's code as STEP_VERSION was last set for: (STEP_VERSION, a hash of step_source()).
+PINNED = (3, "ca4a22c0d3f9")
+
+
+def step_source() -> str:
+    """The code a package is built from and called with: the one layer, the compiled step's
+    module, and what its inputs are read from."""
+    from engine.model import layer
+    from engine.model.llama import Block
+
+    parts = (layer, flat, compiled_decode, Block.weights, Block.linears,
+             quant.interleave_q6)  # fmt: skip
+    return "".join(inspect.getsource(part) for part in parts)
+
+
+def test_the_step_version_is_pinned_to_the_steps_code():
+    code = hashlib.sha256(step_source().encode()).hexdigest()[:12]
+    assert (compiled_decode.STEP_VERSION, code) == PINNED, (
+        f"The compiled step's code changed (its hash is now {code}). If a package built before "
+        "would compute anything else or take other inputs, bump STEP_VERSION in "
+        "engine/step/compiled.py (every user rebuilds the step once); either way set PINNED in "
+        f"this file to (STEP_VERSION, {code!r})."
+    )
 
 
 def test_saving_a_step_removes_the_ones_no_run_can_load(tiny_gguf, tmp_path):

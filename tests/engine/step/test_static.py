@@ -10,6 +10,7 @@ import torch
 from engine.gguf.reader import GGUFFile
 from engine.model import fast_builder
 from engine.model.attention_probe import AttentionProbe
+from engine.model.kv_buffer import WindowedKVBuffer
 from engine.model.llama import GGUFLlama
 from engine.step import static as static_decode
 from engine.step.static import CAPTURE, COMPILE, EAGER, StaticDecode
@@ -142,13 +143,39 @@ def test_the_state_names_the_backend_and_a_failed_capture_falls_back(tiny_gguf, 
     assert step.state == "eager: RuntimeError: no graph here"
 
 
-def test_gemma_stays_eager_and_says_why():
-    class Gemma:
-        compile_refusal = "gemma3's norms and window are not in the compiled step yet"
+def test_a_models_own_refusal_is_said_in_the_static_steps_terms():
+    class Placed:
+        compile_refusal = "layers placed on disk are read in one by one, which the compiled step"
 
-    assert static_decode.refusal(Gemma()) == (  # type: ignore[arg-type]
-        "gemma3's norms and window are not in the static step yet"
+    assert static_decode.refusal(Placed()) == (  # type: ignore[arg-type]
+        "layers placed on disk are read in one by one, which the static step"
     )
+
+
+def test_gemma_static_steps_follow_the_eager_steps_across_buckets(tmp_path):
+    """Gemma 3's layers in the static step (uncaptured here): its sliding layers masked to
+    their window over a whole bucket, its local RoPE base, QK-norm, four norms, GeGLU and
+    scaled embedding, against the eager steps through its windowed cache."""
+    from tests.engine.model.test_gemma import SLIDING, WINDOW, gemma
+
+    model = build(write_gguf(tmp_path / "gemma3.gguf", gemma(), Q4_1, Q8_0))
+    assert static_decode.refusal(model) is None
+    layers = frozenset({0, 5})  # a sliding layer and the global one
+    eager = greedy(model, layers)
+    assert isinstance(eager[3], WindowedKVBuffer)
+    step = static(model)
+    fast = greedy(model, layers)
+    assert fast[0] == eager[0]
+    for got, want in zip(fast[1], eager[1], strict=True):
+        torch.testing.assert_close(got, want, atol=LOGIT_ATOL, rtol=0)
+    for step_index, (got, want) in enumerate(zip(fast[2], eager[2], strict=True)):
+        assert got.keys() == want.keys() == layers
+        keys = PROMPT + step_index + 1
+        assert 0 in SLIDING and got[0].shape[-1] == min(WINDOW, keys)  # the window's alone
+        assert got[5].shape[-1] == keys
+        for layer in layers:
+            torch.testing.assert_close(got[layer], want[layer], atol=ATTENTION_ATOL, rtol=0)
+    assert fast[3].capacity == 64 and step.builds == 3
 
 
 def test_buckets_double_up_to_the_context():
