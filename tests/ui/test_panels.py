@@ -634,6 +634,7 @@ def test_docks_are_named_and_only_visible_stale_panels_redraw(qtbot, rng):
             "internals_roofline",
             "internals_tokens",
             "internals_placement",
+            "internals_layers",
         ]
     )
     window.show()

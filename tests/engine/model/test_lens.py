@@ -147,13 +147,13 @@ def test_the_fast_models_last_layer_is_its_next_token_distribution(
     sliding layers included: the lens's last layer is the Next token probe's distribution."""
     from engine.gguf.reader import GGUFFile
     from engine.load.loader import LoadedModel, describe_fast
-    from engine.model import builders
+    from engine.model.fast_builder import build_fast
     from tests.engine.model.test_gemma import gemma
     from tests.gguf_files import Q4_1, write_gguf
 
     source = gemma() if architecture == "gemma3" else make_tiny(tokenizer, "llama", attn="eager")
     path = write_gguf(tmp_path / "tiny.gguf", source, Q4_1, Q4_1)
-    model = builders.build_fast(GGUFFile(path))
+    model = build_fast(GGUFFile(path))
     info = describe_fast(model, "tiny.gguf", "gguf")
     session = ChatSession(LoadedModel(model, tokenizer, info), FIXED)
     tokens = reply(session, "Once upon a time there was", 4)
