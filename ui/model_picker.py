@@ -87,8 +87,8 @@ class ModelPicker(QDialog):
             PRECISIONS,
             "exact: dequantised weights in transformers (the reference).\n"
             "fast: a GGUF's own 4/8-bit weights in Glassbox's model (on the CPU; on CUDA\n"
-            "its static decode step, when asked for).\n"
-            "auto: fast for a GGUF it can run on the CPU, exact otherwise.",
+            "its static decode step).\n"
+            "auto: fast for a GGUF it can run (CPU or CUDA), exact otherwise.",
         )
         self._placement = choices(
             [label for label, _ in PLACEMENTS],

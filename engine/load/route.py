@@ -1,8 +1,7 @@
 """Which way a LoadRequest loads, chosen once, before anything is read:
 
 - `gguf fast`: a GGUF of an architecture Glassbox's own model reads (llama, qwen2, qwen3,
-  gemma3) at `fast` precision (what `auto` picks on the CPU; on CUDA only when asked for):
-  engine/load/gguf_fast.py;
+  gemma3) at `fast` precision (what `auto` picks on the CPU and on CUDA): engine/load/gguf_fast.py;
 - `gguf exact`: the same GGUF at `exact` precision, the transformers model with its weights
   dequantised from the file: engine/load/gguf_exact.py;
 - `gguf other`: a GGUF of another architecture, through transformers' own GGUF reader:
@@ -10,8 +9,8 @@
 - `pretrained`: a hub id or a folder, through transformers: engine/load/pretrained.py.
 
 Each of them also takes a placement (`request.placed`: --device-map, --max-memory), except
-the fast model on a GPU, whose GPU form holds every layer there: `auto` picks exact for it,
-`fast` is refused.
+the fast model on a GPU, whose GPU form holds every layer there: `auto` picks exact for a
+placed load on a GPU, `fast` is refused.
 """
 
 from __future__ import annotations
@@ -103,7 +102,7 @@ def _runs_fast(
     request: LoadRequest, name: str, device: torch.device, unsupported: str | None
 ) -> bool:
     """Whether a GGUF loads at fast precision: asked for (refused where it cannot run), or
-    `auto` on the CPU where Glassbox's own model runs it."""
+    `auto` wherever Glassbox's own model runs it (the CPU, or CUDA with its static step)."""
     refusal = unsupported
     if refusal is None and device.type not in ("cpu", "cuda"):
         refusal = f"its weights run on the CPU or CUDA, not on {device.type}"
@@ -116,10 +115,8 @@ def _runs_fast(
     if refusal == FAST_UNPLACED:
         log.info("a placed load on %s takes the exact path: %s", device, FAST_UNPLACED)
     elif refusal is None and device.type == "cuda":
-        # The static step's capture has not run on a GPU yet (engine/step/static.py):
-        # until it is measured there, a GPU user gets the tested transformers path.
-        log.info("on CUDA, auto picks exact; --precision fast runs the static decode step")
-    return refusal is None and device.type == "cpu"
+        log.info("on CUDA, auto picks fast (its static step); --precision exact: transformers")
+    return refusal is None
 
 
 def unsupported_by_own_model(file: GGUFFile) -> str | None:

@@ -50,6 +50,17 @@ def test_an_architecture_the_own_model_cannot_read_takes_transformers_reader(mon
 
 
 @pytest.mark.bundled
+def test_auto_runs_a_gguf_fast_on_cuda_and_exact_is_one_switch_away(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(route, "pick_device", lambda _: torch.device("cuda"))
+    with caplog.at_level("INFO", logger="engine.load.route"):
+        taken = chosen(tmp_path, spec="bundled", device="cuda", dtype="bfloat16")
+    assert (taken.kind, taken.device) == (GGUF_FAST, torch.device("cuda"))
+    assert "on CUDA, auto picks fast" in caplog.text
+    exact = chosen(tmp_path, spec="bundled", device="cuda", dtype="bfloat16", precision="exact")
+    assert exact.kind == GGUF_EXACT
+
+
+@pytest.mark.bundled
 def test_a_placed_load_on_a_gpu_takes_the_exact_route(monkeypatch, tmp_path):
     monkeypatch.setattr(route, "pick_device", lambda _: torch.device("cuda"))
     request = {"spec": "bundled", "device": "cuda", "dtype": "float32", "device_map": "auto"}
