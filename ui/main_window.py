@@ -224,7 +224,7 @@ class MainWindow(QMainWindow):
         file_menu.addAction(self.load_action)
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
-        chat_menu = self.menuBar().addMenu("&Chat")
+        self.chat_menu = chat_menu = self.menuBar().addMenu("&Chat")
         for action in (
             self.send_action,
             self.stop_action,
@@ -234,7 +234,7 @@ class MainWindow(QMainWindow):
             chat_menu.addAction(action)
         self.view_menu = self.menuBar().addMenu("&View")
         self.view_menu.addAction(self.settings_dock.toggleViewAction())
-        toolbar = self.addToolBar("Chat")
+        self.chat_toolbar = toolbar = self.addToolBar("Chat")
         toolbar.setObjectName("chat_toolbar")
         for action in (
             self.new_chat_action,
@@ -372,6 +372,15 @@ class MainWindow(QMainWindow):
         self.conversation_changed.emit()
         return self._reply_when_ready(settings)
 
+    def answer(self, settings: GenerationSettings, probes: ProbeSettings) -> bool:
+        """Reply to the conversation as it stands, as asked from outside the window (the API):
+        its own settings, and probes that record at least what the panels watch."""
+        reason = self._send_refusal() or (None if self._info else "No model is loaded.")
+        if reason:
+            self.show_status(reason)
+            return False
+        return self._start_reply(settings, probes)
+
     def stop(self) -> None:
         if self.conversation_model.stop_waiting() is not None:
             self.show_status("Stopped: the message waits unanswered.")
@@ -461,8 +470,10 @@ class MainWindow(QMainWindow):
         if not busy:
             self._start_waiting_reply()
 
-    def _start_reply(self, settings: GenerationSettings) -> bool:
-        if not self.backend.generate(self.prompt_messages(), settings, self._probes):
+    def _start_reply(
+        self, settings: GenerationSettings, probes: ProbeSettings | None = None
+    ) -> bool:
+        if not self.backend.generate(self.prompt_messages(), settings, probes or self._probes):
             self.show_status("The model is busy: try again in a moment.")
             return False
         self.conversation_model.start_reply(settings, self._model_name())

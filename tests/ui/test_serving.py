@@ -1,0 +1,141 @@
+"""The window serves the API: requests through the official `openai` client become
+conversations of their own in the sidebar, stream into the chat and fill the panels; Serve off
+frees the port; an unsafe address or a port in use is refused with a message.
+
+The blocking client runs in a thread while the test's event loop runs the window."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import openai
+import pytest
+
+from engine.events import Finished, Token
+from ui.serve_settings import ServeOptions
+
+WAIT_MS = 60000
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def serve(qtbot, parts, options: ServeOptions) -> None:
+    parts.window.settings_panel.serve.set_options(options)
+    parts.serve.action.setChecked(True)
+
+
+def in_thread(call) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except Exception as error:  # reported by the test, not lost in the thread
+            result["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_an_api_request_streams_into_a_conversation_of_its_own(qtbot, build, tiny_loader):
+    parts = build(tiny_loader)
+    port = free_port()
+    serve(qtbot, parts, ServeOptions("127.0.0.1", port, ""))
+    assert parts.serve.serving, parts.window.settings_panel.serve.status.text()
+    qtbot.waitUntil(lambda: parts.serve.server.started, timeout=WAIT_MS)
+    events: list = []
+    parts.window.events_received.connect(events.extend)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+
+    def ask() -> list:
+        model = client.models.list().data[0].id
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Hello from a script"}],
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        return list(stream)
+
+    thread, result = in_thread(ask)
+    qtbot.waitUntil(lambda: not thread.is_alive(), timeout=WAIT_MS)
+    assert "error" not in result, result.get("error")
+    chunks = result["value"]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+
+    # the sidebar: a conversation of its own, marked as the API's, with the client's name
+    sidebar = parts.controller.sidebar.list
+    titles = [sidebar.item(row).text() for row in range(sidebar.count())]
+    agent = f"OpenAI/Python {openai.__version__}"
+    assert titles[0] == f"API · {agent} · Hello from a script", titles
+    # the chat shows it as a typed message's reply; the store keeps it
+    entries = parts.window.conversation_model.entries
+    assert [(e.role, e.text) for e in entries] == [
+        ("user", "Hello from a script"),
+        ("assistant", streamed),
+    ]
+    stored = parts.controller.store.messages(parts.controller.conversation_id)
+    assert [(m.role, m.text) for m in stored] == [(e.role, e.text) for e in entries]
+    # the panels took the same reply's events: one token per token the client was charged
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert len(tokens) == usage.completion_tokens == 10
+    assert any(isinstance(e, Finished) for e in events)
+    parts.internals.redraw(force=True)
+    _x, kv = parts.internals.kv_cache.curve.getData()
+    assert kv[-1] == tokens[-1].kv_bytes
+    _x, steps = parts.internals.timing.step_curve.getData()
+    np.testing.assert_array_equal(steps, [t.seconds for t in tokens[1:]])
+
+    parts.serve.action.setChecked(False)  # off: the thread is joined and the port is free
+    assert not parts.serve.serving
+    assert port_is_free(port)
+
+
+def test_a_non_loopback_host_without_a_key_is_refused(qtbot, build, tiny_loader, monkeypatch):
+    monkeypatch.delenv("GLASSBOX_API_KEY", raising=False)
+    parts = build(tiny_loader)
+    serve(qtbot, parts, ServeOptions("0.0.0.0", free_port(), ""))
+    assert not parts.serve.serving
+    assert not parts.serve.action.isChecked()
+    status = parts.window.settings_panel.serve.status.text()
+    assert "Not serving: listening on 0.0.0.0 lets other machines in" in status
+    assert "API key" in status
+
+
+def test_a_port_in_use_is_refused_and_the_window_goes_on(qtbot, build, tiny_loader):
+    parts = build(tiny_loader)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve(qtbot, parts, ServeOptions("127.0.0.1", port, ""))
+        assert not parts.serve.serving and not parts.serve.action.isChecked()
+        status = parts.window.settings_panel.serve.status.text()
+        assert f"cannot listen on 127.0.0.1:{port}" in status
+    serve(qtbot, parts, ServeOptions("127.0.0.1", free_port(), ""))  # another port serves
+    assert parts.serve.serving
+
+
+@pytest.fixture(autouse=True)
+def _quiet_keys(monkeypatch):
+    monkeypatch.delenv("GLASSBOX_API_KEY", raising=False)
