@@ -185,6 +185,9 @@ class SettingsPanel(QWidget):
     def set_pause_after_prefill(self, on: bool) -> None:
         self._pause_after_prefill.setChecked(on)
 
+    def pause_after_prefill(self) -> bool:
+        return self._pause_after_prefill.isChecked()
+
     def completion(self) -> bool:
         return self._completion.isChecked()
 

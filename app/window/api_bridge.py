@@ -151,6 +151,11 @@ class ApiBridge(QObject):
         """The request whose reply is streaming, if any."""
         return self._active
 
+    @property
+    def waiting(self) -> list[ApiRequest]:
+        """The requests waiting for the window's engine, first in line first."""
+        return list(self._pending)
+
     def close(self) -> None:
         """Stop answering: a reply under way is stopped, every request ends."""
         self.engine.close()
@@ -203,7 +208,10 @@ class ApiBridge(QObject):
         self._open_conversation(request)
         probes = self.window.probe_settings()  # what the panels watch, and what the API asks
         probes = replace(probes, top_k=max(probes.top_k, request.probes.top_k))
-        if self.window.answer(request.settings, probes):
+        # A teacher stepping through replies steps through this one too; its client waits.
+        pause = self.window.settings_panel.pause_after_prefill()
+        settings = replace(request.settings, pause_after_prefill=pause)
+        if self.window.answer(settings, probes):
             self._active = request
         else:
             request.end("The window's engine could not start the reply.")

@@ -9,11 +9,13 @@ from __future__ import annotations
 import socket
 import threading
 
+import httpx
 import numpy as np
 import openai
 import pytest
 
 from engine.events import Finished, Token
+from tests.ui.fakes import FakeBackend
 from ui.serve_settings import ServeOptions
 
 WAIT_MS = 60000
@@ -139,3 +141,118 @@ def test_a_port_in_use_is_refused_and_the_window_goes_on(qtbot, build, tiny_load
 @pytest.fixture(autouse=True)
 def _quiet_keys(monkeypatch):
     monkeypatch.delenv("GLASSBOX_API_KEY", raising=False)
+
+
+@pytest.fixture
+def stepped(build):
+    """The window on a synthetic engine that holds each reply after its prefill."""
+    backend = FakeBackend(pieces=tuple(f" w{i}" for i in range(40)))
+    parts = build(backend.load, backend.make_session)
+    parts.backend = backend
+    parts.window.settings_panel.set_pause_after_prefill(True)
+    return parts
+
+
+def serving(qtbot, parts) -> str:
+    port = free_port()
+    serve(qtbot, parts, ServeOptions("127.0.0.1", port, ""))
+    qtbot.waitUntil(lambda: parts.serve.server.started, timeout=WAIT_MS)
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_stepping_holds_an_api_reply_and_its_client_waits(qtbot, stepped):
+    parts, window = stepped, stepped.window
+    client = openai.OpenAI(base_url=serving(qtbot, parts), api_key="x", max_retries=0)
+    model = window.info.name
+    thread, result = in_thread(
+        lambda: client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "step me"}], max_tokens=3
+        )
+    )
+    qtbot.waitUntil(lambda: window.pace.held, timeout=WAIT_MS)
+    assert thread.is_alive() and parts.internals.state.trail.generated == 0
+    window.pace.next_action.trigger()  # one token, then held again: the client still waits
+    qtbot.waitUntil(
+        lambda: parts.internals.state.trail.generated == 1 and window.pace.held, timeout=WAIT_MS
+    )
+    assert thread.is_alive()
+    window.pace.resume_action.trigger()
+    qtbot.waitUntil(lambda: not thread.is_alive(), timeout=WAIT_MS)
+    reply = result["value"]
+    assert reply.usage.completion_tokens == 3
+    assert reply.choices[0].message.content == window.conversation_model.entries[-1].text
+
+
+def test_a_client_that_goes_away_stops_its_reply_in_the_window(qtbot, stepped):
+    parts, window = stepped, stepped.window
+    base = serving(qtbot, parts)
+    finished: list = []
+    window.events_received.connect(
+        lambda batch: finished.extend(e for e in batch if isinstance(e, Finished))
+    )
+    body = {
+        "model": window.info.name,
+        "messages": [{"role": "user", "content": "go away"}],
+        "max_tokens": 30,
+        "stream": True,
+    }
+
+    def ask_and_leave() -> None:
+        with httpx.stream("POST", base + "/chat/completions", json=body, timeout=60) as reply:
+            next(reply.iter_lines())  # the reply began (held after its prefill); then gone
+
+    thread, result = in_thread(ask_and_leave)
+    qtbot.waitUntil(lambda: not thread.is_alive() and window.pace.held, timeout=WAIT_MS)
+    assert "error" not in result, result.get("error")
+    qtbot.waitUntil(lambda: bool(finished), timeout=WAIT_MS)  # stopped while held
+    assert finished[-1].reason == "cancelled" and finished[-1].generated_tokens == 0
+    qtbot.waitUntil(lambda: not window.replying and not parts.worker.busy, timeout=WAIT_MS)
+    assert parts.serve.server.bridge.active is None
+
+
+def api_titles(parts) -> list[str]:
+    sidebar = parts.controller.sidebar.list
+    titles = [sidebar.item(row).text() for row in range(sidebar.count())]
+    return [title for title in titles if title.startswith("API · ")]
+
+
+def test_a_typed_message_and_api_requests_share_one_queue(qtbot, stepped):
+    """A request waits for the typed message's reply; one whose client leaves while it waits
+    never starts; the next runs once the window is free."""
+    parts, window = stepped, stepped.window
+    base = serving(qtbot, parts)
+    assert window.send("typed first")
+    qtbot.waitUntil(lambda: window.pace.held, timeout=WAIT_MS)
+
+    def ask_and_leave() -> None:
+        body = {"model": window.info.name, "messages": [{"role": "user", "content": "leaving"}]}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(base + "/chat/completions", json=body, timeout=1.0)
+
+    leaving, left = in_thread(ask_and_leave)
+    qtbot.waitUntil(lambda: not leaving.is_alive(), timeout=WAIT_MS)
+    assert "error" not in left, left.get("error")
+    client = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
+    thread, result = in_thread(
+        lambda: client.completions.create(model=window.info.name, prompt="waits", max_tokens=2)
+    )
+    bridge = parts.serve.server.bridge
+    qtbot.waitUntil(lambda: len(bridge.waiting) == 1, timeout=WAIT_MS)
+    assert bridge.waiting[0].messages[-1].content == "waits"  # the one that left is gone
+    assert api_titles(parts) == [] and window.conversation_model.entries[0].text == "typed first"
+    window.pace.resume_action.trigger()  # the typed reply ends; the waiting request starts
+    qtbot.waitUntil(lambda: bool(api_titles(parts)) and window.pace.held, timeout=WAIT_MS)
+    assert thread.is_alive()
+    window.pace.resume_action.trigger()
+    qtbot.waitUntil(lambda: not thread.is_alive(), timeout=WAIT_MS)
+    assert result["value"].usage.completion_tokens == 2
+    assert len(api_titles(parts)) == 1 and api_titles(parts)[0].endswith("· waits")
+
+
+def test_quitting_while_serving_joins_the_server(qtbot, stepped):
+    parts = stepped
+    serving(qtbot, parts)
+    server = parts.serve.server
+    parts.window.close()
+    parts.shutdown()
+    assert not server.thread.is_alive() and not parts.serve.serving
