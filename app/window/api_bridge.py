@@ -104,6 +104,8 @@ class WindowEngine:
     def cancel(self) -> None:
         """The running request's client went away (or the server stops)."""
         with self._lock:
+            if self._closed:  # the requests ended at close; the GUI side may be gone
+                return
             for request in self._live:
                 request.cancelled.set()
         self._cancel()

@@ -72,6 +72,7 @@ class ApiServer:
         self.server.should_exit = True
         self.thread.join(STOP_S)
         self.listener.close()
+        self.bridge.deleteLater()
         if self.thread.is_alive():
             log.error("the API server's thread did not stop within %.0f s", STOP_S)
 

@@ -138,6 +138,27 @@ def test_a_port_in_use_is_refused_and_the_window_goes_on(qtbot, build, tiny_load
     assert parts.serve.serving
 
 
+def test_a_key_set_in_the_window_is_asked_of_every_client(qtbot, build, tiny_loader):
+    parts = build(tiny_loader)
+    port = free_port()
+    serve(qtbot, parts, ServeOptions("127.0.0.1", port, "a-long-secret"))
+    assert "(API key required)" in parts.window.settings_panel.serve.status.text()
+    qtbot.waitUntil(lambda: parts.serve.server.started, timeout=WAIT_MS)
+    base = f"http://127.0.0.1:{port}/v1"
+
+    def models(key: str):
+        return openai.OpenAI(base_url=base, api_key=key, max_retries=0).models.list()
+
+    thread, refused = in_thread(lambda: models("wrong-key"))
+    qtbot.waitUntil(lambda: not thread.is_alive(), timeout=WAIT_MS)
+    assert isinstance(refused.get("error"), openai.AuthenticationError)
+    thread, listed = in_thread(lambda: models("a-long-secret"))
+    qtbot.waitUntil(lambda: not thread.is_alive(), timeout=WAIT_MS)
+    assert [m.id for m in listed["value"].data] == [parts.window.info.name]
+    # the settings are remembered for the next window
+    assert parts.serve.qsettings.value("serve/port") in (port, str(port))
+
+
 @pytest.fixture(autouse=True)
 def _quiet_keys(monkeypatch):
     monkeypatch.delenv("GLASSBOX_API_KEY", raising=False)
