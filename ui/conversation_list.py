@@ -32,6 +32,7 @@ TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
 UPDATED_ROLE = Qt.ItemDataRole.UserRole + 2
 SEARCH_DELAY_MS = 250
 UNDO_TIMEOUT_MS = 8000
+API_MARK = "API"  # a title's first word for a conversation that came through the API
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,10 @@ class ConversationRow:
     id: int
     title: str
     updated: float
+
+
+def is_api_title(title: str) -> bool:
+    return title.startswith(f"{API_MARK} · ")
 
 
 def _one_line(text: str) -> str:
@@ -226,6 +231,11 @@ class ConversationList(QWidget):
         item.setData(UPDATED_ROLE, row.updated)
         when = datetime.fromtimestamp(row.updated).strftime("%Y-%m-%d %H:%M")
         item.setToolTip(f"{title}\nUpdated {when}")
+        if is_api_title(title):  # told apart at a glance from the chats typed here
+            font = item.font()
+            font.setItalic(True)
+            item.setFont(font)
+            item.setToolTip(f"{title}\nAsked through the API · updated {when}")
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
         return item
 

@@ -147,7 +147,7 @@ class MainWindow(QMainWindow):
         chat_actions = (self.send_action, self.stop_action, self.regenerate_action,
                         self.new_chat_action)  # fmt: skip
         tools = (self.new_chat_action, self.regenerate_action, self.stop_action, self.load_action)
-        self.view_menu = chrome.menus_and_toolbar(
+        self.chat_menu, self.view_menu, self.chat_toolbar = chrome.menus_and_toolbar(
             self, file_actions, chat_actions, tools, self.settings_dock, self.pace, self.stop_action
         )
         # each token of a reply tinted by the probability the model gave it (ui.confidence)
@@ -267,6 +267,15 @@ class MainWindow(QMainWindow):
         self.conversation_changed.emit()
         return self._reply_when_ready(settings)
 
+    def answer(self, settings: GenerationSettings, probes: ProbeSettings) -> bool:
+        """Reply to the conversation as it stands, as asked from outside the window (the API):
+        its own settings, and probes that record at least what the panels watch."""
+        reason = self._send_refusal() or (None if self._info else "No model is loaded.")
+        if reason:
+            self.show_status(reason)
+            return False
+        return self._start_reply(settings, probes)
+
     def stop(self) -> None:
         if self.conversation_model.stop_waiting() is not None:
             self.show_status("Stopped: the message waits unanswered.")
@@ -356,8 +365,10 @@ class MainWindow(QMainWindow):
         if not busy:
             self._start_waiting_reply()
 
-    def _start_reply(self, settings: GenerationSettings) -> bool:
-        if not self.backend.generate(self.prompt_messages(), settings, self._probes):
+    def _start_reply(
+        self, settings: GenerationSettings, probes: ProbeSettings | None = None
+    ) -> bool:
+        if not self.backend.generate(self.prompt_messages(), settings, probes or self._probes):
             self.show_status("The model is busy: try again in a moment.")
             return False
         self.conversation_model.start_reply(settings, self._model_name())

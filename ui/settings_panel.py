@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.settings import GenerationSettings
+from ui.serve_settings import ServeSettings
 
 SEED_MAX = 2**31 - 1
 
@@ -91,6 +92,7 @@ class SettingsPanel(QWidget):
             " oldest turns (the system prompt stays), or refuse the message with a notice."
         )
         self._stop_strings: tuple[str, ...] = ()
+        self.serve = ServeSettings()  # the API server's address and key (app.window.serving)
         self._layout()
         self.set_settings(GenerationSettings())
         self._connect()
@@ -115,6 +117,7 @@ class SettingsPanel(QWidget):
         layout.addWidget(QLabel("System prompt"))
         layout.addWidget(self._prompt)
         layout.addLayout(form)
+        layout.addWidget(self.serve)
         layout.addStretch(1)
 
     def _connect(self) -> None:
@@ -181,6 +184,9 @@ class SettingsPanel(QWidget):
 
     def set_pause_after_prefill(self, on: bool) -> None:
         self._pause_after_prefill.setChecked(on)
+
+    def pause_after_prefill(self) -> bool:
+        return self._pause_after_prefill.isChecked()
 
     def completion(self) -> bool:
         return self._completion.isChecked()

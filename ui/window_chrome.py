@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QMenu,
     QProgressBar,
     QStatusBar,
+    QToolBar,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -51,9 +52,10 @@ def menus_and_toolbar(
     settings_dock: QDockWidget,
     pace: PaceControls,
     stop: QAction,
-) -> QMenu:
-    """File, Chat, View and Step menus and the Chat toolbar; returns the View menu (the docks
-    add their toggles to it). None in `file_actions`: a separator."""
+) -> tuple[QMenu, QMenu, QToolBar]:
+    """File, Chat, View and Step menus and the Chat toolbar; returns the Chat and View menus
+    (the docks add their toggles to the View menu) and the toolbar. None in `file_actions`: a
+    separator."""
     file_menu = window.menuBar().addMenu("&File")
     for action in file_actions:
         if action is None:
@@ -75,7 +77,7 @@ def menus_and_toolbar(
         step_menu.addAction(action)
     step_menu.addAction(stop)
     view_menu.addAction(toolbar.toggleViewAction())
-    return view_menu
+    return chat_menu, view_menu, toolbar
 
 
 class StatusBar:

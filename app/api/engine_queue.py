@@ -30,7 +30,8 @@ CONTEXT_FULL = "ContextFull"  # Failed.error_type of a prompt beyond the context
 
 class Engine(Protocol):
     """What the server needs of the model: its name and context, a blocking generator of the
-    engine's events (run on the queue's thread), and a cancel callable from any thread."""
+    engine's events (run on the queue's thread), and a cancel callable from any thread.
+    `client` names who asked (the request's User-Agent), for an engine that shows it."""
 
     @property
     def model_id(self) -> str: ...
@@ -39,7 +40,11 @@ class Engine(Protocol):
     def max_context(self) -> int: ...
 
     def generate(
-        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+        self,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+        client: str = "",
     ) -> Iterator[Event]: ...
 
     def cancel(self) -> None: ...
@@ -68,6 +73,7 @@ class EngineQueue:
         settings: GenerationSettings,
         probes: ProbeSettings,
         disconnected: Callable[[], Awaitable[object]],
+        client: str = "",
     ) -> Job:
         """Wait for the model (or refuse: 429 when the queue is full), start the generation,
         and return once its first event is in (400 context_length_exceeded when the prompt
@@ -90,7 +96,7 @@ class EngineQueue:
             gone.cancel()
             raise
         job = Job(self, asyncio.get_running_loop(), gone)
-        job.run(messages, settings, probes)
+        job.run(messages, settings, probes, client)
         try:
             await job.refuse_if_unfit()
         except BaseException:
@@ -151,19 +157,24 @@ class Job:
         messages: Sequence[Message],
         settings: GenerationSettings,
         probes: ProbeSettings,
+        client: str = "",
     ) -> None:
-        self._queue._thread.submit(self._generate, list(messages), settings, probes)
+        self._queue._thread.submit(self._generate, list(messages), settings, probes, client)
         self._watch = asyncio.ensure_future(self._cancel_on(self._gone))
 
     def _generate(
-        self, messages: list[Message], settings: GenerationSettings, probes: ProbeSettings
+        self,
+        messages: list[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+        client: str,
     ) -> None:
         """The engine's thread: every event to the loop, then None, then the model is free."""
         put = self._deliver
         try:
             if self._cancelled.is_set():  # gone before its turn's first step
                 return
-            for event in self._queue.engine.generate(messages, settings, probes):
+            for event in self._queue.engine.generate(messages, settings, probes, client):
                 self._loop.call_soon_threadsafe(put, event)
                 if self._cancelled.is_set():  # a cancel that came before generate() began
                     self._queue.engine.cancel()

@@ -23,13 +23,9 @@ from app.options import KEY_VARIABLE, LOOPBACK, load_request
 def serve_limits(args: argparse.Namespace) -> Limits:
     """The limits the options name; ValueError says what is wrong, before the model loads."""
     key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE) or None
-    if not is_loopback(args.host) and not key:
-        raise ValueError(
-            f"listening on {args.host} lets other machines in: set an API key with --api-key"
-            f" or ${KEY_VARIABLE} (or listen on {LOOPBACK})"
-        )
-    if key is not None and len(key) < 8:
-        raise ValueError("the API key is too short: use at least 8 characters")
+    refusal = listen_refusal(args.host, key, "--api-key")
+    if refusal:
+        raise ValueError(refusal)
     if not 0 < args.port < 65536:
         raise ValueError(f"port {args.port} is outside 1..65535")
     for name in ("max_tokens", "max_queue", "max_body_bytes"):
@@ -41,6 +37,19 @@ def serve_limits(args: argparse.Namespace) -> Limits:
         max_tokens=args.max_tokens,
         max_queue=args.max_queue,
     )
+
+
+def listen_refusal(host: str, key: str | None, key_option: str) -> str | None:
+    """Why listening on `host` with `key` is refused (None: it is not). `key_option` names
+    where a key is set (the command's option, the window's field)."""
+    if not is_loopback(host) and not key:
+        return (
+            f"listening on {host} lets other machines in: set an API key with {key_option}"
+            f" or ${KEY_VARIABLE} (or listen on {LOOPBACK})"
+        )
+    if key is not None and len(key) < 8:
+        return "the API key is too short: use at least 8 characters"
+    return None
 
 
 def is_loopback(host: str) -> bool:

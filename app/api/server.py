@@ -193,11 +193,11 @@ async def answer(
     settings = body.settings(tokens, completion=not chat)
     top = _top(body)
     started = time.perf_counter()
+    agent = request.headers.get("user-agent", "")
     job = await queue.start(
-        body.engine_messages(), settings, body.probes(), lambda: disconnected(request)
+        body.engine_messages(), settings, body.probes(), lambda: disconnected(request), agent
     )
     reply = Reply("chat" if chat else "text", queue.engine.model_id, top)
-    agent = request.headers.get("user-agent", "")
     log.info(
         "%s reply for %r after %.3f s in the queue", kind, agent, time.perf_counter() - started
     )

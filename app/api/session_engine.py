@@ -27,7 +27,11 @@ class SessionEngine:
         return self.session.info.max_context
 
     def generate(
-        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+        self,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+        client: str = "",
     ) -> Iterator[Event]:
         return self.session.generate(messages, settings, probes)
 

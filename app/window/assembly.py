@@ -12,6 +12,7 @@ from app import paths
 from app.client.engine_client import EngineClient
 from app.storage.store import ConversationStore
 from app.window.controller import ConversationController
+from app.window.serving import ServeSwitch
 from engine.events import ModelInfo
 from ui import layout
 from ui.conversation_list import ConversationList
@@ -26,8 +27,10 @@ class Parts:
     worker: EngineClient
     internals: InternalsView
     controller: ConversationController
+    serve: ServeSwitch
 
     def shutdown(self) -> None:
+        self.serve.stop()  # the API's requests end and its thread is joined first
         self.worker.shutdown()
         self.controller.close()
 
@@ -46,6 +49,7 @@ def assemble(
 ) -> Parts:
     """The window on `worker`'s engine. `screen`: the available geometry to fit (by default
     that of the screen it opens on)."""
+    settings = settings if settings is not None else QSettings()  # the window's and the server's
     window = MainWindow(worker, settings)
     internals = build_docks(window)
     for dock in internals.docks.values():
@@ -74,7 +78,8 @@ def assemble(
     _connect_engine_notes(window, worker)
     _connect_lens(internals, worker)
     controller.reopen_last()
-    return Parts(window, worker, internals, controller)
+    serve = ServeSwitch(window, worker, controller, settings)
+    return Parts(window, worker, internals, controller, serve)
 
 
 def _fit_to_screen(

@@ -10,14 +10,16 @@ second and never a finished message. A reply cut off with its engine stays incom
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.storage.export import export_conversation, suggested_filename
-from app.storage.recorder import ConversationRecorder
+from app.storage.recorder import ConversationRecorder, title_from
 from app.storage.store import ConversationStore, StoredMessage
+from engine.settings import GenerationSettings, Message
 from ui.conversation import (
     Added,
     Change,
@@ -29,10 +31,15 @@ from ui.conversation import (
     Reset,
     Truncated,
 )
-from ui.conversation_list import ConversationList, ConversationRow
+from ui.conversation_list import API_MARK, ConversationList, ConversationRow
 from ui.main_window import MainWindow
 
 log = logging.getLogger(__name__)
+
+
+def api_title(client: str, first_message: str) -> str:
+    """An API conversation's title: marked as such, with who sent it and what it asked."""
+    return f"{API_MARK} · {client or 'unknown client'} · {title_from(first_message)}"
 
 
 def entry_of(message: StoredMessage) -> Entry:
@@ -84,6 +91,30 @@ class ConversationController(QObject):
         self.recorder.open(conversation_id)
         self.store.set_last_opened(conversation_id)
         self.sidebar.set_current(conversation_id)
+
+    def open_api(
+        self, messages: Sequence[Message], settings: GenerationSettings, client: str
+    ) -> None:
+        """A conversation of its own for a request that came through the API, opened in the
+        window: titled for the client that sent it (its User-Agent), holding its messages."""
+        system = messages[0].content if messages and messages[0].role == "system" else ""
+        turns = messages[1:] if system else messages
+        first = next((m.content for m in turns if m.role == "user"), "")
+        model = self.window.info.name if self.window.info is not None else None
+        conversation_id = self.store.create_conversation(
+            api_title(client, first),
+            model=model,
+            system_prompt=system,
+            settings=settings,
+            completion=settings.completion,
+        )
+        for message in turns:
+            self.store.add_message(
+                conversation_id, message.role, message.content, model=model, settings=settings
+            )
+        self.open(conversation_id)
+        self.window.conversation_model.system_prompt = system  # the request's, even if none
+        self.refresh()
 
     # -- saving -------------------------------------------------------------------------------
 

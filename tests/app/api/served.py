@@ -68,6 +68,7 @@ class HeldEngine:
         self.release = threading.Event()
         self.started = threading.Event()
         self.calls: list[str] = []  # each generation's last message, in the order they ran
+        self.clients: list[str] = []  # and the User-Agent that asked for it
 
     @property
     def model_id(self) -> str:
@@ -78,9 +79,14 @@ class HeldEngine:
         return self.engine.max_context
 
     def generate(
-        self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
+        self,
+        messages: Sequence[Message],
+        settings: GenerationSettings,
+        probes: ProbeSettings,
+        client: str = "",
     ) -> Iterator[Event]:
         self.calls.append(messages[-1].content)
+        self.clients.append(client)
         self.started.set()
         assert self.release.wait(START_S), "a held generation was never released"
         return self.engine.generate(messages, settings, probes)

@@ -172,7 +172,7 @@ class FailingEngine:
     model_id = "broken"
     max_context = 100
 
-    def generate(self, messages, settings, probes):
+    def generate(self, messages, settings, probes, client=""):
         yield Failed("The device ran out of memory.", "OutOfMemoryError")
         yield Tally(started=time.perf_counter()).finished("error", "")
 

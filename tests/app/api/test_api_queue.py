@@ -56,6 +56,7 @@ def test_requests_wait_in_order_and_a_full_queue_is_429(tiny_engine):
             thread.join(WAIT_S)
         assert [results[k].status_code for k in ("first", "second", "third")] == [200] * 3
         assert held.calls == ["first", "second", "third"]
+        assert held.clients == [f"python-httpx/{httpx.__version__}"] * 3  # who asked, to show
 
 
 def test_a_dropped_stream_frees_the_model_within_a_step(tiny_engine, tiny_session):
