@@ -8,7 +8,7 @@ things happen; the chat view draws its changes and the store (app.window.control
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from PySide6.QtCore import QRect, QSettings, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
@@ -42,7 +42,7 @@ __all__ = ["WAITING", "Backend", "MainWindow", "dropped_line", "human_count", "m
 
 STATUS_MS = 6000
 WAITING = "Waiting for the model: your message is answered as soon as it has loaded."
-STATE_VERSION = 3  # bump when the set of docks changes: older layouts are then ignored
+STATE_VERSION = 4  # bump when the set of docks changes: older layouts are then ignored
 
 
 class MainWindow(QMainWindow):
@@ -97,37 +97,24 @@ class MainWindow(QMainWindow):
 
     # -- construction ----------------------------------------------------------------------------
 
-    def _action(
-        self,
-        text: str,
-        shortcut: str | QKeySequence | QKeySequence.StandardKey | None,
-        slot: Callable[[], object],
-        tip: str,
-    ) -> QAction:
-        action = QAction(text, self)
-        if shortcut is not None:
-            action.setShortcut(QKeySequence(shortcut))
-        action.setToolTip(f"{tip} ({action.shortcut().toString()})" if shortcut else tip)
-        action.setStatusTip(tip)
-        action.triggered.connect(slot)
-        self.addAction(action)  # shortcuts work wherever the focus is in the window
-        return action
-
     def _make_actions(self) -> None:
-        self.send_action = self._action(
-            "Send", "Ctrl+Return", self.input.submit, "Send the message"
+        self.send_action = chrome.action(
+            self, "Send", "Ctrl+Return", self.input.submit, "Send the message"
         )
-        self.stop_action = self._action("Stop", "Esc", self.stop, "Stop the reply")
-        self.regenerate_action = self._action(
-            "Regenerate", "Ctrl+R", self.regenerate, "Answer the last message again"
+        self.stop_action = chrome.action(self, "Stop", "Esc", self.stop, "Stop the reply")
+        self.regenerate_action = chrome.action(
+            self, "Regenerate", "Ctrl+R", self.regenerate, "Answer the last message again"
         )
-        self.new_chat_action = self._action(
-            "New chat", QKeySequence.StandardKey.New, self.new_chat, "Start an empty chat"
+        self.new_chat_action = chrome.action(
+            self, "New chat", QKeySequence.StandardKey.New, self.new_chat, "Start an empty chat"
         )
-        self.load_action = self._action(
-            "Load model…", QKeySequence.StandardKey.Open, self.open_model_picker, "Load a model"
+        open_key = QKeySequence.StandardKey.Open
+        self.load_action = chrome.action(
+            self, "Load model…", open_key, self.open_model_picker, "Load a model"
         )
-        self.quit_action = self._action("Quit", QKeySequence.StandardKey.Quit, self.close, "Quit")
+        self.quit_action = chrome.action(
+            self, "Quit", QKeySequence.StandardKey.Quit, self.close, "Quit"
+        )
         self.pace = PaceControls(self, lambda action, rate: self.backend.pace(action, rate))
 
     def _build_central(self) -> None:

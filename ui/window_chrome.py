@@ -3,9 +3,9 @@ toolbar, and the status bar's permanent widgets (ui.main_window builds them here
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from PySide6.QtGui import QAction
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
     QHBoxLayout,
@@ -42,6 +42,24 @@ def central(chat: QWidget, text_input: QWidget, send: QAction, stop: QAction) ->
     layout.addWidget(chat, 1)
     layout.addLayout(row)
     return widget
+
+
+def action(
+    window: QMainWindow,
+    text: str,
+    shortcut: str | QKeySequence | QKeySequence.StandardKey | None,
+    slot: Callable[[], object],
+    tip: str,
+) -> QAction:
+    """A window's action with its shortcut in its tooltip, working wherever the focus is."""
+    made = QAction(text, window)
+    if shortcut is not None:
+        made.setShortcut(QKeySequence(shortcut))
+    made.setToolTip(f"{tip} ({made.shortcut().toString()})" if shortcut else tip)
+    made.setStatusTip(tip)
+    made.triggered.connect(slot)
+    window.addAction(made)
+    return made
 
 
 def menus_and_toolbar(
