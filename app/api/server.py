@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from app.api import errors
-from app.api.engine_queue import Engine, EngineQueue, Job
+from app.api.engine_queue import Ask, Engine, EngineQueue, Job
 from app.api.errors import ApiError
 from app.api.replies import Reply
 from app.api.requests import COMPLETION_DEFAULT_TOKENS, ChatRequest, CompletionRequest
@@ -194,9 +194,8 @@ async def answer(
     top = _top(body)
     started = time.perf_counter()
     agent = request.headers.get("user-agent", "")
-    job = await queue.start(
-        body.engine_messages(), settings, body.probes(), lambda: disconnected(request), agent
-    )
+    ask = Ask(tuple(body.engine_messages()), settings, body.probes(), agent)
+    job = await queue.start(ask, lambda: disconnected(request))
     reply = Reply("chat" if chat else "text", queue.engine.model_id, top)
     log.info(
         "%s reply for %r after %.3f s in the queue", kind, agent, time.perf_counter() - started

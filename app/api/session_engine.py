@@ -7,11 +7,11 @@ prefilled from where the cache ends (usage.prompt_tokens_details.cached_tokens s
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
+from app.api.engine_queue import Ask
 from engine.events import Event
 from engine.generate.session import ChatSession
-from engine.settings import GenerationSettings, Message, ProbeSettings
 
 
 class SessionEngine:
@@ -26,14 +26,8 @@ class SessionEngine:
     def max_context(self) -> int:
         return self.session.info.max_context
 
-    def generate(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-        client: str = "",
-    ) -> Iterator[Event]:
-        return self.session.generate(messages, settings, probes)
+    def generate(self, ask: Ask) -> Iterator[Event]:
+        return self.session.generate(ask.messages, ask.settings, ask.probes)
 
     def cancel(self) -> None:
         self.session.cancel()

@@ -45,11 +45,7 @@ class Shape:
     architecture: str
     metadata: dict[str, int | float | str | bool]  # "{arch}." keys without the prefix
     vocab: int
-    hidden: int
-    ffn: int
     layers: int
-    heads: int
-    kv_heads: int
     head_dim: int
     types: dict[str, int]  # 2-D tensors: token_embd, output (absent: tied), per-layer suffixes
     tokenizer: TokenizerShape
@@ -57,6 +53,10 @@ class Shape:
     chat_template: str = ""  # a file in templates/, or none (the engine then picks by arch)
     finetune: str = ""  # general.finetune: the engine guesses a template only for a tuned model
     file_type: int = 15  # general.file_type: 15 is MOSTLY_Q4_K_M
+
+    def stated(self, key: str) -> int:
+        """A size the metadata states (e.g. "embedding_length"), read rather than said twice."""
+        return int(self.metadata[key])
 
 
 _Q4_K_M_QWEN = frozenset({0, 1, 5, 6, 7, 8, 9, 10, 13, 16, 19, 21, 24, 27})
@@ -80,11 +80,7 @@ SHAPES = {
             "rope.dimension_count": 64,
         },
         vocab=49152,
-        hidden=576,
-        ffn=1536,
         layers=30,
-        heads=9,
-        kv_heads=3,
         head_dim=64,
         types={"token_embd": Q8_0, **dict.fromkeys(("attn_q", "attn_k", "attn_v"), Q4_1)}
         | dict.fromkeys(("attn_output", "ffn_gate", "ffn_up", "ffn_down"), Q4_1),
@@ -113,11 +109,7 @@ SHAPES = {
             "attention.layer_norm_rms_epsilon": 1e-6,
         },
         vocab=151936,
-        hidden=1536,
-        ffn=8960,
         layers=28,
-        heads=12,
-        kv_heads=2,
         head_dim=128,
         types={"token_embd": Q4_K, "output": Q6_K}
         | dict.fromkeys(("attn_q", "attn_k", "attn_v", "attn_output"), Q4_K)
@@ -150,11 +142,7 @@ SHAPES = {
             "attention.head_count_kv": 1,
         },
         vocab=262144,
-        hidden=640,
-        ffn=2048,
         layers=18,
-        heads=4,
-        kv_heads=1,
         head_dim=256,
         types={"token_embd": Q8_0, "attn_output": Q4_K, "ffn_down": Q4_K}
         | dict.fromkeys(("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"), Q5_0),
@@ -190,8 +178,9 @@ def shape_named(spec: str) -> Shape | None:
 
 def layout(shape: Shape) -> dict[str, tuple[tuple[int, ...], int]]:
     """Every tensor's name -> (shape in numpy order, rows first; GGML type), in file order."""
-    h, f = shape.hidden, shape.ffn
-    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    h, f = shape.stated("embedding_length"), shape.stated("feed_forward_length")
+    q = shape.stated("attention.head_count") * shape.head_dim
+    kv = shape.stated("attention.head_count_kv") * shape.head_dim
     tensors: dict[str, tuple[tuple[int, ...], int]] = {
         "token_embd.weight": ((shape.vocab, h), shape.types["token_embd"]),
         "output_norm.weight": ((h,), F32),

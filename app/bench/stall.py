@@ -27,10 +27,10 @@ from typing import Any
 from app.bench.loop import quiet_offscreen, run_for, run_until
 from app.bench.measures import less, stall_statistics, stalls_of
 from app.bench.synthetic import BUNDLED_SHAPES, SyntheticSession
-from app.server.engine_server import SENDER_THREAD
 from app.server.engine_spec import EngineSpec
 from app.server.engine_thread import EngineThread
 from app.server.os_threads import thread_cpu_s
+from app.server.outbox import SENDER_THREAD
 from engine.events import Event, Finished, ModelInfo, StepRows, Token
 from engine.settings import GenerationSettings, LoadRequest
 

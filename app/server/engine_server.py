@@ -8,9 +8,9 @@ Three threads: the main one runs jobs in order; a listener reads requests and ac
 and Quit at once, so Stop reaches the session within one decode step and is never queued
 behind the reply it stops (a count is answered in order: the tokenizer is not shared between
 threads); a sender writes replies, so a reply never waits on the client's reader, and
-coalesces the events waiting into one message. Each event crosses once. Attention rows cross
-as the client pulls them (app.server.view_rows): a visible panel's latest at its frame rate, a
-chosen step's from the session's ring on request; per token only their statistics.
+coalesces the events waiting into one message (app.server.outbox). Each event crosses once.
+Attention rows cross as the client pulls them (app.server.view_rows): a visible panel's latest at
+its frame rate, a chosen step's from the session's ring on request; per token only their statistics.
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
-import math
 import os
 import pickle
 import queue
 import signal
 import sys
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -44,7 +41,7 @@ from app.server.jobs import (
     proposed_request,
     run_generation,
 )
-from app.server.os_threads import name_this_thread
+from app.server.outbox import Outbox, Write
 from app.server.pipe import send_message, widen_pipe
 from app.server.shared_arrays import SharedFolder
 from app.server.view_rows import ViewRows, ring_of
@@ -74,23 +71,14 @@ from app.server.wire import (
     Watch,
     WatchLens,
 )
-from engine.events import Event, Failed, Finished, PrefillDone, StepRows, Token
+from engine.events import Event, Failed, Finished, PrefillDone
 
 if TYPE_CHECKING:
     from engine.settings import LoadRequest, Message
 
 log = logging.getLogger(__name__)
 
-MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet written
-# A reply's tokens go out at most this often (its first token, its end and everything else at
-# once): the window draws at most 30 frames a second, and each message wakes its receiving
-# thread, which then takes a core from the engine. At ~90 tokens a second, one message per
-# token cost that thread 0.6 ms a token on two cores; three tokens a message, about 0.4.
-TOKEN_INTERVAL_S = 0.033
-
-SENDER_THREAD = "engine-send"
 Job = Load | Generate | Reset | Count
-Write = Callable[[Reply, int], object]  # (reply, weight): sends it; OSError once nobody reads
 
 
 @dataclass(frozen=True)
@@ -164,109 +152,6 @@ def serve(
         server.serve(receive)
     finally:
         replies.close()
-
-
-class Outbox:
-    """Replies written by a thread of their own; the events waiting go out as one message.
-
-    A reply's later tokens wait until `interval_s` has passed since the last message, so that
-    tokens faster than the window draws cross a few at a time; anything else (a reply's first
-    token, its end, a hold, any other reply) goes out at once and takes the waiting ones along,
-    and so do tokens that weigh half of MAX_UNSENT_WEIGHT (long rows at a GPU's rate): the
-    engine, which waits past that weight, is never held up by the wait.
-    """
-
-    def __init__(self, write: Write, interval_s: float = TOKEN_INTERVAL_S) -> None:
-        self._write = write
-        self._interval_s = interval_s
-        self._last_write = -math.inf
-        self._items: deque[tuple[Reply, int, float]] = deque()  # (reply, weight, queued at)
-        self._weight = 0
-        self._closed = False
-        self._condition = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=SENDER_THREAD, daemon=True)
-        self._thread.start()
-
-    def put(self, reply: Reply, weight: int = 0) -> None:
-        with self._condition:
-            self._items.append((reply, weight, time.monotonic()))
-            self._weight += weight
-            self._condition.notify_all()
-
-    def wait_for_room(self, stop: Callable[[], bool]) -> None:
-        """Block while more than MAX_UNSENT_WEIGHT waits to be sent (the GUI is behind), unless
-        `stop()` says the reply was cancelled. The message being written does not count, so
-        one large event (a long prompt's attention) does not hold decoding up as it crosses."""
-        with self._condition:
-            while self._weight > MAX_UNSENT_WEIGHT and not self._closed and not stop():
-                self._condition.wait(0.05)
-
-    def wake(self) -> None:
-        with self._condition:
-            self._condition.notify_all()
-
-    def close(self) -> None:
-        """Send what is queued, then stop the thread."""
-        with self._condition:
-            self._closed = True
-            self._condition.notify_all()
-        self._thread.join()
-
-    def _next(self) -> tuple[Reply, int] | None:
-        with self._condition:
-            while not self._items and not self._closed:
-                self._condition.wait()
-            while self._may_wait():
-                left = self._last_write + self._interval_s - time.monotonic()
-                if left <= 0:
-                    break
-                self._condition.wait(left)
-            if not self._items:
-                return None
-            reply, weight, queued_at = self._items.popleft()
-            if isinstance(reply, Events):  # coalesce the events queued behind it
-                events = list(reply.events)
-                while self._items and _same_job_events(self._items[0][0], reply.job):
-                    more, more_weight, _ = self._items.popleft()
-                    assert isinstance(more, Events)  # checked by _same_job_events
-                    events.extend(more.events)
-                    weight += more_weight
-                reply = Events(reply.job, tuple(events), queued_at)  # the oldest wait counts
-            self._weight -= weight
-            self._condition.notify_all()
-            return reply, weight
-
-    def _may_wait(self) -> bool:
-        """Whether what is queued may wait for the next message (the condition held)."""
-        light = self._weight < MAX_UNSENT_WEIGHT // 2
-        return not self._closed and light and all(_later_tokens(i[0]) for i in self._items)
-
-    def _run(self) -> None:
-        name_this_thread(SENDER_THREAD)  # what a benchmark reads its CPU time by
-        while (item := self._next()) is not None:
-            self._last_write = time.monotonic()
-            try:
-                self._write(*item)
-            except (OSError, ValueError):  # the client is gone: nobody to tell
-                with self._condition:
-                    self._closed = True
-                    self._items.clear()
-                    self._condition.notify_all()
-                return
-
-
-def _later_tokens(reply: Reply) -> bool:
-    """Events that may wait for the next message: tokens of a reply after its first, and the
-    latest rows a panel draws (a step's rows asked for go at once)."""
-    return isinstance(reply, Events) and all(
-        (isinstance(event, Token) and event.index > 0)
-        or (isinstance(event, StepRows) and event.latest)
-        for event in reply.events
-    )
-
-
-def _same_job_events(reply: Reply, job: int) -> bool:
-    return isinstance(reply, Events) and reply.job == job
 
 
 class EngineServer:

@@ -22,14 +22,14 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from app.api.engine_queue import Ask
 from app.client.engine_client import EngineClient
 from engine.events import Event, Failed, Finished, ModelInfo
-from engine.settings import GenerationSettings, Message, ProbeSettings
 from ui.conversation import ReplyState
 from ui.main_window import MainWindow
 
@@ -42,10 +42,7 @@ STOPPED = "The window stopped serving."
 class ApiRequest:
     """One request on its way through the window; `events` ends with None."""
 
-    messages: tuple[Message, ...]
-    settings: GenerationSettings
-    probes: ProbeSettings
-    client: str
+    ask: Ask
     events: queue.SimpleQueue[Event | None] = field(default_factory=queue.SimpleQueue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -80,14 +77,8 @@ class WindowEngine:
     def max_context(self) -> int:
         return self._info.max_context if self._info is not None else 0
 
-    def generate(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-        client: str = "",
-    ) -> Iterator[Event]:
-        request = ApiRequest(tuple(messages), settings, probes, client)
+    def generate(self, ask: Ask) -> Iterator[Event]:
+        request = ApiRequest(ask)
         with self._lock:
             if self._closed:
                 request.end(STOPPED)
@@ -209,10 +200,10 @@ class ApiBridge(QObject):
     def _start(self, request: ApiRequest) -> None:
         self._open_conversation(request)
         probes = self.window.probe_settings()  # what the panels watch, and what the API asks
-        probes = replace(probes, top_k=max(probes.top_k, request.probes.top_k))
+        probes = replace(probes, top_k=max(probes.top_k, request.ask.probes.top_k))
         # A teacher stepping through replies steps through this one too; its client waits.
         pause = self.window.settings_panel.pause_after_prefill()
-        settings = replace(request.settings, pause_after_prefill=pause)
+        settings = replace(request.ask.settings, pause_after_prefill=pause)
         if self.window.answer(settings, probes):
             self._active = request
         else:

@@ -161,7 +161,8 @@ class ServeSwitch(QObject):
         self.window.show_status(text, 20000)
 
     def _open_conversation(self, request: ApiRequest) -> None:
-        self.controller.open_api(request.messages, request.settings, request.client)
+        ask = request.ask
+        self.controller.open_api(ask.messages, ask.settings, ask.client)
 
     # -- settings --------------------------------------------------------------------------
 

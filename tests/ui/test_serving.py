@@ -259,7 +259,7 @@ def test_a_typed_message_and_api_requests_share_one_queue(qtbot, stepped):
     )
     bridge = parts.serve.server.bridge
     qtbot.waitUntil(lambda: len(bridge.waiting) == 1, timeout=WAIT_MS)
-    assert bridge.waiting[0].messages[-1].content == "waits"  # the one that left is gone
+    assert bridge.waiting[0].ask.messages[-1].content == "waits"  # the one that left is gone
     assert api_titles(parts) == [] and window.conversation_model.entries[0].text == "typed first"
     window.pace.resume_action.trigger()  # the typed reply ends; the waiting request starts
     qtbot.waitUntil(lambda: bool(api_titles(parts)) and window.pace.held, timeout=WAIT_MS)

@@ -49,3 +49,13 @@ def fill_with_pages(panel: QWidget, message: str, content: QWidget) -> EmptyStat
     layout.setContentsMargins(4, 4, 4, 4)
     layout.addWidget(pages)
     return pages
+
+
+def column(widgets: list[QWidget], grows: QWidget) -> QWidget:
+    """`widgets` one above the other without margins; `grows` takes the height left over."""
+    holder = QWidget()
+    layout = QVBoxLayout(holder)
+    layout.setContentsMargins(0, 0, 0, 0)
+    for widget in widgets:
+        layout.addWidget(widget, 1 if widget is grows else 0)
+    return holder

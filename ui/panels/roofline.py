@@ -18,7 +18,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from engine.events import Peaks, Roofline, Transfer
-from ui.panels.empty import EmptyState
+from ui.panels.empty import EmptyState, column
 from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import StatePanel, Throttle
@@ -202,12 +202,7 @@ class RooflinePanel(StatePanel):
             ]
         )
         self.read_key.hide()
-        chart = QWidget()
-        chart_layout = QVBoxLayout(chart)
-        chart_layout.setContentsMargins(0, 0, 0, 0)
-        chart_layout.addWidget(self.key)
-        chart_layout.addWidget(self.read_key)
-        chart_layout.addWidget(self.plot_widget, 1)
+        chart = column([self.key, self.read_key, self.plot_widget], grows=self.plot_widget)
         self.phases = QLabel("")
         self.phases.setTextFormat(Qt.TextFormat.RichText)
         self.phases.setWordWrap(True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QTextBrowser, QWidget
 
-from ui.panels.empty import fill_with_pages
+from ui.panels.empty import column, fill_with_pages
 from ui.panels.redraw import StatePanel
 from ui.panels.state import InternalsState
 from ui.panels.state.explain import tokens_line
@@ -63,13 +63,7 @@ class TokensPanel(StatePanel):
         self._starts: list[int] = []  # each chip's first character in the document
         self._in_block = 0  # chips in the document's last paragraph
         self._marked: int | None = None  # the chip drawn as selected
-        content = QWidget()
-        layout = QVBoxLayout(content)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.counts)
-        layout.addWidget(self.step_line)
-        layout.addWidget(self.chips, 1)
-        layout.addWidget(self.hover)
+        content = column([self.counts, self.step_line, self.chips, self.hover], grows=self.chips)
         self.pages = fill_with_pages(self, EMPTY_MESSAGE, content)
 
     @property

@@ -6,17 +6,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import uvicorn
 
-from app.api.engine_queue import Engine, EngineQueue
+from app.api.engine_queue import Ask, Engine, EngineQueue
 from app.api.serve import uvicorn_config
 from app.api.server import Limits, create_app
 from engine.events import Event
-from engine.settings import GenerationSettings, Message, ProbeSettings
 
 START_S = 30.0  # a loaded CI machine may take a while to start a thread and bind
 
@@ -78,18 +77,12 @@ class HeldEngine:
     def max_context(self) -> int:
         return self.engine.max_context
 
-    def generate(
-        self,
-        messages: Sequence[Message],
-        settings: GenerationSettings,
-        probes: ProbeSettings,
-        client: str = "",
-    ) -> Iterator[Event]:
-        self.calls.append(messages[-1].content)
-        self.clients.append(client)
+    def generate(self, ask: Ask) -> Iterator[Event]:
+        self.calls.append(ask.messages[-1].content)
+        self.clients.append(ask.client)
         self.started.set()
         assert self.release.wait(START_S), "a held generation was never released"
-        return self.engine.generate(messages, settings, probes)
+        return self.engine.generate(ask)
 
     def cancel(self) -> None:
         self.release.set()

@@ -172,7 +172,7 @@ class FailingEngine:
     model_id = "broken"
     max_context = 100
 
-    def generate(self, messages, settings, probes, client=""):
+    def generate(self, ask):
         yield Failed("The device ran out of memory.", "OutOfMemoryError")
         yield Tally(started=time.perf_counter()).finished("error", "")
 

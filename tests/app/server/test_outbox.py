@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.server.engine_server import MAX_UNSENT_WEIGHT, Outbox
+from app.server.outbox import MAX_UNSENT_WEIGHT, Outbox
 from app.server.wire import Done, Events, Reply
 from engine.events import Finished, Token
 
