@@ -2,9 +2,8 @@
 
 Importing torch (or Qt and pyqtgraph) makes hundreds of thousands of objects that live as long
 as the process. Each automatic collection during those imports, and every full collection
-after them, walks all of them again. Measured on this 2-core machine: the engine's imports took
-2.55 s with the collector paused against 3.0 s, and loading the bundled model 0.37 s against
-0.45-0.70 s.
+after them, walks all of them again, which makes both the imports and loading a model
+noticeably slower.
 
 So the collector is paused while a process starts, and what the imports made is then frozen:
 moved out of the collector's reach for good (`gc.freeze`), as module objects never become

@@ -35,11 +35,11 @@ DRAIN_INTERVAL_MS = 33  # ~30 Hz: one GUI update per frame whatever the token ra
 # The longest interval `set_interval` takes: 10 deliveries a second, as often as the chat view
 # draws streamed text (ui.chat_view.STREAM_FRAME_MS).
 SLOWEST_DRAIN_MS = 100
-# Wall time one drain may spend delivering before the event loop runs again. At 12 ms, a busy
-# machine stretched a drain and the frame queued behind it past 60 ms at the 99th percentile
-# of a 10,000-token stream; at 6 ms the stream is as fast and the p99 stall ~45 ms.
+# Wall time one drain may spend delivering before the event loop runs again. Twice this, a busy
+# machine stretched a drain and the frame queued behind it into long stalls; at this budget
+# the stream is as fast and the stalls shorter.
 DRAIN_BUDGET_S = 0.006
-BATCH_WEIGHT = 256 * 1024  # a batch ends once it holds this much (listeners take ~2 ms)
+BATCH_WEIGHT = 256 * 1024  # a batch ends once it holds this much (listeners' work stays short)
 MAX_BUFFERED_WEIGHT = 8 * 2**20  # the receiving thread waits while more is undelivered
 
 Batch = Callable[[list[Event]], None]

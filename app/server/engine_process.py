@@ -1,8 +1,8 @@
 """The engine in a process of its own: the window's transport to the engine server.
 
 Python's interpreter lock is shared by the threads of a process: a model thread dispatching
-hundreds of small torch ops per step waits for it whenever the GUI thread paints (measured
-here: 35-45% of decode speed lost). In a child process the model has an interpreter to itself.
+hundreds of small torch ops per step waits for it whenever the GUI thread paints, and decodes
+much slower. In a child process the model has an interpreter to itself.
 
 One pipe each way carries the protocol's messages (app.server.wire), pickled (app.server.pipe:
 replies carry their numpy arrays out of band, and those of a MB or more through shared memory, see
@@ -138,13 +138,11 @@ def give_way_to_the_window() -> None:
 
     The engine runs one step down in priority, so the window's short bursts preempt it
     instead of waiting for its time slice. OpenMP's waiting is left as it is: its threads
-    spin ~20 ms at a barrier before they sleep (300,000 pauses). Making them sleep sooner
-    (10,000) let the window in no faster beside a lower-priority engine (stall p99 9.4-13.9
-    ms against 9.6-11.9), while a thread put to sleep between two of a step's operations
-    sometimes woke late on this virtual machine: replies of that engine alone fell to 13-29
-    tokens/s among ones at 37, and the window decoded at 0.53-0.83x the terminal chat
-    (median 0.74) against 0.75-0.81x (median 0.76) with the default spin, in five
-    interleaved bench --window runs each way.
+    spin a while at a barrier before they sleep (300,000 pauses). Making them sleep sooner
+    (10,000) let the window in no faster beside a lower-priority engine, while a thread put
+    to sleep between two of a step's operations sometimes woke late on a virtual machine:
+    some replies of that engine alone were far slower than the rest, and decoding beside the
+    window was no faster and less even than with the default spin.
     """
     if hasattr(os, "nice"):  # not on Windows
         with contextlib.suppress(OSError):

@@ -18,11 +18,10 @@ class EngineSpec:
         "engine.generate.session",
     )  # imported at start
     # torch's intra-op threads while decoding; None: every core on a machine of one or two,
-    # all cores but one, left to the window, on larger ones. Beside the window on this 2-core
-    # machine, two decoding threads reached 0.63-0.85x a terminal engine recording the same
-    # probes (panels all floating, docked, closed), one thread 0.62-0.69x: leaving a core
-    # costs half the compute there, while sharing one costs what the window's bursts hold an
-    # OpenMP thread up at its barriers (~15-25%). With more cores, the core left costs less.
+    # all cores but one, left to the window, on larger ones. On two cores, leaving a core to
+    # the window costs half the compute, while sharing one costs only what the window's bursts
+    # hold an OpenMP thread up at its barriers, so two decoding threads beat one there. With
+    # more cores, the core left costs less.
     threads: int | None = None
     # ... and while a prompt is processed; None: every core. The window has little to draw
     # until the first token, and prefill, all large matrix products, gains most from them.

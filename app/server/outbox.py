@@ -16,8 +16,8 @@ from engine.events import StepRows, Token
 MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet written
 # A reply's tokens go out at most this often (its first token, its end and everything else at
 # once): the window draws at most 30 frames a second, and each message wakes its receiving
-# thread, which then takes a core from the engine. At ~90 tokens a second, one message per
-# token cost that thread 0.6 ms a token on two cores; three tokens a message, about 0.4.
+# thread, which then takes a core from the engine: a few tokens a message cost that thread
+# less than one message per token.
 TOKEN_INTERVAL_S = 0.033
 
 SENDER_THREAD = "engine-send"  # the thread's name for the OS

@@ -2,9 +2,9 @@
 
 A long prompt's attention rows are tens of MB (256 rows x 1,452 keys x 9 heads x 4 layers is
 51 MB). Through the pipe they were copied three times (into the pipe, out of it, and the
-zeroed buffer it was read into): ~80 ms of CPU between the two processes, taken from the
-model decoding on the same cores. A bare reader of those events decoded at 0.865 of the
-engine alone, and at 1.0 without the prompt's rows. Here the engine writes such an array once
+zeroed buffer it was read into): CPU time between the two processes, taken from the model
+decoding on the same cores, which slowed decoding where nothing else did. Here the engine
+writes such an array once
 into a file in a folder under /dev/shm (memory, not disk) and sends its name; the window maps
 the file read-only and unlinks it at once, so the memory is the kernel's to free as soon as
 the window lets go of the array, and nothing is left behind by a reply the window has read.

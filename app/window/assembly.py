@@ -131,9 +131,8 @@ def _connect_lens(internals: InternalsView, worker: EngineClient) -> None:
 def _connect_internals(window: MainWindow, internals: InternalsView) -> None:
     # The engine sends only the prompt's rows the view keeps. The view drops older rows past
     # max_attention_rows (fewer at long contexts: max_attention_cells); the 512 the engine
-    # sends by default doubled what crossed from it (81 MB for a 1,100-token prompt, four
-    # watched layers) and showed the first token ~0.19 s after the engine had it, against
-    # ~0.02 s with a short prompt.
+    # sends by default doubled what crossed from it for a long prompt and delayed the first
+    # token's showing well past a short prompt's.
     state = internals.state
     window.set_probe_settings(
         replace(

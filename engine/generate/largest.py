@@ -1,9 +1,9 @@
 """The largest logits, found in two short passes on the CPU.
 
-torch's CPU argmax walks a 49,152-logit vector one entry at a time (~120 µs here, twice a
-greedy step). Viewed as rows of 128, the row maxima are one vectorised pass; the first row
-holding the maximum, then the first maximum in that row, is the same index (~30 µs).
-Likewise torch's CPU topk over the whole vector (~360 µs for the 50 a sampled step keeps): the
+torch's CPU argmax walks a vocabulary's logits one entry at a time (twice a greedy step).
+Viewed as rows of 128, the row maxima are one vectorised pass; the first row holding the
+maximum, then the first maximum in that row, is the same index, found in a fraction of the time.
+Likewise torch's CPU topk over the whole vector (slow, for the 50 a sampled step keeps): the
 k largest values all lie in the k rows with the largest maxima, so a topk over those rows finds
 the k-th largest value, and the rows whose maximum reaches it hold every entry that does.
 Elsewhere (a GPU, a length that is not a multiple of 128) torch's own argmax and topk run.
@@ -36,7 +36,7 @@ def top_k_support(values: torch.Tensor, k: int) -> torch.Tensor:
     """The indices, ascending, of the entries at least the k-th largest of values [V]
     (1 <= k <= V): k of them, more where entries tie with it. As
     `(values >= values.topk(k).values[-1]).nonzero()[:, 0]`, without a pass of topk or nonzero
-    over every entry (~240 µs of the two, ~60 µs this way)."""
+    over every entry (the two cost several times what this way does)."""
     rows = _rows(values)
     if rows is None or k > rows.shape[0]:
         return (values >= values.topk(k).values[-1]).nonzero()[:, 0]

@@ -46,8 +46,8 @@ class Sampler:
     def choose(self, probs: torch.Tensor) -> torch.Tensor:
         """A 0-d tensor holding the chosen token id (still on the device).
 
-        Drawn among the tokens the filters kept: torch's multinomial over the whole vocabulary
-        took ~1.9 ms a step here (49,152 tokens), over the 50 of the default top-k ~10 µs.
+        Drawn among the tokens the filters kept: torch's multinomial costs with the tokens it
+        draws among, a whole vocabulary far more than the default top-k's 50.
         The same distribution, drawn from with the same seeded generator."""
         if self.settings.greedy:
             return argmax(probs)
@@ -83,7 +83,7 @@ def _within(scores: torch.Tensor, kept: torch.Tensor, p: float) -> torch.Tensor:
     """softmax(keep_top_p(scores, p)) once every score but top-k's `kept` is -inf (the order
     and arithmetic of transformers' top-k then top-p), worked out on the kept tokens alone.
 
-    Over the whole vocabulary, top-p sorted 49,152 scores a step (~1.8 ms here) of which all
+    Over the whole vocabulary, top-p sorted every score each step (a costly sort) of which all
     but the top k were already -inf, and those add nothing to its softmax or its sums.
     """
     probs = torch.zeros_like(scores)

@@ -16,7 +16,7 @@ and offset per group of 32 values, except Q6_K, whose scales cover 16 values:
 the K-quants each 64 values are 32 low nibbles, then the same 32 bytes' high nibbles.
 Scales and offsets come back in float32, where d·sc (11 + 8 bits) is exact, so q·scale +
 offset rounds once, as gguf's dequantize does. Bit work is done in numpy: torch's uint8 shifts
-and byte transposes run 10x slower here.
+and byte transposes are much slower on the CPU.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class GGUFFile:
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """A copy of a tensor's bytes (rows start..stop) as uint8 [rows, row_bytes], read with
-        one system call (20x faster here than faulting the same pages in through the map)."""
+        one system call (far faster than faulting the same pages in through the map)."""
         info = self.tensors[name]
         rows = _rows(info)
         row_bytes = info.nbytes // rows

@@ -193,7 +193,7 @@ def model_architecture(model: torch.nn.Module) -> str:
 
 
 def measure_peaks(device: torch.device, dtype: str, report: Progress) -> None:
-    """The roofline's ceilings for this machine, measured once and kept (1-4 s): as a stage of
+    """The roofline's ceilings for this machine, measured once and kept (seconds): as a stage of
     the load, so a first start shows what it waits for instead of pausing after "Ready"."""
     if peaks.known(device, dtype):
         return

@@ -44,8 +44,8 @@ def gguf_tokenizer(
     report("Loading the tokenizer", 0.2)
     if lean:  # it stands in for transformers' tokenizer: the few methods the engine calls
         lean_tokenizer = LeanTokenizer.from_folder(folder)
-        # Parsing tokenizer.json frees part of what it allocates (Gemma 3's: 134 MB resident
-        # after, 96 MB after the trim), which glibc would keep under the weights loaded next.
+        # Parsing tokenizer.json frees part of what it allocates (Gemma 3's: tens of MB), which
+        # glibc would keep under the weights loaded next.
         release_freed_memory()
         return cast("PreTrainedTokenizerBase", with_pad(lean_tokenizer))
     from transformers import PreTrainedTokenizerFast
@@ -58,7 +58,7 @@ def _tokenizer_converter() -> Callable[[Path], PreTrainedTokenizerBase]:
     """transformers' GGUF tokenizer conversion (it imports transformers: seconds).
 
     Where transformers exposes its GGUF tokenizer builders, they are called directly: the
-    same tokenizer.json and chat template as AutoTokenizer's, in ~1 s instead of ~9 s here,
+    same tokenizer.json and chat template as AutoTokenizer's, in a fraction of its time,
     because AutoTokenizer also parses the whole file's metadata into a config it then drops.
     """
     try:

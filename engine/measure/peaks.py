@@ -108,7 +108,7 @@ def measure(device: torch.device, dtype: torch.dtype, size: ProbeSize | None = N
 
     A copy's counted bytes (read + write) understate what reads alone reach: its writes also
     read each line first. A decode step mostly reads weights, so the faster of the two is the
-    bandwidth ceiling (on a 2-core Xeon here: copy 6.4 GB/s, matrix-vector read 8.4 GB/s).
+    bandwidth ceiling.
     """
     size = size or (FULL_CPU if device.type == "cpu" else FULL_GPU)
     n = _matmul_side(size.matmul, device, dtype)

@@ -134,8 +134,8 @@ class GGUFGemma(llama.GGUFLlama):
     """GGUFLlama with Gemma blocks, and a second RoPE base for the sliding layers."""
 
     local_inv_freq: torch.Tensor  # a buffer, declared for the type checker
-    # Never by matrices: at head_dim 256 one costs 16x the FLOPs of Llama's 64; measured here,
-    # building one and rotating by it took ~60x the elementwise form's time.
+    # Never by matrices: at head_dim 256 one costs 16x the FLOPs of Llama's 64, and building
+    # one and rotating by it is far slower than the elementwise form.
     rope_matrix_rows = 0
 
     def __init__(self, shape: llama.LlamaShape, embedding: llama.Embedding,

@@ -117,7 +117,7 @@ def release_freed_memory() -> None:
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None elsewhere. Looked up once: find_library runs ldconfig,
-    ~4 ms a call, and loading calls this after every chunk."""
+    a process each call, and loading calls this after every chunk."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc: nothing to do

@@ -9,7 +9,7 @@ Shapes: B = 1 always, so the residual stream is [n, dim]; n = new positions; T =
 in the cache after this pass. A decode step is ~40 small ops per layer, each costing a few
 microseconds of dispatch here, so the code below counts ops (see Rope, rms_norm, Head), and
 calls submodules through `.forward`: nn.Module.__call__'s hook checks, ~210 calls a step,
-measured 7-13% of a decode step's CPU time (no hooks are ever set on this model).
+are a noticeable share of a decode step's CPU time (no hooks are ever set on this model).
 """
 
 from __future__ import annotations
@@ -147,13 +147,11 @@ def decode_attention(
     """One query over the whole cache: q [1, h, 1, d], k and v [1, kv_h, T, d] -> [1, h, 1, d],
     scores scaled by `scale` (default d ** -0.5).
 
-    torch's CPU attention kernel is slow in bf16 for a single query (5.1-5.3 ms a layer of the
-    bundled model at 5,000 keys, under the AVX2 and the AVX-512 kernel sets alike). On float32
-    copies it is fast while they fit in the caches (21 µs at 40 keys, 330 µs at 2,048, one
-    thread), then not (3.9 ms at 5,000: the copies are 4x the bytes the cache holds). Past
+    torch's CPU attention kernel is slow in bf16 for a single query at long contexts, under the
+    AVX2 and the AVX-512 kernel sets alike. On float32 copies it is fast while they fit in the
+    CPU's caches, then not: the copies are twice the bytes of the bf16 cache. Past
     LONG_DECODE_KEYS, two batched bf16 matmuls read the cache as it is, each group of query
-    heads against its key head, with the softmax in float32: 1.1 ms at 5,000 (Qwen2.5-1.5B's
-    layer: 2.1 against 4.2 ms).
+    heads against its key head, with the softmax in float32, faster than either.
     """
     heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[3]
     if k.shape[2] < LONG_DECODE_KEYS:

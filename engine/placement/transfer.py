@@ -9,8 +9,8 @@ Only hooks that offload are wrapped; a model wholly in place never gets a meter.
 
 What a step will cost is measured the same way, at load: `probe` runs one-token forward passes
 through the metered hooks, as decode does. Reading all the weights in by hand instead (a loop
-over the offload map) was measured 0.4x-2.5x the steps' read speed on the same files, as the
-allocator's and the kernel's pages stood; the passes meet what the steps meet.
+over the offload map) read at speeds far from the steps' own on the same files, higher or
+lower as the allocator's and the kernel's pages stood; the passes meet what the steps meet.
 """
 
 from __future__ import annotations

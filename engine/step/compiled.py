@@ -1,17 +1,17 @@
 """The fast model's decode step compiled ahead of time: one C++ function for every layer.
 
-Eager, a decode step of the bundled model is ~9 ms of int4 kernels and ~1,000 small ops at a
-few µs of dispatch each. AOTInductor (torch.export, then inductor's C++ code in a shared
-library) runs the same ops as one function with the pointwise ones fused: measured 21.0 ms of
-CPU a step against 36.1 eager here, on one thread.
+Eager, a decode step of the bundled model is its int4 kernels and ~1,000 small ops, each
+paying Python's and torch's dispatch. AOTInductor (torch.export, then inductor's C++ code in a
+shared library) runs the same ops as one function with the pointwise ones fused, at a much
+smaller CPU cost a step.
 
-Compiling takes ~2 minutes on 2 cores (longer under load), so it happens once per model
+Compiling takes minutes on a small machine, so it happens once per model
 file, torch version, CPU, thread count and STEP_VERSION of the step's code, in a background
 process at low priority (`python -m engine.load.compile_step`, one build of a package at a time:
 engine/disk/build_lock.py), and is kept in the cache folder as a .pt2 package. Until it is there
 the model decodes eagerly; then a background thread loads it through torch's C++ package
-loader (well under a second, and no dynamo or inductor import: ~1 MB, where loading a
-torch.compile'd function took 4-7 s and ~130 MB) and the next step goes through it.
+loader (quickly, and with no dynamo or inductor import, where loading a torch.compile'd
+function takes seconds and far more memory) and the next step goes through it.
 
 The function is engine/model/layer.py's `decode_layer`, the eager forward's own layer, with
 ops over flat tensors (`decode_layers`): the weights' kernels named by a static plan, the

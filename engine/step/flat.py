@@ -243,8 +243,8 @@ def _attend(plan: LayerPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
 def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One query per head over the cache, as products and sums inductor fuses into loops that
     read the bf16 keys and values as they are (SDPA on float32 copies read them three times,
-    and the copies outgrow the CPU's caches at long contexts: at 5,000 keys the bundled
-    model's step took 35.7 ms eagerly, 20-25 ms so). q [kv_h, g, d] (the g query heads of a
+    and the copies outgrow the CPU's caches at long contexts, where the eager step is much
+    slower than this one). q [kv_h, g, d] (the g query heads of a
     key head), k and v [kv_h, T, d] -> [kv_h, g, d] float32."""
     scores = (q.float()[:, :, None, :] * k.float()[:, None]).sum(-1).mul(scale)
     weights = scores.softmax(-1)  # [kv_h, g, T]

@@ -1,7 +1,7 @@
 """The fast model's decode step with fixed shapes, for a GPU to capture as one CUDA graph.
 
-A decode step of the bundled model is ~1,000 small kernels; on an H100 the card is busy
-~2.5 ms of a 20-29 ms step and the rest is Python dispatch and launches. Replaying the whole
+A decode step of the bundled model is ~1,000 small kernels; on a GPU the card is busy for a
+small part of a step and the rest is Python dispatch and launches. Replaying the whole
 step as one CUDA graph removes both, as in gpt-fast: the KV cache preallocated, the position
 a device tensor updated in place, every shape fixed. Here:
 
@@ -27,7 +27,7 @@ the AOTInductor step). Prefill stays eager, writing into the same bucketed cache
 
 Waits for a GPU (never run on the machines this was written on, which have none): both
 captures themselves, and the speed targets (bundled shape decode >= 1.0x transformers' static
-compiled `generate`, ~260 tok/s on an H100, aiming >= 1,000; Qwen2.5-1.5B shape >= 1.0x; the
+compiled `generate`; Qwen2.5-1.5B shape >= 1.0x; the
 live view on costing <= 5%). `glassbox bench --device cuda` measures them.
 """
 

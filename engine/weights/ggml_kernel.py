@@ -1,11 +1,10 @@
 """The GGML kernels (engine/kernels/ggml_dot.cpp): built once per machine, loaded as torch ops.
 
-torch's CPU int4 kernel widens every weight to floats: under AVX2 it moves 7-10 GB/s of
-weights a thread, and a Q6_K weight has to be held in 1.25 bytes a value to fit it. The
-kernels here multiply the file's own blocks with integer dot products, as llama.cpp does, on
-activations rounded in two int8 terms (ggml_dot.cpp's Q8): Qwen2.5-1.5B's Q6_K ffn_down,
-2 threads, 0.31-0.39 ms against 1.73 under torch's AVX2 kernels and 0.77 under AVX-512, with
-the weight at its file size.
+torch's CPU int4 kernel widens every weight to floats, which bounds how fast it reads weights
+under AVX2, and a Q6_K weight has to be held in 1.25 bytes a value to fit it. The kernels here
+multiply the file's own blocks with integer dot products, as llama.cpp does, on activations
+rounded in two int8 terms (ggml_dot.cpp's Q8): faster than torch's kernels under AVX2 and
+AVX-512 alike, with the weight at its file size.
 
 They are compiled with the C++ compiler the compiled decode step already needs, into the
 cache folder, keyed by the source, torch and the flags; one build at a time
@@ -48,13 +47,10 @@ def library_path(folder: Path) -> Path:
     return folder / "kernels" / f"ggml_dot-torch{version}-{key}.so"
 
 
-# The types the kernels hold under torch's AVX-512 kernels: where they beat its int4 kernel,
-# 2 threads, one row of Qwen2.5-1.5B's (Gemma-3-270M's, the bundled model's) weights: Q4_K
-# 0.27 against 0.39 ms, Q6_K 0.31 against 0.77, Q5_0 0.08 against 0.09 (Gemma's ffn_gate,
-# at 0.69 bytes a value against 1.25), Q8_0 1.09 against 1.76 (the bundled model's embedding
-# as a product); not the 32-value 4-bit types (Q4_1: 0.034 against 0.030 ms), nor Q5_1
-# (unmeasured). Under AVX2 they beat it at every type they read (Q4_K 0.27 against 0.83,
-# Q5_0 0.06 against 0.17, Q4_1 0.05 against 0.06).
+# The types the kernels hold under torch's AVX-512 kernels: where they beat its int4 kernel on
+# one row of Qwen2.5-1.5B's and Gemma-3-270M's weights (Q5_0 also holds Gemma's ffn_gate in
+# 0.69 bytes a value against 1.25); not the 32-value 4-bit types (Q4_1 is no faster), nor Q5_1
+# (unmeasured). Under AVX2 they beat it at every type they read.
 AVX512_TYPES = (Q5_0, Q8_0, Q4_K, Q6_K)
 
 
@@ -66,7 +62,7 @@ def in_use() -> bool:
 
 def holds(qtype: int) -> bool:
     """Whether weights of `qtype` go to the GGML kernels: every type they read under torch's
-    AVX2 kernels, AVX512_TYPES under AVX-512 (where they are faster, measured above);
+    AVX2 kernels, AVX512_TYPES under AVX-512 (where they are faster, see above);
     $GLASSBOX_GGML_KERNELS=all gives them every type anywhere."""
     if qtype not in TYPES or not in_use():
         return False

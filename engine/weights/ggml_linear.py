@@ -7,9 +7,8 @@ import torch
 
 from engine.gguf.blocks import Q4_1, Q4_K, quantize_q4_1, quantize_q4_k
 
-# From this many rows the GGML kernels' products (one row of weights at a time, ~40 G
-# multiply-adds a second on 2 threads) lose to dequantising for one dense matmul. Qwen2.5-1.5B's
-# ffn_gate, 2 threads: 16 rows 5.0 ms against 3.6, 8 rows 2.5 against 3.1.
+# From this many rows the GGML kernels' products (one row of weights at a time, so their cost
+# grows with the rows) lose to dequantising for one dense matmul.
 GGML_DENSE_ROWS = 16
 
 

@@ -38,7 +38,7 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 
     The layout (read off `_convert_weight_to_int4pack_for_cpu`) depends on the kernel set torch
     runs: per block of B rows (64 with AVX-512, 32 with AVX2), for each k, B/2 bytes holding
-    row j in the low nibble and row j + B/2 in the high one. Built here with numpy, ~8x faster
+    row j in the low nibble and row j + B/2 in the high one. Built here with numpy, much faster
     than widening to int32 for the op; the op handles other N and other kernel sets.
     """
     rows = q.shape[0]
@@ -111,9 +111,8 @@ def _halves(
 
 
 # From this many rows of activations (a prefill), unpacking the weights to bf16 for one dense
-# matmul (AMX/AVX-512 bf16 here) beats the int4 kernel, whose cost grows with the rows. One
-# layer's four weights, one thread: 64 rows 9.4 ms either way, 128 rows 18.5 ms int4 against
-# 11.1 ms unpacked, 16 rows 2.6 against 10.6.
+# matmul (AMX/AVX-512 bf16 where the CPU has them) beats the int4 kernel, whose cost grows
+# with the rows; below it, unpacking costs more than it saves.
 DENSE_ROWS = 64
 
 
@@ -178,8 +177,8 @@ class Int4Linear(torch.nn.Module):
         """The weights transposed, [in, out] in the activation dtype, unpacked for a large
         matmul (rows a multiple of the layout's block, `kernel_block_rows()`).
 
-        [in, out] is the layout oneDNN multiplies without reordering (x @ Wᵀ measured 1.5x
-        faster than linear(x, W) here), and the one the packing unpacks to in runs of 32
+        [in, out] is the layout oneDNN multiplies without reordering (x @ Wᵀ is faster than
+        linear(x, W)), and the one the packing unpacks to in runs of 32
         bytes: packed [N/B, K, B/2] holds rows j and j + B/2 of each B in the two nibbles.
         Every pass is a torch op, so a prefill's unpacking runs on all torch's threads.
         """
@@ -191,7 +190,7 @@ class Int4Linear(torch.nn.Module):
             return product if self.plain else halves[0] + halves[1]
         weight = self.nibbles_t().view(columns // BLOCK, BLOCK, rows)
         # (q - 8)·scale + zero, with contiguous operands: a strided scale sends mul_ down a
-        # path 5x slower (addcmul's broadcast measured 2x). Not q·scale + (zero - 8·scale):
+        # much slower path (and addcmul's broadcast is slower too). Not q·scale + (zero - 8·scale):
         # the high half of a 5-bit weight would lose ~1% in bf16 to the cancellation.
         scale = self.scales_zeros[..., 0].contiguous()  # [K/32, N]
         zero = self.scales_zeros[..., 1].contiguous()
@@ -224,8 +223,8 @@ class Int4Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out] in the scales' dtype. A decode step calls this 121 times
-        with [1, in] bf16, so that case runs the kernel and nothing else (~2.5 µs a call less
-        than the general path's checks)."""
+        with [1, in] bf16, so that case runs the kernel and nothing else, skipping the general
+        path's checks."""
         scales_zeros = self.scales_zeros
         if self.plain and x.dtype is scales_zeros.dtype and x.dim() == 2 and x.shape[0] == 1:
             product: torch.Tensor = _int4_mm(x, self.packed, BLOCK, scales_zeros)
@@ -273,10 +272,9 @@ class Q6KLinear(torch.nn.Module):
     then 2·hi + 5, multiplied by the activations laid out alike, x then 8·x:
         s·(lo - 8)·x + s·(2·hi + 5 - 8)·8x = s·(lo + 16·hi - 32)·x,
     zero 0 and scale s: exact, with the scale in bf16 as every int4 weight here (8·x is exact
-    in bf16). 1.25 bytes a weight (bf16: 2, the file: 0.82). One thread, Qwen2.5-1.5B's
-    ffn_down [1536, 8960], CPU time per one-row product: AVX-512 1.6 ms against 2.7 for a bf16
-    copy; AVX2 3.5 against 2.7 (its int4 kernel is bound by unpacking), so build_fast uses
-    this layout only where the AVX-512 kernels run (fast_builder._layout).
+    in bf16). 1.25 bytes a weight (bf16: 2, the file: 0.82). A one-row product beats a bf16
+    copy under AVX-512 and loses to it under AVX2 (its int4 kernel is bound by unpacking), so
+    build_fast uses this layout only where the AVX-512 kernels run (fast_builder._layout).
     """
 
     def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor) -> None:

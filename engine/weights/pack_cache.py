@@ -1,7 +1,7 @@
 """A GGUF's weights as the kernels read them, repacked once and kept on disk.
 
-Repacking the bundled model takes ~2 s (its Q8_0 lm_head, requantised to 4 bits, is most of
-it); the packed tensors come back from a memory-mapped file in a few milliseconds. The pack
+Repacking the bundled model takes seconds (its Q8_0 lm_head, requantised to 4 bits, is most of
+it); the packed tensors come back from a memory-mapped file almost at once. The pack
 holds the kernels' own bytes (packed nibbles, bf16 scales and zeros: ~80 MB for the bundled
 model), and the bf16 copies of weights no int kernel holds exactly (Qwen's Q6_K ffn_down), so
 that a second load dequantises nothing either. Its name carries the GGUF's identity (path,

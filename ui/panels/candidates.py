@@ -2,8 +2,8 @@
 
 The chart changes with every token while a reply streams. As a pyqtgraph plot, each change
 set two bar items and the tick labels of an axis, which re-measured every label and repainted
-the plot through its scene: ~5 ms of GUI time a frame. Painted directly it is one widget update
-of a few rectangles and lines of text (well under 1 ms), and nothing is laid out again.
+the plot through its scene, costly every frame. Painted directly it is one widget update of a
+few rectangles and lines of text, far cheaper, and nothing is laid out again.
 """
 
 from __future__ import annotations

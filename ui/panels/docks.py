@@ -29,32 +29,32 @@ FRAME_MS = 33  # about 30 redraws a second at most
 # uses more than WINDOW_CPU_SHARE of a core while panels redraw, they redraw less often, down
 # to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again. The whole
 # process, not the GUI thread alone: on two cores every slice of it, in any thread, holds one
-# of the engine's two threads up (measured: the engine decodes ~1% slower for each 0.01 of a
+# of the engine's two threads up (the engine decodes slower in proportion to the share of a
 # core the window takes, whichever thread takes it).
 # The rate found is kept for the next reply: a second with nothing to draw (the wait for a
 # prefill) says nothing about what frames cost, and starting each reply at 30 Hz again spent
 # its first seconds far over budget.
 # 2 frames a second: slower would no longer read as live. With all five panels floating on
-# a busy 2-core machine a frame costs 25-35 ms of GUI time, and at 4 frames a second (the
-# floor before) the panels alone took more than the whole budget.
+# a busy 2-core machine a frame is costly, and at 4 frames a second (the floor before) the
+# panels alone took more than the whole budget.
 SLOWEST_FRAME_MS = 500
 WINDOW_CPU_SHARE = 0.12
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
 # The rate the first reply starts at, before any has been found: 4 frames a second. Started at
 # 30, a first reply spent its first second at half a core drawing while the governor measured;
-# at 10, with five floating panels on 2 cores, still ~0.3 of a core. A machine with room to
+# at 10, with five floating panels on 2 cores, still well over budget. A machine with room to
 # spare reaches 30 a second within three governor windows (the interval halves each time).
 FIRST_BUSY_FRAME_MS = 250
 # A frame draws panels one after another until this much time has passed, then lets the
 # event loop run (paint, input) before the next ones: no frame holds the loop for all five.
-# Wall time, not the thread's CPU time: on a busy machine a slice of 8 ms of CPU held the loop
-# for two or three times as long. In practice one panel a slice: a panel's repaint runs in the
-# loop's next pass, with the next panel's redraw, and a slice of 8 ms made passes of 30-45 ms.
+# Wall time, not the thread's CPU time: on a busy machine a slice counted in CPU time held the
+# loop for several times as long. In practice one panel a slice: a panel's repaint runs in the
+# loop's next pass, with the next panel's redraw, and longer slices made long passes.
 FRAME_SLICE_S = 0.002
 # The timer sleeps once no panel on screen has anything left to draw and none has drawn for
 # this long (longer than the panels' throttled summaries wait: TIMELINE_INTERVAL_S and the
 # like, 1 s); data for a panel on screen, a dock shown or a panel's own choice wakes it. Each
-# tick wakes the GUI thread (~0.1 ms of CPU here) whether or not it draws: 30 a second while
+# tick wakes the GUI thread (a little CPU) whether or not it draws: 30 a second while
 # idle, waiting for a prefill or with every dock closed.
 SLEEP_AFTER_S = 1.5
 # Statistics a long block of attention rows left to sum (a prompt's) are summed for about this
@@ -143,10 +143,10 @@ class InternalsView(QObject):
         # The rest of a frame, once the event loop has had its turn. A timer object, not
         # QTimer.singleShot(0, ...): that posts an event, and posted events (the next slice, the
         # repaints the last one queued, pyqtgraph's scene updates) ran back to back, timers
-        # and input waiting, 50-90 ms at a reply's first frame.
+        # and input waiting, for a long while at a reply's first frame.
         self._next_slice = QTimer(self)
         self._next_slice.setSingleShot(True)
-        self._next_slice.setInterval(1)  # 0 let a 5 ms timer in only 4 slices of 5
+        self._next_slice.setInterval(1)  # 0 seldom let other timers in between slices
         self._next_slice.timeout.connect(self._draw_queued)
         self.frames = 0  # timer ticks that redrew at least one panel (a benchmark reads it)
         self._frame_counted = False

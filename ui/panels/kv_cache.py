@@ -51,7 +51,7 @@ def human_bytes(count: float) -> str:
 
 def set_bar(bar: QProgressBar, value: int, maximum: int) -> None:
     """Move a progress bar without painting it there and then: QProgressBar.setValue
-    repaints at once whenever the bar moves a pixel, 10-50 ms of a frame in a floating dock.
+    repaints at once whenever the bar moves a pixel, costly in a floating dock.
     Enabling updates again schedules one ordinary paint with the next."""
     if (bar.value(), bar.maximum()) == (value, maximum):
         return
@@ -138,14 +138,14 @@ class KvCachePanel(StatePanel):
         self.view_choice = QComboBox()
         self.view_choice.addItems([TOTAL, STACKED])
         self.view_choice.currentIndexChanged.connect(lambda _index: self.tracker.mark())
-        # Painted (ui.panels.line_chart): as a pyqtgraph plot its one curve's update cost a
-        # frame 3-4 ms of repainting the plot's scene.
+        # Painted (ui.panels.line_chart): as a pyqtgraph plot its one curve's update cost every
+        # frame a repaint of the plot's scene.
         self.plot_widget = LineChart("KV cache size", "tokens in the cache", "cache", BYTE_UNITS)
         self._x_limit, self._y_limit = AxisLimit(), AxisLimit()  # see _set_range
         self.curve = self.plot_widget.add_series(Series((66, 133, 244), width=1, step=True))
         self.stack_curves: list[Series] = []
         # The model the layer curves were made for: a new chat clears the data, not the model,
-        # and making 30 curves again cost its first frame ~40 ms.
+        # and making 30 curves again made its first frame a long one.
         self._built_for: ModelInfo | None = None
         self.formula = QLabel("Load a model to see the KV-cache formula.")
         self.formula.setWordWrap(True)

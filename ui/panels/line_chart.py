@@ -1,8 +1,8 @@
 """A painted line chart for series that grow every token (the decode-step latency).
 
 As a pyqtgraph plot, each new point set the curve's data, re-measured its bounds and repainted
-the plot through its scene, axes and legend included: 2-4 ms of GUI time a frame even for one
-curve. Painted directly it is one widget update: a polyline per series, a few tick labels, and
+the plot through its scene, axes and legend included: costly every frame even for one curve.
+Painted directly it is one widget update: a polyline per series, a few tick labels, and
 a legend in its own row above the plot, where it never covers the data.
 
 Ranges are set by the caller (ranges.AxisLimit: when the data outgrows them), so a frame that
@@ -44,7 +44,7 @@ class Series:
     read and write it as a pyqtgraph curve's (the panels' tests read curves that way)."""
 
     colour: tuple[int, int, int]
-    width: float = 1.0  # 2 pixels took twice as long to stroke (~1.7 against 0.85 ms)
+    width: float = 1.0  # 2 pixels take twice as long to stroke
     dashed: bool = False
     name: str = ""
     step: bool = False  # each value holds until the next x (the last one for one x more)

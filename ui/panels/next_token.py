@@ -29,8 +29,8 @@ SAMPLED_BRUSH = (251, 188, 5)
 CHOSEN_PROB_BRUSH = (217, 48, 37)
 CHOSEN_SAMPLED_BRUSH = (244, 143, 177)
 # The strip keeps the latest tokens only: appending to one paragraph lays all of it out again,
-# so an unbounded strip costs more every frame (35 ms at 9,000 tokens; 2.4 ms at 256 tokens,
-# 1.8 ms at 128). Its few lines show the last hundred tokens or so; the slider reaches all.
+# so an unbounded strip costs more every frame as a reply grows. Its few lines show the last
+# hundred tokens or so; the slider reaches all.
 STRIP_TOKENS = 128
 # The candidates' labels keep one width: sized to them, the bars would move on every token.
 # Longer labels are cut with an ellipsis.
@@ -67,7 +67,7 @@ class NextTokenPanel(StatePanel):
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.spin = QSpinBox()
         # The range grows every token; a spin box sized to it asks the panel for a new layout
-        # each time (~1 ms a frame). Fixed at the width of a long reply's step, it never does.
+        # each time, every frame. Fixed at the width of a long reply's step, it never does.
         self.spin.setRange(0, 999_999)
         self.spin.setFixedSize(self.spin.sizeHint())
         for widget in (self.slider, self.spin):
@@ -186,7 +186,7 @@ class NextTokenPanel(StatePanel):
 
     def _link_format(self, step: int) -> QTextCharFormat:
         """A link to `step`, as plain text with a character format: inserting HTML parsed
-        every fragment again, ~1 ms a frame (its leading space needed pre-wrap to survive)."""
+        every fragment again, every frame (its leading space needed pre-wrap to survive)."""
         link = QTextCharFormat(self._link_base)
         link.setAnchorHref(f"step:{step}")
         return link

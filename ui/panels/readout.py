@@ -2,7 +2,7 @@
 
 A label in a layout re-lays out its whole panel whenever its text changes: the layout asks it
 for its size hints and its height at several widths, each one a rich-text layout, then sets
-the geometry of every sibling (3-4 ms a frame per panel). In this box the label reports to the
+the geometry of every sibling, a costly part of each frame. In this box the label reports to the
 box alone; the box lays the text out once, at its own width, and only a change of height (a
 line more or less) reaches the panel's layout.
 """

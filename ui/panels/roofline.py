@@ -29,7 +29,7 @@ from ui.panels.step_line import StepLine
 # The decode cloud keeps the latest steps: one symbol each, so a frame's cost stays bounded.
 DECODE_POINTS = 512
 # A new step moves the cloud by a hair: redraw it at most this often (a scatter's setData and
-# its repaint cost 3-5 ms of a frame); a new reply, a cleared chat or new peaks redraw on the
+# its repaint are a costly part of a frame); a new reply, a cleared chat or new peaks redraw on the
 # next frame.
 CLOUD_INTERVAL_S = 1.0
 PREFILL_BRUSH = (66, 133, 244)

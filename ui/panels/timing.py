@@ -31,8 +31,8 @@ PHASES = (
     ("first token", (251, 188, 5)),
     ("decode", (52, 168, 83)),
 )
-# Per-frame work must not grow with the conversation: 200 turns made every frame of this panel
-# cost 10 ms instead of 3 (a bar row and a tick label per turn). The timeline shows the latest
+# Per-frame work must not grow with the conversation: a long chat made every frame of this
+# panel cost several times more (a bar row and a tick label per turn). The timeline shows the latest
 # replies; the per-turn chart keeps every turn but labels at most MAX_TURN_LABELS of them.
 TIMELINE_REPLIES = 12
 MAX_TURN_LABELS = 12

@@ -19,7 +19,7 @@ ATTENTION_CELLS = 256 * 2048
 # The attention mosaic pools rows in blocks of 1-8 (256 rows on at least 32 cells): dropping
 # whole blocks lets it shift what it pooled instead of pooling every row again. Halving 256
 # rows always did; a cell budget's limits (52 rows at 10,000 keys) do not, and the mosaic then
-# pooled everything again at each drop (p99 stall 26-32 ms against 16-17 in the stress).
+# pooled everything again at each drop, and the stress's stalls grew.
 DROP_BLOCK = 8
 
 _serials = itertools.count()
@@ -158,8 +158,8 @@ class AttentionRows:
         self.dropped += drop
 
 
-# A prompt's rows are summed this many at a time (~1 ms at 1,000 keys and 9 heads): summing a
-# 512-row prefill block of four watched layers at once held the event loop for 60-80 ms.
+# A prompt's rows are summed this many at a time, a short piece of work: summing a 512-row
+# prefill block of four watched layers at once held the event loop up for far longer.
 CHUNK_ROWS = 32
 TINY = np.finfo(np.float32).tiny
 

@@ -2,7 +2,7 @@
 
 The window's events come from the engine process through a receiving thread. That thread
 calls `PreparedStats.prepare` on each batch: the per-row statistics of every attention block
-(a prompt's 512 rows x 1,000 keys x 9 heads of four layers is ~50 ms of numpy) are computed
+(a prompt's 512 rows x 1,000 keys x 9 heads of four layers is much numpy work) are computed
 there, while the GUI thread paints, and `InternalsState` only sums them when it ingests the
 event. Numpy's reductions release the interpreter lock, so the two threads overlap.
 """
