@@ -149,7 +149,7 @@ def decode_attention(
 
     torch's CPU attention kernel is slow in bf16 for a single query at long contexts, under the
     AVX2 and the AVX-512 kernel sets alike. On float32 copies it is fast while they fit in the
-    CPU's caches, then not: the copies are twice the bytes of the bf16 cache. Past
+    CPU's caches, then not, once the copies outgrow them at long contexts. Past
     LONG_DECODE_KEYS, two batched bf16 matmuls read the cache as it is, each group of query
     heads against its key head, with the softmax in float32, faster than either.
     """

@@ -146,7 +146,7 @@ class InternalsView(QObject):
         # and input waiting, for a long while at a reply's first frame.
         self._next_slice = QTimer(self)
         self._next_slice.setSingleShot(True)
-        self._next_slice.setInterval(1)  # 0 seldom let other timers in between slices
+        self._next_slice.setInterval(1)  # 0 sometimes kept other timers out between slices
         self._next_slice.timeout.connect(self._draw_queued)
         self.frames = 0  # timer ticks that redrew at least one panel (a benchmark reads it)
         self._frame_counted = False
