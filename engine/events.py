@@ -241,7 +241,7 @@ class Token:
 @dataclass(frozen=True, slots=True)
 class StepRows:
     """One step's attention rows, from the engine's ring of recent steps
-    (engine/generate/step_ring.py) rather than with its token.
+    (engine/model/step_ring.py) rather than with its token.
 
     `step` is the Token index whose query the rows are (step 0: the prompt's last row).
     `latest`: sent because a visible panel draws these layers (at most at its frame rate);

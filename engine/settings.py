@@ -87,7 +87,7 @@ class ProbeSettings:
     `token_rows`: whether each Token event carries its attention rows (the trace, the terminal
     chat). The window sets it False: a Token then carries each watched layer's per-head
     statistics only, and the rows stay in the session's ring of recent steps
-    (engine/generate/step_ring.py) until a panel pulls them.
+    (engine/model/step_ring.py) until a panel pulls them.
     `ring_bytes`: the most that ring holds; the oldest steps leave it first.
     """
 

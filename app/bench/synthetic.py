@@ -35,8 +35,8 @@ from engine.events import (
     frozen_array,
 )
 from engine.generate.pacing import PacedGeneration
-from engine.generate.step_ring import ATTENTION, StepRing
 from engine.kv_formula import formula_bytes
+from engine.model.step_ring import ATTENTION, StepRing
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
 # The bundled SmolLM2-135M's shapes. Its context holds 8,192 tokens; the synthetic one may run

@@ -2,7 +2,7 @@
 
 Per token the engine's events carry the per-head statistics the overview plots
 (Token.head_stats); the rows themselves stay in the session's ring of recent steps
-(engine/generate/step_ring.py). `ViewRows` is the engine server's side of the window's pull:
+(engine/model/step_ring.py). `ViewRows` is the engine server's side of the window's pull:
   - `Watch(layers, interval_s)`: the latest step's rows of those layers cross at most every
     `interval_s`, and the last step's always before a hold or the reply's end, so a paused or
     finished reply shows its last step;
@@ -22,7 +22,7 @@ from typing import Any
 from app.server.jobs import event_weight
 from app.server.wire import Events, Fetch, Reply, Watch
 from engine.events import Event, PrefillDone, StepRows, Token
-from engine.generate.step_ring import StepRing, host_rows
+from engine.model.step_ring import StepRing, host_rows
 
 Put = Callable[[Reply, int], None]  # (reply, weight): to the outbox
 

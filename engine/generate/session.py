@@ -46,7 +46,6 @@ from engine.generate.context import ContextFull
 from engine.generate.head_stats import decode_statistics, prefill_statistics
 from engine.generate.pacing import PacedGeneration
 from engine.generate.sampling import Sampler
-from engine.generate.step_ring import ATTENTION, StepRing
 from engine.load.loader import LoadedModel
 from engine.measure.device import stopwatch
 from engine.measure.peaks import peaks_or_none
@@ -54,6 +53,7 @@ from engine.measure.roofline import ForwardCost, Meter
 from engine.model.attention_probe import AttentionProbe
 from engine.model.decoder import Cache, decoder_for
 from engine.model.lens import LENS_TOP, LayerLensProbe
+from engine.model.step_ring import ATTENTION, StepRing
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from engine.text import chat_format
 from engine.text.detokenize import TextStream
@@ -175,7 +175,7 @@ class ChatSession(PacedGeneration):
         sampler = Sampler(settings, self.device)
         clock = stopwatch(self.device)
         history = torch.tensor(prompt, device=self.device)  # [T]: prompt + tokens so far
-        self.lens_probe.ring.clear()  # a step number names a step of the latest reply
+        self.lens_probe.ring.start_reply()  # a step number names a step of the latest reply
 
         self.steps.start_reply(probes.ring_bytes)
         clock.start()

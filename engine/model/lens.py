@@ -7,9 +7,9 @@ stream that was never trained to be read there (see docs/lens.md for where that 
 
 Cost is paid only when looked at. While a lens is watched, `Residuals` records each layer's
 output at the last position (a [dim] vector a layer: the bundled model's 30 x 576 floats a
-step), `StepRing` keeps recent steps under a byte cap, and `LensHead` runs the head over a
-step's [layers, dim] in one batched product when a panel asks for it. Unwatched, nothing is
-installed and a pass runs as it always did.
+step), the reply's `StepRing` (engine/model/step_ring.py) keeps recent steps under a byte cap, and
+`LensHead` runs the head over a step's [layers, dim] in one batched product when a panel asks for
+it. Unwatched, nothing is installed and a pass runs as it always did.
 
 Two kinds of model:
 - transformers: forward hooks on the decoder layers; the head is the model's final norm and
@@ -24,11 +24,8 @@ Two kinds of model:
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -36,6 +33,7 @@ from torch import nn
 
 from engine.events import LayerLens
 from engine.model.llama import GGUFLlama, rms_norm
+from engine.model.step_ring import RESIDUALS, StepRing
 
 RING_BYTES = 32 * 2**20  # residuals kept for past steps, at most
 LENS_TOP = 10  # candidates a layer's guess carries
@@ -155,52 +153,6 @@ class LensHead:
         return logits
 
 
-@dataclass(frozen=True)
-class KeptStep:
-    residuals: torch.Tensor  # [layers, dim] float32
-    token_id: int  # the token the step chose
-
-
-class StepRing:
-    """Recent steps' residuals, oldest dropped first past `max_bytes`; any thread may read."""
-
-    def __init__(self, max_bytes: int = RING_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._steps: OrderedDict[int, KeptStep] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._steps.clear()
-            self._bytes = 0
-
-    def put(self, step: int, residuals: torch.Tensor, token_id: int) -> None:
-        size = residuals.numel() * residuals.element_size()
-        with self._lock:
-            old = self._steps.pop(step, None)
-            if old is not None:
-                self._bytes -= old.residuals.numel() * old.residuals.element_size()
-            self._steps[step] = KeptStep(residuals, token_id)
-            self._bytes += size
-            while self._bytes > self.max_bytes and len(self._steps) > 1:
-                _, dropped = self._steps.popitem(last=False)
-                self._bytes -= dropped.residuals.numel() * dropped.residuals.element_size()
-
-    def get(self, step: int) -> KeptStep | None:
-        with self._lock:
-            return self._steps.get(step)
-
-    @property
-    def steps(self) -> tuple[int, ...]:
-        with self._lock:
-            return tuple(self._steps)
-
-    @property
-    def bytes(self) -> int:
-        return self._bytes
-
-
 def layer_lens(
     step: int,
     logits: torch.Tensor,
@@ -234,7 +186,7 @@ class LayerLensProbe:
     def __init__(self, model: nn.Module, max_bytes: int = RING_BYTES) -> None:
         self.residuals = Residuals(model)
         self.head = LensHead(model)
-        self.ring = StepRing(max_bytes)
+        self.ring = StepRing(max_bytes)  # its steps' (residuals [layers, dim], token id)
         self.watching = False  # set from any thread; read once per pass
 
     @contextmanager
@@ -248,11 +200,12 @@ class LayerLensProbe:
 
     def keep(self, step: int, residuals: torch.Tensor | None, token_id: int) -> None:
         if residuals is not None:
-            self.ring.put(step, residuals, token_id)
+            self.ring.put(step, RESIDUALS, (residuals, token_id))
 
     def lens(self, step: int, piece: Callable[[int], str], top: int = LENS_TOP) -> LayerLens | None:
         """The step's lens from its kept residuals; None where the step was not kept."""
-        kept = self.ring.get(step)
+        kept = self.ring.get(step, RESIDUALS)
         if kept is None:
             return None
-        return layer_lens(step, self.head.logits(kept.residuals), kept.token_id, piece, top)
+        residuals, token_id = kept
+        return layer_lens(step, self.head.logits(residuals), token_id, piece, top)

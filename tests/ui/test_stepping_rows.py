@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QUrl
 
-from engine.generate.step_ring import host_rows
+from engine.model.step_ring import host_rows
 from tests.ui.fakes import FakeBackend
 from tests.ui.test_assembled_window import show_attention
 from tests.ui.test_stepping import LONG, generated

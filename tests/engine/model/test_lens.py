@@ -9,7 +9,8 @@ import torch
 
 from engine.events import LayerLens, Peaks, Token
 from engine.generate.session import ChatSession
-from engine.model.lens import StepRing, transformers_parts
+from engine.model.lens import transformers_parts
+from engine.model.step_ring import RESIDUALS, StepRing
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from tests.models import TINY_ARCHITECTURES, make_tiny
 
@@ -91,9 +92,9 @@ def test_unwatched_nothing_is_kept_and_no_hook_is_left(tokenizer):
     loaded = make_tiny(tokenizer, "llama")
     session = ChatSession(loaded, peaks=FIXED)
     reply(session, "Once upon a time", 3, watch=False)
-    assert session.layer_lens(0) is None and session.lens_probe.ring.steps == ()
+    assert session.layer_lens(0) is None and session.lens_probe.ring.steps() == []
     reply(session, "Once upon a time", 3, watch=True)
-    assert session.lens_probe.ring.steps == (0, 1, 2)
+    assert session.lens_probe.ring.steps() == [0, 1, 2]
     layers = transformers_parts(loaded.model)[0]
     assert all(not layer._forward_hooks for layer in layers)  # removed after each pass
 
@@ -102,15 +103,15 @@ def test_a_new_reply_replaces_the_kept_steps(tokenizer):
     session = ChatSession(make_tiny(tokenizer, "llama"), peaks=FIXED)
     reply(session, "Once upon a time", 4)
     reply(session, "Hello", 2)
-    assert session.lens_probe.ring.steps == (0, 1)
+    assert session.lens_probe.ring.steps() == [0, 1]
 
 
 def test_the_ring_drops_the_oldest_steps_past_its_byte_cap():
     ring = StepRing(max_bytes=3 * 40)
     for step in range(5):
-        ring.put(step, torch.zeros(10), token_id=step)  # 40 bytes each
-    assert ring.steps == (2, 3, 4) and ring.bytes == 120
-    assert ring.get(1) is None and ring.get(4).token_id == 4
+        ring.put(step, RESIDUALS, (torch.zeros(10), step))  # 40 bytes each
+    assert ring.steps() == [2, 3, 4] and ring.bytes == 120
+    assert ring.get(1, RESIDUALS) is None and ring.get(4, RESIDUALS)[1] == 4
 
 
 @torch.inference_mode()

@@ -18,6 +18,7 @@ import numpy as np
 from engine.events import Attention, frozen_array
 
 ATTENTION = "attention"  # layer -> [heads, keys] rows of the step's query (tensor or array)
+RESIDUALS = "residuals"  # ([layers, dim] each layer's output, the token chosen): the lens's
 
 
 def payload_bytes(payload: Any) -> int:

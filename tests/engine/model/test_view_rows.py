@@ -11,8 +11,8 @@ import torch
 from engine.events import PrefillDone, Token
 from engine.generate.head_stats import _device_statistics, decode_statistics, prefill_statistics
 from engine.generate.session import ChatSession
-from engine.generate.step_ring import ATTENTION, StepRing, host_rows
 from engine.generate.trace import TraceRecorder
+from engine.model.step_ring import ATTENTION, StepRing, host_rows
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from tests.models import make_tiny
 from ui.panels.state.attention import row_stats
