@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -165,15 +165,33 @@ SHAPES = {
 }
 
 
+# The bundled model's vocabulary, tokenizer and types around one 64-wide layer: a forward that
+# costs almost nothing, so its decode rate is the per-token loop's own cost (sampling, probes,
+# events, detokenising) on any machine. No real file has this layout.
+LOOP = replace(
+    SHAPES["bundled"],
+    name="loop",
+    metadata=SHAPES["bundled"].metadata
+    | {
+        "embedding_length": 64,
+        "feed_forward_length": 128,
+        "attention.head_count": 1,
+        "attention.head_count_kv": 1,
+    },
+    layers=1,
+)
+
+
 def shape_named(spec: str) -> Shape | None:
     """The shape `spec` names ("shape:NAME"), None for any other model spec; an unknown
     NAME is a ValueError that lists the known ones."""
     if not spec.startswith(PREFIX):
         return None
     name = spec.removeprefix(PREFIX)
-    if name not in SHAPES:
-        raise ValueError(f"no model shape {name!r}; known: {', '.join(SHAPES)}")
-    return SHAPES[name]
+    known = SHAPES | {LOOP.name: LOOP}
+    if name not in known:
+        raise ValueError(f"no model shape {name!r}; known: {', '.join(known)}")
+    return known[name]
 
 
 def layout(shape: Shape) -> dict[str, tuple[tuple[int, ...], int]]:

@@ -10,7 +10,7 @@ import random
 
 import torch
 
-from engine.generate.largest import argmax, top_k_support
+from engine.model.largest import argmax, top_k_support
 from engine.settings import GenerationSettings
 
 
@@ -25,13 +25,17 @@ class Sampler:
         # (the CPU's shortcuts below pick indices with nonzero, a sync on a GPU).
         self.on_device = device.type == "cuda"
         self._kept: tuple[torch.Tensor, torch.Tensor] | None = None  # (probs, its support)
+        self._picked: tuple[torch.Tensor, torch.Tensor] | None = None  # (greedy probs, argmax)
 
     def distribution(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """The probabilities the next token is drawn from. logits: [vocab] float32; history: [n]."""
         s = self.settings
         scores = penalize_repetition(logits, history, s.repetition_penalty)
         if s.greedy:  # all the probability on the likeliest token
-            return torch.zeros_like(scores).index_fill_(0, argmax(scores), 1.0)
+            best = argmax(scores)
+            probs = torch.zeros_like(scores).index_fill_(0, best, 1.0)
+            self._picked = (probs, best)
+            return probs
         scores = scores / s.temperature
         if self.on_device:
             return torch.softmax(keep_top_p(keep_top_k(scores, s.top_k), s.top_p), dim=-1)
@@ -50,6 +54,8 @@ class Sampler:
         draws among, a whole vocabulary far more than the default top-k's 50.
         The same distribution, drawn from with the same seeded generator."""
         if self.settings.greedy:
+            if self._picked is not None and self._picked[0] is probs:
+                return self._picked[1]  # found by `distribution`: no second pass
             return argmax(probs)
         if self.on_device:  # no support to find: the draw stays on the device
             return torch.multinomial(probs, 1, generator=self.generator)[0]

@@ -50,6 +50,7 @@ from engine.load.loader import LoadedModel
 from engine.measure.device import stopwatch
 from engine.measure.peaks import peaks_or_none
 from engine.measure.roofline import ForwardCost, Meter
+from engine.model import largest
 from engine.model.attention_probe import AttentionProbe
 from engine.model.decoder import Cache, decoder_for
 from engine.model.lens import LENS_TOP, LayerLensProbe
@@ -84,6 +85,7 @@ class ChatSession(PacedGeneration):
         )
         self.meter = Meter(cost, peaks)
         self._special_ids = token_labels.special_ids(self.tokenizer)
+        self._pieces: dict[int, str] = {}  # token id -> its text (_piece)
         self._cache: Cache | None = None
         self._cached_ids: list[int] = []
         self.eos_ids = self._eos_ids()
@@ -174,7 +176,11 @@ class ChatSession(PacedGeneration):
         budget = settings.max_new_tokens if room is None else min(settings.max_new_tokens, room)
         sampler = Sampler(settings, self.device)
         clock = stopwatch(self.device)
-        history = torch.tensor(prompt, device=self.device)  # [T]: prompt + tokens so far
+        # prompt + tokens so far: `history` [T] is a view of a buffer with room for the whole
+        # reply, each token written in place on the device (no copy of the history a step)
+        written = torch.empty(len(prompt) + budget, dtype=torch.long, device=self.device)
+        written[: len(prompt)] = torch.tensor(prompt)
+        history = written[: len(prompt)]
         self.lens_probe.ring.start_reply()  # a step number names a step of the latest reply
 
         self.steps.start_reply(probes.ring_bytes)
@@ -198,7 +204,8 @@ class ChatSession(PacedGeneration):
             clock.start()
             if index > 0:  # the last token through the model (token 0 came from the prefill)
                 self._begin_transfer()
-                history = torch.cat([history, chosen.view(1)])  # [T + 1], still on the device
+                written[len(history)] = chosen  # still on the device
+                history = written[: len(history) + 1]
                 forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
                 transfer = self._transfer()
             probs = sampler.distribution(forward.logits, history)  # [vocab]
@@ -380,16 +387,23 @@ class ChatSession(PacedGeneration):
     def _top_k(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> tuple[Candidate, ...]:
         if k <= 0:
             return ()
-        top = torch.softmax(logits, dim=-1).topk(k)
-        sampled = probs[top.indices].tolist()
+        indices = largest.top_k(logits, k)[1]  # the softmax's order is the logits'
+        top = torch.softmax(logits, dim=-1)[indices]
+        sampled = probs[indices].tolist()
         return tuple(
             Candidate(token_id=i, text=self._piece(i), prob=p, sampled_prob=q)
-            for i, p, q in zip(top.indices.tolist(), top.values.tolist(), sampled, strict=True)
+            for i, p, q in zip(indices.tolist(), top.tolist(), sampled, strict=True)
         )
 
     def _piece(self, token_id: int) -> str:
-        # One list of ids decodes to one string (the stub also allows a batch's list).
-        return cast(str, self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
+        """The token's own text, decoded once per session (a tokenizer call costs more than
+        a step's sampling on a small model, and the candidates name ten a step)."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            # One list of ids decodes to one string (the stub also allows a batch's list).
+            piece = cast(str, self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
+            self._pieces[token_id] = piece
+        return piece
 
     def _eos_ids(self) -> frozenset[int]:
         """The model's EOS, and the end-of-turn token its chat template writes (a chat model

@@ -25,6 +25,7 @@ Shapes: x [1, dim] float32 (the residual stream); activations into a linear are 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -190,11 +191,22 @@ class Rope:
 
 def rotation_matrices(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """[n, d] cos and sin -> [n, d, d] matrices M with x·M = x·cos + rotate_half(x)·sin."""
-    d = cos.shape[-1]
+    d, device = cos.shape[-1], cos.device
+    # Made once for the eager steps; a graph being compiled (the GPU's static step) makes them
+    # inside the graph, where a cached host object has no place.
+    basis = _rotation_basis if torch.compiler.is_compiling() else _kept_rotation_basis
+    eye, rotate = basis(d, device)
+    return eye * cos[:, None, :] + rotate * sin[:, None, :]
+
+
+def _rotation_basis(d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The identity and the rotate_half matrix (rotate_half(x) = x·rotate), [d, d] each."""
     half = d // 2
-    rotate = torch.zeros(d, d, device=cos.device)  # rotate_half(x) = x·rotate
-    index = torch.arange(half, device=cos.device)
+    rotate = torch.zeros(d, d, device=device)
+    index = torch.arange(half, device=device)
     rotate[index + half, index] = -1.0
     rotate[index, index + half] = 1.0
-    eye = torch.eye(d, device=cos.device)
-    return eye * cos[:, None, :] + rotate * sin[:, None, :]
+    return torch.eye(d, device=device), rotate
+
+
+_kept_rotation_basis = functools.lru_cache(maxsize=8)(_rotation_basis)

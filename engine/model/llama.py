@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.model import largest
 from engine.model.attention_probe import AttentionProbe, attention_weights
 from engine.model.kv_buffer import KVBuffer
 from engine.model.layer import (
@@ -357,7 +358,10 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, dim] (bf16) -> logits [n, vocab] float32."""
         logits = self.bulk.forward(x)
-        top = logits.topk(self.candidates, dim=-1, sorted=False).indices  # [n, c]
+        if logits.shape[0] == 1:  # a decode step's: the two-pass topk (engine/model/largest)
+            top = largest.top_k(logits[0], self.candidates)[1][None]  # [1, c]
+        else:
+            top = logits.topk(self.candidates, dim=-1, sorted=False).indices  # [n, c]
         weights = self.lookup(top.reshape(-1)).view(*top.shape, -1)  # [n, c, dim]
         exact = (weights @ x.float()[..., None])[..., 0]  # [n, c]
         return logits.float().scatter_(-1, top, exact)

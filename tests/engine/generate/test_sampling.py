@@ -8,7 +8,6 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper, TopPLogitsWarper
 
-from engine.generate.largest import argmax, top_k_support
 from engine.generate.sampling import Sampler, keep_top_p, penalize_repetition
 from engine.settings import GenerationSettings
 
@@ -192,31 +191,6 @@ def test_sampling_never_picks_a_filtered_token():
     probs = sampler.distribution(logits, torch.tensor([], dtype=torch.long))
     picks = {int(sampler.choose(probs)) for _ in range(200)}
     assert picks <= {0, 1, 2} and len(picks) > 1
-
-
-@pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
-def test_two_pass_argmax_is_torchs_argmax(size):
-    """First largest entry, with ties and a NaN, on lengths that take both paths."""
-    generator = torch.Generator().manual_seed(size)
-    for trial in range(200):
-        values = torch.randn(size, generator=generator).bfloat16().float()  # many ties
-        if trial % 3 == 0:
-            values[torch.randint(0, size, (2,), generator=generator)] = values.max() + 1
-        if trial == 7:
-            values[size // 2] = float("nan")
-        assert int(argmax(values)) == int(values.argmax())
-
-
-@pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
-def test_two_pass_top_k_support_is_every_entry_reaching_torchs_kth(size):
-    """The entries at least the k-th largest (ties included: many here), for k within and past
-    the rows of 128, as topk and nonzero over the whole vector find them."""
-    generator = torch.Generator().manual_seed(size)
-    for trial in range(100):
-        values = torch.randn(size, generator=generator).bfloat16().float()  # many ties
-        for k in {1, 3, min(50, size), min(size // 128 + 1, size)}:
-            expected = (values >= values.topk(k).values[-1]).nonzero()[:, 0]
-            assert top_k_support(values, k).tolist() == expected.tolist(), (trial, k)
 
 
 @pytest.mark.parametrize(

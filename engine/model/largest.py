@@ -3,9 +3,9 @@
 torch's CPU argmax walks a vocabulary's logits one entry at a time (twice a greedy step).
 Viewed as rows of 128, the row maxima are one vectorised pass; the first row holding the
 maximum, then the first maximum in that row, is the same index, found in a fraction of the time.
-Likewise torch's CPU topk over the whole vector (slow, for the 50 a sampled step keeps): the
-k largest values all lie in the k rows with the largest maxima, so a topk over those rows finds
-the k-th largest value, and the rows whose maximum reaches it hold every entry that does.
+Likewise torch's CPU topk over the whole vector (slow, for the 50 a sampled step keeps, the 10
+candidates the view shows, the 64 logits the fast head recomputes): the k largest values all lie
+in the k rows with the largest maxima, so a topk over those rows finds them.
 Elsewhere (a GPU, a length that is not a multiple of 128) torch's own argmax and topk run.
 """
 
@@ -47,3 +47,18 @@ def top_k_support(values: torch.Tensor, k: int) -> torch.Tensor:
     candidates = (maxima >= threshold).nonzero()[:, 0]  # every row holding one (ties too)
     hits = (rows[candidates] >= threshold).nonzero()  # [n, (row, column)], in order
     return candidates[hits[:, 0]] * WIDTH + hits[:, 1]
+
+
+def top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest entries of values [V], largest first: torch.topk's
+    values exactly (an index among equal values may differ, as torch promises no order among
+    ties)."""
+    rows = _rows(values)
+    if rows is None or k > rows.shape[0]:
+        top = values.topk(k)
+        return top.values, top.indices
+    # Every row holding one of the k largest has a maximum at least that entry: k such rows
+    # at most, each among the k rows with the largest maxima.
+    best = rows.amax(1).topk(k).indices  # [k]
+    top = rows[best].flatten().topk(k)  # among k · WIDTH entries
+    return top.values, best[top.indices // WIDTH] * WIDTH + top.indices % WIDTH

@@ -1,0 +1,48 @@
+"""The largest logits in two short passes equal torch's argmax and topk."""
+
+import pytest
+import torch
+
+from engine.model.largest import argmax, top_k, top_k_support
+
+
+@pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
+def test_two_pass_argmax_is_torchs_argmax(size):
+    """First largest entry, with ties and a NaN, on lengths that take both paths."""
+    generator = torch.Generator().manual_seed(size)
+    for trial in range(200):
+        values = torch.randn(size, generator=generator).bfloat16().float()  # many ties
+        if trial % 3 == 0:
+            values[torch.randint(0, size, (2,), generator=generator)] = values.max() + 1
+        if trial == 7:
+            values[size // 2] = float("nan")
+        assert int(argmax(values)) == int(values.argmax())
+
+
+@pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
+def test_two_pass_top_k_support_is_every_entry_reaching_torchs_kth(size):
+    """The entries at least the k-th largest (ties included: many here), for k within and past
+    the rows of 128, as topk and nonzero over the whole vector find them."""
+    generator = torch.Generator().manual_seed(size)
+    for trial in range(100):
+        values = torch.randn(size, generator=generator).bfloat16().float()  # many ties
+        for k in {1, 3, min(50, size), min(size // 128 + 1, size)}:
+            expected = (values >= values.topk(k).values[-1]).nonzero()[:, 0]
+            assert top_k_support(values, k).tolist() == expected.tolist(), (trial, k)
+
+
+@pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
+def test_two_pass_top_k_is_torchs_topk(size):
+    """The k largest values, largest first, exactly torch's; each index holds its value (among
+    equal values torch names no particular index)."""
+    generator = torch.Generator().manual_seed(size)
+    for trial in range(100):
+        values = torch.randn(size, generator=generator).bfloat16().float()  # many ties
+        if trial % 4 == 0:
+            values[: size // 2] = -1e9  # the largest crowded into few rows
+        for k in sorted({1, min(10, size), min(64, size), min(size // 128 + 1, size)}):
+            expected = values.topk(k)
+            got_values, got_indices = top_k(values, k)
+            assert torch.equal(got_values, expected.values), (trial, k)
+            assert torch.equal(values[got_indices], got_values), (trial, k)
+            assert len(set(got_indices.tolist())) == k, (trial, k)
