@@ -89,6 +89,8 @@ class ProbeSettings:
     statistics only, and the rows stay in the session's ring of recent steps
     (engine/model/step_ring.py) until a panel pulls them.
     `ring_bytes`: the most that ring holds; the oldest steps leave it first.
+    `prompt_layers`: the layers whose prompt matrix the PrefillDone carries to the host (None:
+    every watched layer); the others' stay on the model's device, their statistics crossing.
     """
 
     attention_layers: tuple[int, ...] = ()
@@ -98,6 +100,7 @@ class ProbeSettings:
     prefill_cells: int | None = None
     token_rows: bool = True
     ring_bytes: int = 64 * 2**20
+    prompt_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.top_k < 0:

@@ -93,7 +93,8 @@ class SyntheticSession(PacedGeneration):
 
     Pacing: `delay` seconds before each token, or one token per `gate` release; neither means
     as fast as the consumer takes them. `raise_after=n` raises after n tokens, as a model that
-    breaks mid-reply. `calls`, `resets` and `started` let tests see what the session was asked.
+    breaks mid-reply. `calls`, `probes`, `resets` and `started` let tests see what the session
+    was asked.
     """
 
     def __init__(
@@ -118,6 +119,7 @@ class SyntheticSession(PacedGeneration):
         self.resets = 0
         self.started = threading.Event()
         self.token_texts: list[str] = []  # the last reply's Token.text, in order
+        self.probes = ProbeSettings()  # the last reply's, as the session was asked
         self.last_kv_bytes = 0
         self._rng = np.random.default_rng(seed)
         vocabulary = sorted(set(self.pieces if self.pieces is not None else passage_pieces()))
@@ -140,6 +142,7 @@ class SyntheticSession(PacedGeneration):
         self, messages: Sequence[Message], settings: GenerationSettings, probes: ProbeSettings
     ) -> Iterator[Event]:
         self.calls.append(tuple(messages))
+        self.probes = probes
         self.started.set()
         tally = Tally(started=time.perf_counter())
         prompt = self.count_tokens(messages)
@@ -213,7 +216,11 @@ class SyntheticSession(PacedGeneration):
             kv_bytes_per_layer=per_layer,
             prompt_token_ids=tuple(range(prompt)),
             token_texts=tuple(f"p{i}" for i in range(prompt)),
-            attention=attention,
+            attention={
+                layer: block
+                for layer, block in attention.items()
+                if probes.prompt_layers is None or layer in probes.prompt_layers
+            },
             head_stats={layer: _statistics(block) for layer, block in attention.items()},
         )
 

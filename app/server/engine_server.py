@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -323,13 +323,17 @@ class EngineServer:
         with self._lock:
             self._running_job = self._reply_job = job
         self.rows.start_reply()
-        push = self._sender(job, request.stream, pull=not request.probes.token_rows)
+        pull = not request.probes.token_rows
+        probes = request.probes
+        if pull:  # the prompt's matrix leaves the device only for a layer a panel draws
+            probes = replace(probes, prompt_layers=tuple(sorted(self.rows.layers)))
+        push = self._sender(job, request.stream, pull)
         if self.session is not None:  # the window shows when the reply is really held
             self.session.pacer.on_hold = self._on_hold(job)
         self._set_threads("prefill")
         try:
             run_generation(
-                self.session, request.messages, request.settings, request.probes,
+                self.session, request.messages, request.settings, probes,
                 self._decode_after(push), lambda: self.cancelled(job),
             )  # fmt: skip
         finally:

@@ -340,7 +340,7 @@ class ChatSession(PacedGeneration):
             kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
             prompt_token_ids=tuple(prompt),
             token_texts=tuple(pieces) if probes.attention_layers else (),
-            attention=_attention(forward.probe),
+            attention=_attention(forward.probe, probes.prompt_layers),
             head_stats=prefill_statistics(forward.probe.weights) if forward.probe else {},
             dropped_messages=dropped,
             roofline=self._roofline(forward, tally.prefill_s),
@@ -461,7 +461,12 @@ def _last_rows(probe: AttentionProbe | None) -> dict[int, torch.Tensor]:
     }
 
 
-def _attention(probe: AttentionProbe | None) -> Attention:
+def _attention(probe: AttentionProbe | None, layers: Sequence[int] | None) -> Attention:
+    """The probe's blocks on the host: those of `layers` (None: every one it watched)."""
     if probe is None:
         return {}
-    return {layer: frozen_array(w.cpu().numpy()) for layer, w in sorted(probe.weights.items())}
+    return {
+        layer: frozen_array(w.cpu().numpy())
+        for layer, w in sorted(probe.weights.items())
+        if layers is None or layer in layers
+    }

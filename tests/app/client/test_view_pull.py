@@ -58,6 +58,7 @@ def test_without_a_watch_tokens_carry_statistics_and_no_rows_cross(qtbot, backen
     prefill = rec.events[0]
     assert isinstance(prefill, PrefillDone) and not prefill.attention
     assert set(prefill.head_stats) == set(LAYERS)
+    assert backend.session.probes.prompt_layers == ()  # the matrix never left the engine's device
     assert rows_of(rec.events) == []
 
 

@@ -4,6 +4,8 @@ the events carried them, within its byte cap; the trace keeps every step's rows.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -95,6 +97,20 @@ def test_pulled_rows_equal_the_rows_tokens_carried_for_the_same_greedy_reply(tok
     step0 = host_rows(session.steps, 0)
     assert step0 is not None
     np.testing.assert_array_equal(step0[0], prefill.attention[0][:, -1])
+
+
+def test_a_prompt_matrix_crosses_only_for_the_layers_asked_and_its_statistics_for_all(tokenizer):
+    session = ChatSession(make_tiny(tokenizer, "llama"))
+    every = reply(session, ProbeSettings(attention_layers=(0, 1), top_k=3))[0]
+    probes = ProbeSettings(attention_layers=(0, 1), top_k=3, token_rows=False)
+    one = reply(session, replace(probes, prompt_layers=(1,)))[0]
+    none = reply(session, replace(probes, prompt_layers=()))[0]
+    assert set(one.attention) == {1} and not none.attention
+    np.testing.assert_array_equal(one.attention[1], every.attention[1])
+    for prefill in (one, none):  # the overview's statistics of every watched layer still cross
+        assert set(prefill.head_stats) == {0, 1}
+        for layer in (0, 1):
+            np.testing.assert_array_equal(prefill.head_stats[layer], every.head_stats[layer])
 
 
 def test_the_trace_keeps_every_step_rows_whatever_the_window_pulls(tokenizer):
