@@ -16,6 +16,7 @@ import pytest
 
 from engine.events import Finished, Token
 from tests.ui.fakes import FakeBackend
+from ui.conversation_list import CLIENT_ROLE
 from ui.serve_settings import ServeOptions
 
 WAIT_MS = 60000
@@ -90,6 +91,8 @@ def test_an_api_request_streams_into_a_conversation_of_its_own(qtbot, build, tin
     titles = [sidebar.item(row).text() for row in range(sidebar.count())]
     agent = f"OpenAI/Python {openai.__version__}"
     assert titles[0] == f"API · {agent} · Hello from a script", titles
+    assert not sidebar.item(0).icon().isNull()  # the API's mark, its client in the tooltip
+    assert sidebar.item(0).data(CLIENT_ROLE) == agent and agent in sidebar.item(0).toolTip()
     # the chat shows it as a typed message's reply; the store keeps it
     entries = parts.window.conversation_model.entries
     assert [(e.role, e.text) for e in entries] == [
