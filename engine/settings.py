@@ -36,6 +36,9 @@ class GenerationSettings:
     # Stepping (a teacher's pace): hold the reply once the prompt is prefilled, until the
     # session's pacer lets the next step through (engine/generate/pacing.py).
     pause_after_prefill: bool = False
+    # Token.text per token (every whole character so far) rather than by whole words: an API
+    # client then gets a reply's first word with its first token (engine/text/detokenize.py).
+    text_per_token: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

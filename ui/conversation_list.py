@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from PySide6.QtCore import QEvent, QObject, QPoint, Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtCore import QEvent, QObject, QPoint, QRectF, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QFont, QIcon, QKeyEvent, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 ID_ROLE = Qt.ItemDataRole.UserRole
 TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
 UPDATED_ROLE = Qt.ItemDataRole.UserRole + 2
+CLIENT_ROLE = Qt.ItemDataRole.UserRole + 3  # an API conversation's client (its User-Agent)
 SEARCH_DELAY_MS = 250
 UNDO_TIMEOUT_MS = 8000
 API_MARK = "API"  # a title's first word for a conversation that came through the API
@@ -46,6 +47,39 @@ class ConversationRow:
 
 def is_api_title(title: str) -> bool:
     return title.startswith(f"{API_MARK} · ")
+
+
+def api_client(title: str) -> str | None:
+    """The client named in an API conversation's title ("API · <client> · <first message>");
+    None for a conversation typed in the window."""
+    if not is_api_title(title):
+        return None
+    return title.split(" · ")[1] if title.count(" · ") >= 2 else ""
+
+
+BADGE_SIZE = QSize(30, 16)  # logical pixels: room for the mark's three letters
+BADGE_COLOR = QColor("#2f6fbf")
+
+
+def api_badge(ratio: float = 2.0) -> QIcon:
+    """The mark drawn before an API conversation's title: "API" in a small rounded tag."""
+    pixmap = QPixmap(BADGE_SIZE * ratio)
+    pixmap.setDevicePixelRatio(ratio)
+    pixmap.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(pixmap)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    rect = QRectF(0.5, 1.5, BADGE_SIZE.width() - 1, BADGE_SIZE.height() - 3)
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setBrush(BADGE_COLOR)
+    painter.drawRoundedRect(rect, 4, 4)
+    font = QFont()
+    font.setPixelSize(10)
+    font.setBold(True)
+    painter.setFont(font)
+    painter.setPen(QColor("white"))
+    painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, API_MARK)
+    painter.end()
+    return QIcon(pixmap)
 
 
 def _one_line(text: str) -> str:
@@ -83,6 +117,8 @@ class ConversationList(QWidget):
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.setUniformItemSizes(True)
+        self.list.setIconSize(BADGE_SIZE)
+        self._badge = api_badge(self.devicePixelRatioF())
         self.empty_label = QLabel("No conversations yet", alignment=Qt.AlignmentFlag.AlignCenter)
         self.empty_label.setEnabled(False)  # drawn greyed out
         self.undo_bar, self.undo_label, self.undo_button = self._build_undo_bar()
@@ -231,11 +267,15 @@ class ConversationList(QWidget):
         item.setData(UPDATED_ROLE, row.updated)
         when = datetime.fromtimestamp(row.updated).strftime("%Y-%m-%d %H:%M")
         item.setToolTip(f"{title}\nUpdated {when}")
-        if is_api_title(title):  # told apart at a glance from the chats typed here
+        client = api_client(title)
+        if client is not None:  # told apart at a glance from the chats typed here
             font = item.font()
             font.setItalic(True)
             item.setFont(font)
-            item.setToolTip(f"{title}\nAsked through the API · updated {when}")
+            item.setIcon(self._badge)
+            item.setData(CLIENT_ROLE, client)
+            asker = client or "an unknown client"
+            item.setToolTip(f"Asked through the API by {asker}\n{title}\nUpdated {when}")
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
         return item
 

@@ -199,13 +199,18 @@ class MainWindow(QMainWindow):
         head = [Message("system", system)] if system else []
         return head + self.conversation()
 
-    def set_conversation(self, entries: Sequence[Entry], system_prompt: str = "") -> None:
-        """Show a stored conversation; its system prompt goes to the settings panel."""
+    def set_conversation(
+        self, entries: Sequence[Entry], system_prompt: str = "", keep_cache: bool = False
+    ) -> None:
+        """Show a stored conversation; its system prompt goes to the settings panel.
+        `keep_cache` keeps the session's KV cache: the next reply reuses whatever prefix of
+        it the conversation shares (an API client resending a conversation that grew)."""
         self._abandon_reply()
         if system_prompt:  # one without keeps the prompt the panel shows
             self.settings_panel.set_system_prompt(system_prompt)
         self.conversation_model.load(entries, self.settings_panel.system_prompt())
-        self.backend.reset()
+        if not keep_cache:
+            self.backend.reset()
         self.chat_reset.emit()
         self.conversation_changed.emit()
         self._update_actions()

@@ -80,6 +80,7 @@ class Sampling(Body):
             stop_strings=tuple(s for s in stops if s),
             completion=completion,
             context_policy="stop",  # a prompt too long is refused, never silently cut
+            text_per_token=True,  # a chunk per token: the first word comes with the first token
         )
 
 

@@ -1,18 +1,28 @@
 """What serving costs: the same model, prompt and greedy settings replied to directly by the
 session (as `glassbox chat` does) and through `glassbox serve`'s HTTP API with a streaming
-client, interleaved; the first streamed chunk against the engine's TTFT; the process's memory
-over a burst of requests.
+client, interleaved; the first streamed chunk against the engine's TTFT; the serving process's
+memory over bursts of concurrent requests.
 
-    python -m app.bench.serve_speed --tokens 32 --repeats 5   (JSON on stdout)
+    python -m app.bench.serve_speed --tokens 32 --repeats 5 --burst 20 --bursts 30   (JSON)
+
+The bursts' clients run in a process of their own, so the memory measured is the server's
+alone (a client's own allocations, e.g. an HTTP client's TLS context per request, would
+otherwise be counted with it). After the last burst glibc's `malloc_trim` returns the heap's
+free pages to the system, telling memory still held by objects from memory merely kept by the
+allocator.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import multiprocessing
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
 from statistics import median
 from typing import Any
 
@@ -38,8 +48,9 @@ def direct(session: ChatSession, tokens: int) -> Finished:
     return finished
 
 
-def served(base_url: str, model: str, tokens: int) -> dict[str, float]:
-    """One streamed reply: the client's time to its first text chunk and its chunk rate."""
+def served(client: httpx.Client, base_url: str, model: str, tokens: int) -> dict[str, float]:
+    """One streamed reply: the client's time from sending to its first text chunk (on a kept
+    connection: the client's own set-up is not the server's) and its chunk rate."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
@@ -50,7 +61,7 @@ def served(base_url: str, model: str, tokens: int) -> dict[str, float]:
     }
     started = time.perf_counter()
     times, usage = [], {}
-    with httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=600) as answer:
+    with client.stream("POST", base_url + "/chat/completions", json=body) as answer:
         for line in answer.iter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -68,11 +79,57 @@ def served(base_url: str, model: str, tokens: int) -> dict[str, float]:
     }
 
 
-def burst(base_url: str, model: str, requests: int) -> None:
-    for i in range(requests):
+def burst(client: httpx.Client, base_url: str, model: str, requests: int) -> list[int]:
+    """`requests` short chat requests at once, a thread each; their status codes."""
+
+    def ask(i: int) -> int:
         body = {"model": model, "messages": [{"role": "user", "content": f"Say {i}."}]}
-        answer = httpx.post(base_url + "/chat/completions", json=body | {"max_tokens": 2})
-        answer.raise_for_status()
+        return client.post(
+            base_url + "/chat/completions", json=body | {"max_tokens": 2}
+        ).status_code
+
+    with ThreadPoolExecutor(max_workers=requests) as pool:
+        return list(pool.map(ask, range(requests)))
+
+
+def bursts_client(base_url: str, model: str, requests: int, channel: Connection) -> None:
+    """The clients' process: a burst each time the parent says go; its statuses sent back."""
+    with httpx.Client(timeout=600, limits=httpx.Limits(max_connections=requests)) as client:
+        while channel.recv():
+            channel.send(burst(client, base_url, model, requests))
+
+
+def memory_over_bursts(base_url: str, model: str, requests: int, bursts: int) -> dict[str, Any]:
+    """This (the server's) process's RSS in MB before and after each burst of concurrent
+    requests sent from another process, then after malloc_trim."""
+    process = psutil.Process()
+    parent, child = multiprocessing.Pipe()
+    spawn = multiprocessing.get_context("spawn")
+    clients = spawn.Process(target=bursts_client, args=(base_url, model, requests, child))
+    clients.start()
+    rss, statuses = [process.memory_info().rss / 1e6], []
+    try:
+        for _ in range(bursts):
+            parent.send(True)
+            statuses.extend(parent.recv())
+            rss.append(process.memory_info().rss / 1e6)
+    finally:
+        parent.send(False)
+        clients.join()
+    return {
+        "rss_mb_before_and_after_each_burst": rss,
+        "rss_mb_after_malloc_trim": _trimmed_rss(process),
+        "statuses": {str(code): statuses.count(code) for code in sorted(set(statuses))},
+    }
+
+
+def _trimmed_rss(process: psutil.Process) -> float | None:
+    """RSS once glibc has returned its free heap pages (None without glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return float(process.memory_info().rss / 1e6)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,14 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}/v1"
     direct(session, 4)  # warm-up
     runs: dict[str, list[Any]] = {"direct": [], "served": []}
-    for _ in range(args.repeats):  # interleaved: the machine's load falls on both alike
-        runs["direct"].append(direct(session, args.tokens).decode_tokens_per_s)
-        runs["served"].append(served(base, engine.model_id, args.tokens))
-    process = psutil.Process()
-    rss = [process.memory_info().rss / 1e6]
-    for _ in range(args.bursts):  # bursts of short replies: memory after each, in MB
-        burst(base, engine.model_id, args.burst)
-        rss.append(process.memory_info().rss / 1e6)
+    with httpx.Client(timeout=600) as client:
+        client.get(base + "/models").raise_for_status()  # the connection, opened once
+        for _ in range(args.repeats):  # interleaved: the machine's load falls on both alike
+            runs["direct"].append(direct(session, args.tokens).decode_tokens_per_s)
+            runs["served"].append(served(client, base, engine.model_id, args.tokens))
+    memory = memory_over_bursts(base, engine.model_id, args.burst, args.bursts)
     server.should_exit = True
     thread.join()
     served_rates = [r["engine_decode_tokens_per_s"] for r in runs["served"]]
@@ -117,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
                 "served_decode_tokens_per_s": served_rates,
                 "served_over_direct_median": median(served_rates) / median(runs["direct"]),
                 "served_runs": runs["served"],
+                "first_chunk_after_ttft_s": [
+                    r["first_chunk_s"] - r["engine_ttft_s"] for r in runs["served"]
+                ],
                 "burst": args.burst,
-                "rss_mb_before_and_after_each_burst": rss,
+                **memory,
             },
             indent=1,
         )

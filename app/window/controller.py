@@ -81,12 +81,13 @@ class ConversationController(QObject):
         if last is not None and self.store.conversation(last) is not None:
             self.open(last)
 
-    def open(self, conversation_id: int) -> None:
+    def open(self, conversation_id: int, keep_cache: bool = False) -> None:
         conversation = self.store.conversation(conversation_id)
         if conversation is None:
             return
         entries = [entry_of(m) for m in self.store.messages(conversation_id)]
-        self.window.set_conversation(entries, conversation.system_prompt)  # resets the recorder
+        # The window's Reset of the conversation resets the recorder too.
+        self.window.set_conversation(entries, conversation.system_prompt, keep_cache)
         self.window.settings_panel.set_completion(conversation.completion)
         self.recorder.open(conversation_id)
         self.store.set_last_opened(conversation_id)
@@ -96,7 +97,9 @@ class ConversationController(QObject):
         self, messages: Sequence[Message], settings: GenerationSettings, client: str
     ) -> None:
         """A conversation of its own for a request that came through the API, opened in the
-        window: titled for the client that sent it (its User-Agent), holding its messages."""
+        window: titled for the client that sent it (its User-Agent), holding its messages.
+        The engine keeps its KV cache: a client resending a conversation that grew by a turn
+        (as agents do) is prefilled from where the cache ends, as by `glassbox serve`."""
         system = messages[0].content if messages and messages[0].role == "system" else ""
         turns = messages[1:] if system else messages
         first = next((m.content for m in turns if m.role == "user"), "")
@@ -112,7 +115,7 @@ class ConversationController(QObject):
             self.store.add_message(
                 conversation_id, message.role, message.content, model=model, settings=settings
             )
-        self.open(conversation_id)
+        self.open(conversation_id, keep_cache=True)
         self.window.conversation_model.system_prompt = system  # the request's, even if none
         self.refresh()
 

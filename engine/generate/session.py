@@ -135,7 +135,9 @@ class ChatSession(PacedGeneration):
             tally.tokenize_s = time.perf_counter() - tally.started
             tally.prompt_tokens = len(prompt)
             room = self.info.max_context - len(prompt) if self.info.max_context else None
-            stream = TextStream(self.tokenizer, prompt, self._stop_strings(settings))
+            stream = TextStream(
+                self.tokenizer, prompt, self._stop_strings(settings), settings.text_per_token
+            )
             yield from self._reply(prompt, settings, probes, tally, stream, room, fitted.dropped)
         except torch.OutOfMemoryError:
             self._recover()

@@ -1,8 +1,10 @@
-"""Stream decoded text so it never shows half a character, a broken word piece or a stop string.
+"""Stream decoded text so it never shows half a character or a stop string.
 
 Token ids are decoded incrementally (a short window of earlier tokens gives the tokenizer its
-context, as vLLM does), then text is released only up to the last whitespace, and never the
-tail that could still become a stop string. Joined, the released pieces equal the full decode.
+context, as vLLM does). Text is released either with each token (`per_token`: every whole
+character decoded so far) or by whole words (up to the last whitespace, so a reader never sees
+a broken word piece), and never the tail that could still become a stop string. Joined, the
+released pieces equal the full decode.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ class TextStream:
         tokenizer: PreTrainedTokenizerBase,
         context_ids: list[int] | tuple[int, ...] = (),
         stop_strings: tuple[str, ...] = (),
+        per_token: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = tuple(s for s in stop_strings if s)
-        self._hold = max((len(s) for s in self.stop_strings), default=1) - 1
+        self.per_token = per_token
         self._ids = list(context_ids[-CONTEXT_TOKENS:])
         self._prefix = 0  # window start: decoded for context only
         self._read = len(self._ids)  # ids before this are already part of `text`
@@ -61,9 +64,8 @@ class TextStream:
     def _release(self, final: bool) -> str:
         end = len(self.text)
         if not final:
-            # The last whitespace before the tail that could still become a stop string.
-            limit = len(self.text) - self._hold
-            end = _last_boundary(self.text, self.released, limit)
+            limit = end - _stop_prefix_tail(self.text, self.released, self.stop_strings)
+            end = limit if self.per_token else _last_boundary(self.text, self.released, limit)
             if end <= self.released and limit - self.released > LONGEST_WORD:
                 end = limit  # a run without spaces (code, a URL, a degenerate reply)
         if end <= self.released:
@@ -82,6 +84,18 @@ class TextStream:
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
         return text if isinstance(text, str) else "".join(text)
+
+
+def _stop_prefix_tail(text: str, start: int, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of text[start:] that begins some stop string: that much
+    could still become one, so it is held back (and nothing more)."""
+    longest = 0
+    for stop in stops:
+        for length in range(min(len(stop) - 1, len(text) - start), longest, -1):
+            if text.endswith(stop[:length]):
+                longest = length
+                break
+    return longest
 
 
 def _last_boundary(text: str, start: int, limit: int) -> int:

@@ -6,7 +6,13 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLineEdit, QMenu
 
-from ui.conversation_list import ConversationList, ConversationRow
+from ui.conversation_list import (
+    BADGE_COLOR,
+    CLIENT_ROLE,
+    ConversationList,
+    ConversationRow,
+    api_client,
+)
 
 ROWS = [
     ConversationRow(3, "Newest", 1_700_000_300.0),
@@ -180,3 +186,38 @@ def test_deleting_the_last_row_shows_the_empty_state(qtbot, sidebar):
     assert sidebar.ids() == [] and not sidebar.empty_label.isHidden()
     sidebar.undo_delete()
     assert sidebar.ids() == [3] and sidebar.empty_label.isHidden()
+
+
+def badge_pixels(sidebar: ConversationList, conversation_id: int) -> int:
+    """How many pixels of the row, as drawn, have the API mark's colour."""
+    item = sidebar.list.item(sidebar.ids().index(conversation_id))
+    rect = sidebar.list.visualItemRect(item)
+    image = sidebar.list.viewport().grab(rect).toImage()
+    return sum(
+        image.pixelColor(x, y).rgb() == BADGE_COLOR.rgb()
+        for x in range(image.width())
+        for y in range(image.height())
+    )
+
+
+def test_an_api_conversation_wears_a_mark_with_its_client(qtbot, sidebar):
+    agent = "OpenAI/Python 1.99.0"
+    sidebar.set_conversations(
+        [ConversationRow(4, f"API · {agent} · Write a haiku", 1_700_000_400.0), *ROWS]
+    )
+    item = sidebar.list.item(0)
+    assert item.text() == f"API · {agent} · Write a haiku"  # the title itself is unchanged
+    assert not item.icon().isNull() and item.data(CLIENT_ROLE) == agent
+    assert item.toolTip().startswith(f"Asked through the API by {agent}\n")
+    typed = sidebar.list.item(1)
+    assert typed.icon().isNull() and typed.data(CLIENT_ROLE) is None
+    assert "API" not in typed.toolTip()
+    # drawn: the mark's colour is in the API row and nowhere in a typed one
+    qtbot.waitUntil(lambda: badge_pixels(sidebar, 4) > 50)
+    assert badge_pixels(sidebar, 3) == 0
+
+
+def test_api_client_reads_the_title():
+    assert api_client("API · curl/8.5 · hi · there") == "curl/8.5"
+    assert api_client("API · unknown client · hi") == "unknown client"
+    assert api_client("Apiary notes") is None and api_client("Newest") is None

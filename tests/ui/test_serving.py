@@ -16,6 +16,7 @@ import pytest
 
 from engine.events import Finished, Token
 from tests.ui.fakes import FakeBackend
+from ui.conversation_list import CLIENT_ROLE
 from ui.serve_settings import ServeOptions
 
 WAIT_MS = 60000
@@ -90,6 +91,8 @@ def test_an_api_request_streams_into_a_conversation_of_its_own(qtbot, build, tin
     titles = [sidebar.item(row).text() for row in range(sidebar.count())]
     agent = f"OpenAI/Python {openai.__version__}"
     assert titles[0] == f"API · {agent} · Hello from a script", titles
+    assert not sidebar.item(0).icon().isNull()  # the API's mark, its client in the tooltip
+    assert sidebar.item(0).data(CLIENT_ROLE) == agent and agent in sidebar.item(0).toolTip()
     # the chat shows it as a typed message's reply; the store keeps it
     entries = parts.window.conversation_model.entries
     assert [(e.role, e.text) for e in entries] == [
@@ -111,6 +114,36 @@ def test_an_api_request_streams_into_a_conversation_of_its_own(qtbot, build, tin
     parts.serve.action.setChecked(False)  # off: the thread is joined and the port is free
     assert not parts.serve.serving
     assert port_is_free(port)
+
+
+def test_a_request_that_extends_the_last_reuses_its_kv_cache(qtbot, build, tiny_loader):
+    """An agent resends its conversation grown by a turn: the window's engine prefills only
+    the new part, as `glassbox serve` does (each request still opens its own conversation)."""
+    parts = build(tiny_loader)
+    port = free_port()
+    serve(qtbot, parts, ServeOptions("127.0.0.1", port, ""))
+    qtbot.waitUntil(lambda: parts.serve.server.started, timeout=WAIT_MS)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    model = parts.window.info.name
+    first_turn = [{"role": "user", "content": "Hello from an agent"}]
+
+    def ask(messages):
+        thread, result = in_thread(
+            lambda: client.chat.completions.create(
+                model=model, messages=messages, max_tokens=4, temperature=0
+            )
+        )
+        qtbot.waitUntil(lambda: not thread.is_alive(), timeout=WAIT_MS)
+        assert "error" not in result, result.get("error")
+        return result["value"]
+
+    first = ask(first_turn)
+    reply = {"role": "assistant", "content": first.choices[0].message.content}
+    second = ask([*first_turn, reply, {"role": "user", "content": "And then?"}])
+    # the first prompt is a prefix of the second: all of it came from the cache
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert len(api_titles(parts)) == 2  # two conversations in the sidebar all the same
 
 
 def test_a_non_loopback_host_without_a_key_is_refused(qtbot, build, tiny_loader, monkeypatch):

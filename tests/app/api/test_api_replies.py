@@ -4,6 +4,7 @@ and usage equal what the engine's session says for the same messages and setting
 from __future__ import annotations
 
 import math
+import threading
 
 import httpx
 import openai
@@ -11,22 +12,29 @@ import pytest
 
 from engine.events import Finished, PrefillDone, Token
 from engine.settings import GenerationSettings, Message, ProbeSettings
+from tests.app.api.served import wait_until
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Name three colours."},
 ]
 TOKENS = 12
+WAIT_S = 60.0  # a loaded CI machine: conditions are awaited, never timed
 
 
 def client(server, **kwargs) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, **kwargs)
 
 
-def engine_reply(session, messages, completion=False, top_k=0, tokens=TOKENS):
+def engine_reply(session, messages, completion=False, top_k=0, tokens=TOKENS, text_per_token=False):
     """The session's own greedy reply: its tokens, its prefill and its ending."""
     settings = GenerationSettings(
-        max_new_tokens=tokens, greedy=True, top_k=0, top_p=1.0, completion=completion
+        max_new_tokens=tokens,
+        greedy=True,
+        top_k=0,
+        top_p=1.0,
+        completion=completion,
+        text_per_token=text_per_token,
     )
     probes = ProbeSettings(top_k=top_k, kv_per_layer=False)
     events = list(session.generate([Message(**m) for m in messages], settings, probes))
@@ -187,3 +195,38 @@ def test_developer_turns_and_text_parts_are_the_same_messages(server, tiny_engin
     )
     assert parts.choices[0].message.content == plain.choices[0].message.content
     assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_the_first_word_streams_with_its_token(server, tiny_session, tiny_engine):
+    """Each token's text goes out as it is generated: with the reply held after the token that
+    brings its first text, that text has reached the client before the next token exists."""
+    tokens, _prefill, finished = engine_reply(tiny_session, MESSAGES, text_per_token=True)
+    first = next(i for i, token in enumerate(tokens) if token.text)
+    received: list[str] = []
+
+    def read() -> None:
+        stream = client(server).chat.completions.create(
+            model=tiny_engine.model_id,
+            messages=MESSAGES,
+            temperature=0,
+            max_tokens=TOKENS,
+            stream=True,
+        )
+        received.extend(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    pacer = tiny_session.pacer
+    pacer.pause()
+    reader = threading.Thread(target=read, daemon=True)
+    try:
+        reader.start()
+        for _ in range(first + 1):  # one token at a time, up to the first with text
+            wait_until(lambda: pacer.pace.waiting, WAIT_S, "the reply to be held")
+            pacer.step()
+        wait_until(lambda: pacer.pace.waiting, WAIT_S, "the reply to be held again")
+        wait_until(lambda: any(received), WAIT_S, "the first text to reach the client")
+        assert pacer.pace.waiting and pacer.pace.granted == 0  # no further token was made
+        assert next(text for text in received if text) == tokens[first].text
+    finally:
+        pacer.resume()
+        reader.join(WAIT_S)
+    assert not reader.is_alive() and "".join(received) == finished.text

@@ -150,3 +150,90 @@ def test_a_long_run_without_spaces_is_not_held_back_forever(tokenizer):
     pieces = [stream.push(i) for i in ids_of(tokenizer, text)]
     assert len("".join(pieces)) > 32  # released before any whitespace arrived
     assert "".join(pieces) + stream.finish() == text
+
+
+# -- per token (what the API streams) --------------------------------------------------------
+
+
+def stream_per_token(tokenizer, ids, stop_strings=(), context=()) -> tuple[list[str], TextStream]:
+    stream = TextStream(tokenizer, context, stop_strings, per_token=True)
+    pieces = [stream.push(token_id) for token_id in ids]
+    pieces.append(stream.finish())
+    return pieces, stream
+
+
+def whole_characters(text: str) -> str:
+    """A partial decode without its unfinished character (decoded as U+FFFD)."""
+    return text.rstrip("\ufffd")
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_per_token_pieces_join_to_the_full_decode(tokenizer, context, text):
+    ids = ids_of(tokenizer, text)
+    pieces, stream = stream_per_token(tokenizer, ids, context=context)
+    expected = tokenizer.decode(ids, skip_special_tokens=True)
+    assert "".join(pieces) == expected == stream.text and not stream.stopped
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_per_token_releases_every_whole_character_with_its_token(tokenizer, text):
+    ids = ids_of(tokenizer, text)
+    pieces, _ = stream_per_token(tokenizer, ids)
+    assert pieces[-1] == ""  # nothing was left for the end
+    for count in range(1, len(ids) + 1):
+        shown, decoded = "".join(pieces[:count]), tokenizer.decode(ids[:count])
+        assert "\ufffd" not in shown
+        if decoded.endswith("\ufffd"):  # a character still unfinished: that token waits
+            assert whole_characters(decoded).startswith(shown), f"after {count} tokens"
+        else:  # every character so far is out, with the token that finished it
+            assert shown == decoded, f"after {count} tokens"
+
+
+def test_a_token_that_ends_a_word_is_released_with_it(tokenizer):
+    ids = ids_of(tokenizer, "Hello world")
+    assert len(ids) == 2  # "Hello", " world": no whitespace follows the first word yet
+    stream = TextStream(tokenizer, (), (), per_token=True)
+    assert stream.push(ids[0]) == "Hello"
+    assert stream.push(ids[1]) == " world"
+    words = TextStream(tokenizer)  # by whole words, the first waits for the next token
+    assert words.push(ids[0]) == ""
+
+
+def test_a_character_split_over_two_tokens_is_released_whole(tokenizer):
+    ids = ids_of(tokenizer, "Hi 👋")
+    split = next(i for i in range(len(ids)) if tokenizer.decode(ids[: i + 1]).endswith("\ufffd"))
+    stream = TextStream(tokenizer, (), (), per_token=True)
+    pieces = [stream.push(token_id) for token_id in ids]
+    assert pieces[split] == ""  # its first bytes alone are no character: held
+    assert "".join(pieces) == "Hi 👋" and pieces[-1].endswith("👋")
+
+
+@pytest.mark.parametrize(
+    ("text", "stop", "expected"),
+    [
+        ("The answer is 42.\nUser: what else?", "User:", "The answer is 42.\n"),
+        ("First paragraph.\n\nSecond paragraph.", "\n\n", "First paragraph."),
+        ("alphabetagamma delta", "betagam", "alpha"),
+        ("Café crème 日本語のテキスト end", "本語の", "Café crème 日"),
+        ("Say STOP now", "STOP", "Say "),
+    ],
+)
+def test_per_token_never_leaks_a_stop_string_split_over_tokens(tokenizer, text, stop, expected):
+    ids = ids_of(tokenizer, text)
+    assert not any(stop in tokenizer.decode([i]) for i in ids)  # split across tokens
+    pieces, stream = stream_per_token(tokenizer, ids, stop_strings=(stop,))
+    assert stream.stopped and "".join(pieces) == expected == stream.text
+    for released in range(1, len(pieces) + 1):  # not even its first characters
+        shown = "".join(pieces[:released])
+        assert expected.startswith(shown), shown
+
+
+def test_per_token_holds_back_only_what_could_begin_a_stop_string(tokenizer):
+    def shown(text: str) -> tuple[str, TextStream]:
+        stream = TextStream(tokenizer, (), ("User:",), per_token=True)
+        return "".join(stream.push(i) for i in ids_of(tokenizer, text)), stream
+
+    held, stream = shown("Total: 12 User")
+    assert held == "Total: 12 "  # "User" may still become "User:"; the rest is out at once
+    assert held + stream.finish() == "Total: 12 User" and not stream.stopped
+    assert shown("Total: 12 Users")[0] == "Total: 12 Users"  # "Users" never will
