@@ -12,20 +12,10 @@ from collections.abc import Sequence
 
 from PySide6.QtCore import QRect, QSettings, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import (
-    QDockWidget,
-    QMainWindow,
-    QWidget,
-)
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
 
 from engine.events import Event, Finished, ModelInfo, PrefillDone, Token
-from engine.settings import (
-    GenerationSettings,
-    LoadRequest,
-    Message,
-    ProbeSettings,
-    SettingsError,
-)
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings, SettingsError
 from ui import layout
 from ui import window_chrome as chrome
 from ui.backend import Backend
@@ -203,8 +193,7 @@ class MainWindow(QMainWindow):
         self, entries: Sequence[Entry], system_prompt: str = "", keep_cache: bool = False
     ) -> None:
         """Show a stored conversation; its system prompt goes to the settings panel.
-        `keep_cache` keeps the session's KV cache: the next reply reuses whatever prefix of
-        it the conversation shares (an API client resending a conversation that grew)."""
+        `keep_cache`: the next reply reuses the prefix it shares with the cache (an API client)."""
         self._abandon_reply()
         if system_prompt:  # one without keeps the prompt the panel shows
             self.settings_panel.set_system_prompt(system_prompt)
