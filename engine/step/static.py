@@ -60,7 +60,7 @@ EAGER, COMPILE, CAPTURE = "eager", "torch.compile", "captured"
 STATES = {COMPILE: "cuda graph (torch.compile)", CAPTURE: "cuda graph (captured)"}
 WARMUP = 3  # uncaptured runs on a side stream before a capture (the CUDA graph docs' advice)
 
-AHEAD = 4096  # positions whose buckets are recorded from the start, before any reply
+AHEAD = 1024  # positions whose buckets are recorded from the start, before any reply
 
 Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # keys, values per layer
 StepOut = tuple[torch.Tensor, list[torch.Tensor]]  # logits [vocab], queries [1, h, 1, d]
@@ -398,6 +398,12 @@ class StepState:
     def close(self, timeout: float | None = None) -> bool:
         """Stop the step's background recording (the model is unloaded, or the engine quits)."""
         return self.step.close(timeout)
+
+    def recorded(self, timeout: float | None = None) -> tuple[list[int], bool]:
+        """Wait (at most `timeout` s) for the buckets asked for so far: those ready, and
+        whether every one is."""
+        done = self.step.recorder.idle(timeout)
+        return self.step.recorder.buckets, done
 
 
 def attach(model: GGUFLlama, device: torch.device | None = None) -> StepState | None:
