@@ -156,3 +156,17 @@ def test_one_recording_at_a_time_smallest_first_and_a_failure_spares_the_rest():
     assert recorder.ready(1024) == "step 1024" and recorder.ready(512) is None
     assert recorder.failed == {512: "RuntimeError: no graph"}
     assert recorder.close(WAIT_S)
+
+
+def test_the_status_waits_for_the_buckets_asked_for_and_says_which_are_ready(model):
+    from engine.step.static import StepState
+
+    record = SlowRecording()
+    step = recorded(model, record, ahead=32)
+    state = StepState(step)
+    step.plan(0)  # 16 and 32
+    until(lambda: step.recorder.recording(16))
+    assert state.recorded(timeout=0.01) == ([], False)  # held back: not within the timeout
+    record.release.set()
+    assert state.recorded(timeout=WAIT_S) == ([16, 32], True)
+    assert state.close(timeout=WAIT_S)
