@@ -32,20 +32,27 @@ class BucketRecorder(Generic[Step]):
         self._record, self._name = record, name
         self._lock = threading.Condition()
         self._queued: set[int] = set()
+        self._urgent: set[int] = set()  # queued buckets a reply is in already: recorded first
         self._in_flight: int | None = None
         self._ready: dict[int, Step] = {}
         self._failed: dict[int, str] = {}
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def request(self, capacities: Iterable[int]) -> None:
-        """Queue the buckets not recorded, queued or recording yet (nothing after close)."""
+    def request(self, capacities: Iterable[int], urgent: bool = False) -> None:
+        """Queue the buckets not recorded, queued or recording yet (nothing after close);
+        `urgent` ones (a reply already in them) go before the rest."""
         with self._lock:
+            wanted = set(capacities)
+            if urgent and not self._closed:
+                self._urgent |= wanted & self._queued
             known = self._queued | self._ready.keys() | self._failed.keys()
-            new = set(capacities) - known - {self._in_flight or 0}
+            new = wanted - known - {self._in_flight or 0}
             if self._closed or not new:
                 return
             self._queued |= new
+            if urgent:
+                self._urgent |= new
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -91,6 +98,7 @@ class BucketRecorder(Generic[Step]):
         with self._lock:
             self._closed = True
             self._queued.clear()
+            self._urgent.clear()
             self._lock.notify_all()
             thread = self._thread
         if thread is None:
@@ -111,14 +119,15 @@ class BucketRecorder(Generic[Step]):
             self._finish(capacity, step, None, began)
 
     def _next(self) -> int | None:
-        """The smallest queued bucket, marked in flight; None when there is none (the thread
-        then ends, and a later request starts another)."""
+        """The smallest urgent bucket, else the smallest queued, marked in flight; None when
+        there is none (the thread then ends, and a later request starts another)."""
         with self._lock:
             if self._closed or not self._queued:
                 self._thread = None
                 return None
-            capacity = min(self._queued)
+            capacity = min(self._urgent or self._queued)
             self._queued.discard(capacity)
+            self._urgent.discard(capacity)
             self._in_flight = capacity
             return capacity
 

@@ -291,7 +291,7 @@ class StaticDecode:
         if step is not None:
             return (*self.inputs[capacity], step)
         if capacity <= (self.model.shape.context or capacity):  # past it: a bucket per token
-            self.recorder.request([capacity])  # past the plan (a long prompt at once)
+            self.recorder.request([capacity], urgent=True)  # the reply is in it: next
         keys, values = self.pool[capacity]
         inputs = (self.token, self.position, keys, values)
         return self.token, self.position, lambda: static_step(self.model, self.table, *inputs)

@@ -170,3 +170,21 @@ def test_the_status_waits_for_the_buckets_asked_for_and_says_which_are_ready(mod
     record.release.set()
     assert state.recorded(timeout=WAIT_S) == ([16, 32], True)
     assert state.close(timeout=WAIT_S)
+
+
+def test_a_bucket_a_reply_is_already_in_is_recorded_before_the_smaller_ones():
+    release, order = threading.Event(), []
+
+    def record(capacity: int) -> int:
+        order.append(capacity)
+        assert release.wait(WAIT_S)
+        return capacity
+
+    recorder: BucketRecorder[int] = BucketRecorder(record)
+    recorder.request([256, 512, 1024, 2048])
+    until(lambda: recorder.recording(256))
+    recorder.request([1024], urgent=True)  # a long prompt went straight into 1024
+    release.set()
+    assert recorder.idle(WAIT_S)
+    assert order == [256, 1024, 512, 2048]
+    assert recorder.close(WAIT_S)
