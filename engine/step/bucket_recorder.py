@@ -25,8 +25,9 @@ Step = TypeVar("Step")
 
 
 class BucketRecorder(Generic[Step]):
-    """`record(capacity)` run for each requested bucket, in a background thread, smallest first;
-    `ready(capacity)` is its result once done (None before, or if the recording failed)."""
+    """`record(capacity)` run for each requested bucket, in a background thread, smallest first
+    (urgent ones before the rest); `ready(capacity)` is its result once done (None before, or
+    if the recording failed)."""
 
     def __init__(self, record: Callable[[int], Step], name: str = "bucket-recorder") -> None:
         self._record, self._name = record, name
@@ -66,13 +67,6 @@ class BucketRecorder(Generic[Step]):
         """Whether `capacity`'s recording is running now (not queued: running)."""
         with self._lock:
             return self._in_flight == capacity
-
-    def wait(self, capacity: int, timeout: float | None = None) -> Step | None:
-        """Wait while `capacity`'s recording runs; its step (None if it failed or is only
-        queued)."""
-        with self._lock:
-            self._lock.wait_for(lambda: self._in_flight != capacity, timeout)
-            return self._ready.get(capacity)
 
     def idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is queued or recording; whether that came within `timeout`."""
