@@ -114,6 +114,17 @@ def _from_environment(name: str) -> int:
     return 0
 
 
+QUIT_JOIN_S = 5.0  # how long quitting waits for a decode-step recording under way
+
+
+def stop_background(session: Any, timeout: float | None) -> None:
+    """Stop a session's background decode-step work (the static step's recordings of its
+    buckets: the queued ones dropped, the one under way joined within `timeout`)."""
+    close = getattr(getattr(session, "compiling", None), "close", None)
+    if close is not None:
+        close(timeout)
+
+
 def resolve(name: str) -> Callable[..., Any]:
     module, _, attribute = name.partition(":")
     found: Callable[..., Any] = getattr(importlib.import_module(module), attribute)
@@ -188,6 +199,7 @@ class EngineServer:
         try:
             self.run()
         finally:
+            stop_background(self.session, QUIT_JOIN_S)
             self.outbox.close()
 
     # -- listener thread ----------------------------------------------------------------------
@@ -295,7 +307,8 @@ class EngineServer:
             self.outbox.put(LoadFailed(job, describe_error(error), fits_as))
             return
         with self._lock:
-            self.session = session
+            unloaded, self.session = self.session, session
+        stop_background(unloaded, 0)  # its recording under way ends by itself, none after
         if self._lens_watched:
             self.watch_lens(True)
         self.outbox.put(Loaded(job, session.info))

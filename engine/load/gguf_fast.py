@@ -36,7 +36,7 @@ from engine.load.route import Route
 from engine.load.tokenizer import file_key, gguf_tokenizer
 from engine.model.fast_builder import build_fast, fast_bytes, fast_skeleton
 from engine.model.gguf_shape import Unsupported, read_shape, release_freed_memory
-from engine.model.to_device import to_device
+from engine.model.to_device import int4_wanted, to_device
 from engine.placement.mapped import MappedPlacement
 from engine.placement.mapped import place as place_mapped
 from engine.placement.plan import DeviceMapDict
@@ -87,6 +87,9 @@ def _build(
     packed = pack_path(route.cache / "packed", path.stem, file_key(path))
     packs = PackCache(packed, path.stem)
     progress = per_tensor(report, "Loading the 4-bit weights", 0.3, 0.97)
+    if places is None and route.device.type != "cpu" and not int4_wanted(route.device):
+        # the file's blocks as they are: to_device dequantises them on the device
+        return build_fast(file, progress, kernels=False, device_blocks=True), None
     kernels = route.device.type == "cpu"
     fast = build_fast(file, progress, packs, kernels=kernels, mapped_layers=on_disk)
     if on_disk and packs.missed:  # its repacks were just made, in memory: map them instead

@@ -47,6 +47,7 @@ def build_fast(
     packs: PackCache | None = None,
     kernels: bool = True,
     mapped_layers: frozenset[int] = frozenset(),
+    device_blocks: bool = False,
 ) -> GGUFLlama:
     """GGUFLlama on the file's quantised weights: the file's blocks in the GGML kernels where
     they run and `kernels` allows (a GPU's form is made from the int4 layouts instead), else
@@ -54,9 +55,10 @@ def build_fast(
     from (and goes to) the cache folder's pack. The GGML weights of `mapped_layers` (placed
     on disk) are views of the mapped file instead of copies read in, fused where the file
     holds the parts side by side (llama's q/k, whose rows are reordered, are copied all the
-    same)."""
+    same). With `device_blocks`, every weight of a type engine/gguf/torch_blocks.py reads
+    stays the file's blocks, for engine/model/to_device.py to dequantise on the device."""
     shape = read_shape(file)
-    ggml = kernels and ggml_kernel.in_use()
+    ggml = device_blocks or (kernels and ggml_kernel.in_use())
     names = list(file.tensors)
     done = [0]
     dense_parts: list[str] = []
@@ -79,7 +81,7 @@ def build_fast(
     def linear(*parts: str, in_file: bool = False) -> quant.Linear:
         """The fused weight of `parts`: each run of parts of one layout is one product (with
         `in_file`, GGML runs are cut where the parts cannot be one view of the file)."""
-        runs = _runs(file, parts, ggml)
+        runs = _runs(file, parts, ggml, device_blocks)
         if in_file:
             runs = _in_file_runs(file, shape, runs)
         built = [layout_linear(layout, run, in_file) for layout, run in runs]
@@ -132,7 +134,7 @@ def build_fast(
         norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
         blocks.append(Block(attention, feed_forward, norms, shape.eps))
         release_freed_memory()
-    output = _head(file, shape, packs, ggml)
+    output = _raw_head(file, shape) if device_blocks else _head(file, shape, packs, ggml)
     advance(1)
     embedding = _embedding(file, shape)
     norm = vector("output_norm.weight")
@@ -196,15 +198,17 @@ BF16, PLAIN_INT4, SPLIT_INT4, Q6_INT4 = "bf16", "int4", "int4 halves", "int4 per
 GGML = "ggml"  # the GGML kernels, "ggml <type>": one product per type
 
 
-def _layout(file: GGUFFile, name: str, ggml: bool) -> str:
+def _layout(file: GGUFFile, name: str, ggml: bool, any_blocks: bool = False) -> str:
     """How a weight is held: a type the GGML kernels read, as the file's blocks where they are
     loaded (engine/weights/ggml_kernel.py); otherwise 4-bit types repacked as they are for torch's
     int4 kernel, 5- and 8-bit ones in two int4 halves, Q6_K in int4 groups of its own
     (quant.Q6KLinear) where the AVX-512 kernels run (under AVX2 a bf16 copy multiplies
-    faster), others (F16, Q2_K...) dequantised to bf16."""
+    faster), others (F16, Q2_K...) dequantised to bf16. `any_blocks`: every block type
+    ggml_blocks reads stays the file's blocks (for a device to dequantise)."""
     info = file.tensors[name]
     whole_blocks = info.shape[-1] % ggml_blocks.BLOCK_VALUES.get(info.type, 1) == 0
-    if ggml and whole_blocks and ggml_kernel.holds(info.type):
+    held = info.type in ggml_blocks.BLOCK_BYTES if any_blocks else ggml_kernel.holds(info.type)
+    if ggml and whole_blocks and held:
         return f"{GGML} {info.type}"
     if info.shape[0] % 16:  # the int4 kernel's rule
         return BF16
@@ -215,11 +219,13 @@ def _layout(file: GGUFFile, name: str, ggml: bool) -> str:
     )
 
 
-def _runs(file: GGUFFile, parts: Iterable[str], ggml: bool) -> list[tuple[str, list[str]]]:
+def _runs(
+    file: GGUFFile, parts: Iterable[str], ggml: bool, any_blocks: bool = False
+) -> list[tuple[str, list[str]]]:
     """`parts` in runs of one layout, in order: q, k (Q4_K) and v (Q6_K) -> [q, k], [v]."""
     runs: list[tuple[str, list[str]]] = []
     for name in parts:
-        layout = _layout(file, name, ggml)
+        layout = _layout(file, name, ggml, any_blocks)
         if runs and runs[-1][0] == layout:
             runs[-1][1].append(name)
         else:
@@ -350,6 +356,14 @@ def _head(
         return Head(_join(build, vocab), rows)
     bulk = packs.linear(f"{name} (4-bit bulk)", vocab, shape.dim, lambda: _join(build, vocab))
     return Head(bulk, rows)
+
+
+def _raw_head(file: GGUFFile, shape: LlamaShape) -> Head:
+    """The lm_head as the file's rows alone, for a device to dequantise (to_device)."""
+    name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
+    info = file.tensors[name]
+    rows = quant.RowReader(torch.from_numpy(file.raw(name)), info.type, shape.dim)
+    return Head(quant.GGMLLinear(rows.raw, info.type, shape.dim), rows)
 
 
 def _ggml_bulk(

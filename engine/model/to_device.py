@@ -1,12 +1,14 @@
 """The fast model's GGUF weights moved to a GPU: bf16, or CUDA's int4 kernel where asked.
 
-The CPU's int4 kernels (engine/weights/linear.py) do not run on CUDA, so `to_device` rebuilds every
-linear for the device: dequantised to bf16 (exact for the 4-bit types' values, each rounded
-once to bf16), or, with $GLASSBOX_CUDA_INT4=1, a plain 4-bit weight repacked for
-`aten._weight_int4pack_mm`, the same nibbles, scales and zeros in CUDA's tiled layout (w =
-(q - 8)·scale + zero per group of 32, as on the CPU). The embedding and the lm_head's exact
-rows become one float32 table on the device, so a token's row is read there without a host
-round trip. The log says which form each model got.
+The CPU's kernels (engine/weights/linear.py) do not run on CUDA, so `to_device` rebuilds every
+linear for the device: dequantised to bf16 (each value rounded once to bf16), or, with
+$GLASSBOX_CUDA_INT4=1, a plain 4-bit weight repacked for `aten._weight_int4pack_mm`, the same
+nibbles, scales and zeros in CUDA's tiled layout (w = (q - 8)·scale + zero per group of 32,
+as on the CPU). For bf16 the model is built with the file's own blocks (fast_builder's
+`device_blocks`): they cross to the device as stored and engine/gguf/torch_blocks.py
+dequantises them there, so nothing is repacked or dequantised on the host. The embedding
+and the lm_head's exact rows become one float32 table on the device, so a token's row is
+read there without a host round trip. The log says which form each model got.
 
 Waits for a GPU: `pack_int4_cuda` calls `_convert_weight_to_int4pack`, a CUDA-only op, so it
 and Int4CudaLinear are tested only where CUDA is present; whether int4 pays at batch 1 for
@@ -21,8 +23,12 @@ import os
 
 import torch
 
+from engine.gguf import blocks, torch_blocks
+from engine.gguf.blocks import BLOCK_BYTES
 from engine.model.llama import Block, GGUFLlama
+from engine.weights.ggml_linear import GGMLLinear
 from engine.weights.linear import BLOCK, DenseLinear, Int4Linear, Linear, Part, PartsLinear
+from engine.weights.rows import RowReader
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +113,33 @@ def device_linear(linear: Linear, device: torch.device, int4: bool) -> torch.nn.
     if int4 and int4_fits(linear):
         return Int4CudaLinear(linear, device)  # type: ignore[arg-type]  # int4_fits checked
     parts = linear.linears() if isinstance(linear, PartsLinear) else [linear]
-    weight = torch.cat([_weight(part).to(torch.bfloat16) for part in parts])
-    return DenseLinear(weight.to(device))
+    return DenseLinear(torch.cat([_weight(part, device) for part in parts]))
 
 
-def _weight(part: Part) -> torch.Tensor:
-    """A part's weights [out, in], as the CPU's kernels multiply them."""
-    return part.weight if isinstance(part, DenseLinear) else part.dense()
+def _weight(part: Part, device: torch.device) -> torch.Tensor:
+    """A part's weights [out, in] in bf16 on `device`: the file's blocks moved there as they
+    are and dequantised there, or what the CPU's kernels multiply, moved."""
+    if isinstance(part, GGMLLinear):
+        return dequantize_on(part.raw, part.qtype, device, torch.bfloat16)
+    weight = part.weight if isinstance(part, DenseLinear) else part.dense()
+    return weight.to(device, torch.bfloat16)
+
+
+def _table(rows: RowReader, device: torch.device) -> torch.Tensor:
+    """Every row of a stored tensor in float32 on `device` (a block type dequantised there)."""
+    if rows.qtype in BLOCK_BYTES:
+        return dequantize_on(rows.raw, rows.qtype, device)
+    return rows.all().to(device)
+
+
+def dequantize_on(
+    raw: torch.Tensor, qtype: int, device: torch.device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A stored tensor's blocks dequantised on `device`: torch's ops on an accelerator, the
+    numpy reference on the CPU, where its bit work is several times faster (the same values)."""
+    if device.type == "cpu":
+        return blocks.dequantize(raw, qtype, dtype)
+    return torch_blocks.dequantize(raw.to(device), qtype, dtype)
 
 
 def to_device(model: GGUFLlama, device: torch.device) -> GGUFLlama:
@@ -127,9 +153,10 @@ def to_device(model: GGUFLlama, device: torch.device) -> GGUFLlama:
         feed_forward.gate_up = device_linear(feed_forward.gate_up, device, int4)  # type: ignore[assignment]
         feed_forward.down = device_linear(feed_forward.down, device, int4)  # type: ignore[assignment]
     embedding = model.embedding.lookup
-    table = DeviceRows(embedding.all().to(device))
+    table = DeviceRows(_table(embedding, device))
     head = model.output
-    rows = table if head.lookup.raw is embedding.raw else DeviceRows(head.lookup.all().to(device))
+    tied = head.lookup.raw.data_ptr() == embedding.raw.data_ptr()  # one mapping of the file
+    rows = table if tied else DeviceRows(_table(head.lookup, device))
     head.bulk = device_linear(head.bulk, device, int4)  # type: ignore[assignment]
     head.lookup, head.rows = rows, rows.raw  # type: ignore[assignment]
     model.embedding.lookup, model.embedding.rows = table, table.raw  # type: ignore[assignment]

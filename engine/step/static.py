@@ -7,8 +7,11 @@ a device tensor updated in place, every shape fixed. Here:
 
 - the cache comes in buckets (256, 512, 1024, ... up to the model's context): each bucket's
   tensors are allocated once per model and reused by every conversation, so a graph records
-  their addresses once; growing to the next bucket copies the filled part once and records a
-  graph for that bucket (`BucketedKVBuffer`, `StaticDecode.builds` counts the recordings);
+  their addresses once; growing to the next bucket copies the filled part once
+  (`BucketedKVBuffer`). Each bucket's graph is recorded in the background ahead of the
+  context, from the moment the model loads (engine/step/bucket_recorder.py), and a step
+  whose bucket is not ready yet runs uncaptured: a reply never waits for a compile
+  (`StaticDecode.builds` counts the recordings);
 - the step (`static_step`) embeds the token from a dense table, builds the rotations from the
   device position, and runs every layer through engine/model/layer.py's `decode_layer` (the
   eager forward's own layer) with ops that write k and v at that position and attend over
@@ -19,11 +22,12 @@ a device tensor updated in place, every shape fixed. Here:
   from them and the cached keys right after the step, before the next replay overwrites its
   outputs; the logits are cloned out. Changing the watched layers never records again.
 
-Backends (`choose_backend`): on CUDA with Triton, `torch.compile(mode="reduce-overhead",
-fullgraph=True)` (CUDA graphs through inductor); on CUDA without Triton (Windows), a plain
-`torch.cuda.CUDAGraph` capture of the eager static step, warmed up on a side stream first;
-elsewhere the same step runs uncaptured (what the CPU tests exercise; the CPU's default stays
-the AOTInductor step). Prefill stays eager, writing into the same bucketed cache.
+Backends (`choose_backend`): on CUDA with Triton, `torch.compile(fullgraph=True)`'s inductor
+kernels captured as a `torch.cuda.CUDAGraph`; on CUDA without Triton (Windows), the same
+capture of the eager static step; both warmed up on a side stream first. Elsewhere the same
+step runs uncaptured and is bound at once (what the CPU tests exercise, with a slow injected
+recording standing in for a capture; the CPU's default stays the AOTInductor step). Prefill
+stays eager, writing into the same bucketed cache.
 
 CI has no GPU: the captures themselves are checked by `make gpu-check` on a CUDA machine
 (docs/gpu.md), which also runs `glassbox bench --device cuda`.
@@ -45,6 +49,7 @@ from engine.model.attention_probe import AttentionProbe
 from engine.model.kv_buffer import KVBuffer
 from engine.model.layer import LayerOps, Rope, decode_layer, norm_row
 from engine.model.llama import Attention, Block, GGUFLlama
+from engine.step.bucket_recorder import BucketRecorder
 from engine.step.flat import layers_refusal
 
 log = logging.getLogger(__name__)
@@ -55,8 +60,13 @@ EAGER, COMPILE, CAPTURE = "eager", "torch.compile", "captured"
 STATES = {COMPILE: "cuda graph (torch.compile)", CAPTURE: "cuda graph (captured)"}
 WARMUP = 3  # uncaptured runs on a side stream before a capture (the CUDA graph docs' advice)
 
+AHEAD = 1024  # positions whose buckets are recorded from the start, before any reply
+
 Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # keys, values per layer
 StepOut = tuple[torch.Tensor, list[torch.Tensor]]  # logits [vocab], queries [1, h, 1, d]
+Replay = Callable[[], StepOut]
+# (step, its inputs, same-shaped ones for the warm-ups) -> the recorded step
+Record = Callable[[Callable[..., StepOut], tuple[Any, ...], tuple[Any, ...]], Replay]
 
 
 def bucket_for(tokens: int, context: int, first: int = FIRST_BUCKET) -> int:
@@ -177,19 +187,37 @@ class StaticDecode:
     `run(ids, cache, probe)` returns the logits, or None where it cannot take the pass (a cache
     it did not make); GGUFLlama.forward then runs eagerly. One cache per model at a time: a new
     cache reuses the bucket tensors of the last one (a session holds one).
+
+    Where a recording costs time (a CUDA graph; or a `record` given, as the tests give a slow
+    one), buckets are recorded in the background (engine/step/bucket_recorder.py): every
+    bucket up to `ahead` positions from the start, then up to four times the context, so two
+    buckets lie ahead of it; a step whose bucket is not ready runs uncaptured meanwhile. A
+    recording never writes the bucket (its warm-ups run on zeroed twins), and each bucket has
+    its own token and position tensors for its replays; the uncaptured steps use shared ones.
     """
 
     def __init__(
-        self, model: GGUFLlama, backend: str, reason: str | None = None, first: int = FIRST_BUCKET
+        self,
+        model: GGUFLlama,
+        backend: str,
+        reason: str | None = None,
+        first: int = FIRST_BUCKET,
+        record: Record | None = None,
+        ahead: int = AHEAD,
     ) -> None:
-        self.model, self.backend, self.first = model, backend, first
+        self.model, self.backend, self.first, self.ahead = model, backend, first, ahead
         self.reason = reason  # why it runs uncaptured, if it does
         self.table = model.embedding.table().to(model.device)  # [vocab, dim] float32
-        self.token = torch.zeros(1, dtype=torch.long, device=model.device)
-        self.position = torch.zeros(1, dtype=torch.long, device=model.device)
+        self.token, self.position = _inputs(model.device)  # the uncaptured steps'
         self.pool: dict[int, Buffers] = {}
+        self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # each bucket's own
+        self._pool_lock = threading.Lock()
         self.steps: dict[int, Callable[[], StepOut]] = {}
         self.builds = 0  # graphs recorded (or uncaptured steps bound): one per bucket used
+        self._record = record
+        self.background = record is not None or backend != EAGER
+        self.recorder = BucketRecorder(self._build, name="static-decode-recorder")
+        self.planned = 0  # the largest bucket asked of the recorder
 
     @property
     def state(self) -> str:
@@ -197,17 +225,41 @@ class StaticDecode:
         return STATES.get(self.backend, f"eager: {self.reason}")
 
     def new_cache(self) -> BucketedKVBuffer:
+        self.plan(0)
         return BucketedKVBuffer(self.model, self.buffers, self.first)
 
     def buffers(self, capacity: int) -> Buffers:
         """The bucket's tensors, allocated on first use and kept for the model's life."""
-        if capacity not in self.pool:
-            s = self.model.shape
-            shape = (1, s.kv_heads, capacity, s.head_dim)
-            new = [torch.zeros(shape, dtype=self.model.cache_dtype, device=self.model.device)
-                   for _ in range(2 * s.layers)]  # fmt: skip
-            self.pool[capacity] = (new[: s.layers], new[s.layers :])
-        return self.pool[capacity]
+        with self._pool_lock:  # the recorder's thread allocates too
+            if capacity not in self.pool:
+                s = self.model.shape
+                shape = (1, s.kv_heads, capacity, s.head_dim)
+                new = [torch.zeros(shape, dtype=self.model.cache_dtype, device=self.model.device)
+                       for _ in range(2 * s.layers)]  # fmt: skip
+                self.pool[capacity] = (new[: s.layers], new[s.layers :])
+                self.inputs[capacity] = _inputs(self.model.device)
+            return self.pool[capacity]
+
+    def plan(self, length: int) -> None:
+        """Ask the recorder for every bucket up to max(ahead, 4·length) positions (background
+        recording only); the smallest are recorded first."""
+        if not self.background:
+            return
+        context = self.model.shape.context
+        target = max(self.ahead, 4 * length, 1)
+        last = bucket_for(min(target, context) if context else target, context, self.first)
+        if last <= self.planned:
+            return
+        self.planned = last
+        sizes, size = [], bucket_for(1, context, self.first)
+        while size < last:
+            sizes.append(size)
+            size = bucket_for(size + 1, context, self.first)
+        self.recorder.request([*sizes, last])
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop recording (at unload and quit): the queued buckets dropped, the thread joined."""
+        return self.recorder.close(timeout)
 
     def run(
         self, ids: torch.Tensor, cache: KVBuffer, probe: AttentionProbe | None
@@ -217,52 +269,85 @@ class StaticDecode:
             return None
         start = cache.length
         cache.reserve(start + 1)
-        self.token.copy_(ids.reshape(1))  # device to device: no host sync
-        self.position.fill_(start)
-        logits, queries = self._step(cache.capacity)()
+        token, position, step = self._step(cache.capacity)
+        token.copy_(ids.reshape(1))  # device to device: no host sync
+        position.fill_(start)
+        logits, queries = step()
         cache.length = start + 1
+        self.plan(cache.length)
         if probe is not None:
             self.model.watch(probe, queries, cache, start)
         # a graph's outputs are overwritten by its next replay: the caller keeps a copy
         return logits if self.backend == EAGER else logits.clone()
 
-    def _step(self, capacity: int) -> Callable[[], StepOut]:
-        if capacity not in self.steps:
-            self.steps[capacity] = self._build(capacity)
-        return self.steps[capacity]
-
-    def _build(self, capacity: int) -> Callable[[], StepOut]:
-        """The step over the bucket's tensors, captured by the backend (eager if it fails)."""
-        self.builds += 1
+    def _step(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor, Replay]:
+        """The bucket's step and the inputs it reads: its recorded one where ready (bound here
+        where nothing is recorded), else an uncaptured one on the shared inputs."""
+        if not self.background:
+            if capacity not in self.steps:
+                self.steps[capacity] = self._build(capacity)
+            return (*self.inputs[capacity], self.steps[capacity])
+        step = self.recorder.ready(capacity)
+        if step is not None:
+            return (*self.inputs[capacity], step)
+        if capacity <= (self.model.shape.context or capacity):  # past it: a bucket per token
+            self.recorder.request([capacity], urgent=True)  # the reply is in it: next
         keys, values = self.pool[capacity]
-        model, table, token, position = self.model, self.table, self.token, self.position
+        inputs = (self.token, self.position, keys, values)
+        return self.token, self.position, lambda: static_step(self.model, self.table, *inputs)
+
+    def _build(self, capacity: int) -> Replay:
+        """The step over the bucket's tensors, captured by the backend (eager if it fails).
+        The recording's warm-ups (which run the step, and compile it) get zeroed tensors of the
+        same shapes, never the bucket's: a reply may be using it meanwhile."""
+        self.builds += 1
+        keys, values = self.buffers(capacity)
+        token, position = self.inputs[capacity]
+        model, table = self.model, self.table
 
         def step(*inputs: Any) -> StepOut:
             return static_step(model, table, *inputs)
 
         inputs = (token, position, keys, values)
+        record = self._record or recording(self.backend)
+        if record is None:  # uncaptured: nothing runs now
+            return lambda: step(*inputs)
         try:
-            if self.backend == COMPILE:
-                return compiled(step, inputs)
-            if self.backend == CAPTURE:
-                return captured(step, inputs)
+            return record(step, inputs, _zeros_like(inputs))
         except Exception as error:  # the uncaptured step still decodes: say why, once
             self.backend, self.reason = EAGER, f"{type(error).__name__}: {error}"
             log.warning("the decode step stays uncaptured: %s", self.reason)
-        return lambda: step(*inputs)
+            return lambda: step(*inputs)
 
 
-def captured(step: Callable[..., StepOut], inputs: tuple[Any, ...]) -> Callable[[], StepOut]:
-    """A plain torch.cuda.CUDAGraph of the eager step (no Triton needed). The warm-up runs the
-    step for real: it writes the same k and v at the same position the replay will."""
+def _inputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's token and position [1] int64."""
+    token = torch.zeros(1, dtype=torch.long, device=device)
+    return token, torch.zeros_like(token)
+
+
+def _zeros_like(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Tensors (and lists of them) of the same shapes, zeroed."""
+    return tuple(
+        [torch.zeros_like(t) for t in item] if isinstance(item, list) else torch.zeros_like(item)
+        for item in inputs
+    )
+
+
+def captured(
+    step: Callable[..., StepOut], inputs: tuple[Any, ...], warm: tuple[Any, ...]
+) -> Replay:
+    """A plain torch.cuda.CUDAGraph of the step over `inputs`, warmed up over `warm` (tensors of
+    the same shapes: a capture only records, the warm-ups run). Captured in the recorder's
+    thread: "thread_local" lets the decoding thread launch its own work meanwhile."""
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(WARMUP):
-            step(*inputs)
+            step(*warm)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = step(*inputs)
 
     def replay() -> StepOut:
@@ -275,28 +360,25 @@ def captured(step: Callable[..., StepOut], inputs: tuple[Any, ...]) -> Callable[
 _compile_lock = threading.Lock()
 
 
-def compiled(step: Callable[..., StepOut], inputs: tuple[Any, ...]) -> Callable[[], StepOut]:
-    """torch.compile(mode="reduce-overhead"): inductor's kernels replayed as CUDA graphs. The
-    cache tensors are marked static, so they are written in place and never copied; a bucket
-    is a new shape, so one compile each (the limit raised to cover every bucket)."""
+def compiled(
+    step: Callable[..., StepOut], inputs: tuple[Any, ...], warm: tuple[Any, ...]
+) -> Replay:
+    """Inductor's kernels for the step (torch.compile), captured as one CUDA graph as above.
+    Not mode="reduce-overhead": its graphs belong to the thread that records them, and this
+    one records in the background for the decoding thread. A bucket is a new shape, so one
+    compile each (dynamo's limit raised to cover every bucket); the warm-up compiles."""
     import torch._dynamo
 
     with _compile_lock:
         config = torch._dynamo.config
         if getattr(config, "recompile_limit", 0) < 16:
             config.recompile_limit = 16
-    token, position, keys, values = inputs
-    for tensor in (token, position, *keys, *values):
-        torch._dynamo.mark_static_address(tensor)
-    fn = torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    return captured(torch.compile(step, fullgraph=True, dynamic=False), inputs, warm)
 
-    def run() -> StepOut:
-        torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
-        out: StepOut = fn(*inputs)
-        return out
 
-    run()  # compile and record now: the bench times this apart from decoding
-    return run
+def recording(backend: str) -> Record | None:
+    """How `backend` records a step; None where it runs uncaptured."""
+    return {COMPILE: compiled, CAPTURE: captured}.get(backend)
 
 
 class StepState:
@@ -313,6 +395,16 @@ class StepState:
     def state(self) -> str:
         return self.step.state
 
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the step's background recording (the model is unloaded, or the engine quits)."""
+        return self.step.close(timeout)
+
+    def recorded(self, timeout: float | None = None) -> tuple[list[int], bool]:
+        """Wait (at most `timeout` s) for the buckets asked for so far: those ready, and
+        whether every one is."""
+        done = self.step.recorder.idle(timeout)
+        return self.step.recorder.buckets, done
+
 
 def attach(model: GGUFLlama, device: torch.device | None = None) -> StepState | None:
     """Give `model` the static step for its device; None (and logged why) where it cannot."""
@@ -323,5 +415,6 @@ def attach(model: GGUFLlama, device: torch.device | None = None) -> StepState | 
     backend, why = choose_backend(device or model.device)
     step = StaticDecode(model, backend, why)
     model.static_step = step
+    step.plan(0)  # the first buckets start recording now, before the first reply
     log.info("decode step: %s", step.state)
     return StepState(step)

@@ -75,3 +75,24 @@ def test_the_command_loads_a_shape_and_reports_it_with_its_load_time(
     assert list(report["load_s"]) == ["fast"]
     assert report["load_s"]["fast"] > 0
     assert set(report["decode_tokens_per_s"]) == {"engine", "engine_view_on"}
+
+
+def test_the_engines_rates_wait_for_its_recorded_buckets(bundled_shape_fast, named_device):
+    from dataclasses import replace
+
+    waited: list = []
+
+    class Recording:  # engine/step/static.py's StepState, its buckets recorded in 1 s
+        state = "cuda graph (torch.compile)"
+
+        def recorded(self, timeout):
+            waited.append(timeout)
+            return [256, 512], True
+
+    fast = replace(bundled_shape_fast, compiling=Recording())
+    report = gpu.run(fast, None, new_tokens=3, repeats=1)
+    assert waited == [gpu.RECORDING_WAIT_S]
+    recording = report["recording"]
+    assert recording["buckets"] == [256, 512] and recording["all_ready"]
+    assert recording["recording_s"] >= report["first_reply"]["total_s"] > 0
+    assert report["decode_step"] == "cuda graph (torch.compile)"

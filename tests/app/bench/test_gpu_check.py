@@ -29,6 +29,9 @@ def test_a_dry_run_reports_the_cuda_tests_and_each_shapes_bench_within_8_minutes
     assert report["dry_run"] is True
     steps = {step["name"]: step for step in report["steps"]}
     assert "-k cuda" in steps["pytest"]["command"]
+    files = [word for word in steps["pytest"]["command"].split() if word.startswith("tests/")]
+    assert "tests/engine/gguf/test_torch_blocks.py" in files  # the device's dequantiser
+    assert all((SCRIPT.parents[1] / file).is_file() for file in files)
     for name in SHAPES:
         command = steps[f"bench-{name}"]["command"]
         assert f"--model shape:{name}" in command

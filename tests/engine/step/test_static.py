@@ -4,6 +4,8 @@ buckets, its graph count, and the choice of backend."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from engine.step import static as static_decode
 from engine.step.static import CAPTURE, COMPILE, EAGER, StaticDecode
 from tests.engine.measure.test_accelerator import DEVICES
 from tests.engine.model.test_fast import hf_model
+from tests.engine.step.probe_bound import probe_bound, probe_f64
 from tests.gguf_files import Q4_1, Q8_0, write_gguf
 
 STEPS = 44  # decode steps: from a 16-position bucket past 32 into the 64 one
@@ -23,9 +26,9 @@ FIRST = 16  # the smallest bucket in these tests, so that few steps cross two bo
 PROMPT = 5
 # The static step attends over the whole bucket with a mask where the eager one attends over
 # the filled part: the same numbers summed in another order, within float32's rounding, and
-# bf16 activations that round alike (measured: identical logits on the CPU).
+# bf16 activations that round alike (measured: identical logits on the CPU). The probes are
+# held to a float64 referee within a bound from the dtypes and reduction lengths (probe_bound).
 LOGIT_ATOL = 8e-3
-ATTENTION_ATOL = 1e-5
 DEVICES_HERE = [d for d in DEVICES if d != "mps"]  # a CUDA graph or the CPU's uncaptured step
 
 
@@ -45,25 +48,68 @@ def build(path, device: str = "cpu") -> GGUFLlama:
 
 
 def greedy(model: GGUFLlama, layers: frozenset[int], steps: int = STEPS):
-    """Prefill PROMPT tokens, then `steps` greedy steps: (tokens, logits, probe weights)."""
+    """Prefill PROMPT tokens, then `steps` greedy steps: (tokens, logits, probe weights, the
+    cache, each step's probe inputs {layer: (q, k, scale)})."""
     cache = model.new_cache()
     ids = torch.arange(3, 3 + PROMPT, device=model.device)[None]
     logits = model.forward(ids, cache, None)
-    tokens, all_logits, probes = [], [], []
+    tokens, all_logits, probes, inputs = [], [], [], []
     for _ in range(steps):
         token = logits.argmax()
         tokens.append(int(token))
         probe = AttentionProbe(layers)
-        logits = model.forward(token.view(1, 1), cache, probe)
+        with probe_inputs(model) as seen:
+            logits = model.forward(token.view(1, 1), cache, probe)
         all_logits.append(logits.float().cpu())
         probes.append({k: v.cpu() for k, v in probe.weights.items()})
-    return tokens, all_logits, probes, cache
+        inputs.append(seen)
+    return tokens, all_logits, probes, cache, inputs
+
+
+@contextlib.contextmanager
+def probe_inputs(model: GGUFLlama):
+    """{layer: (q, k, scale)} of every probe the model computes meanwhile, as it computes it."""
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}
+    attentions = [block.attention for block in model.blocks]
+    for layer, attention in enumerate(attentions):
+
+        def record(q, k, start, rows, layer=layer, attention=attention):
+            scale = attention.scale or q.shape[-1] ** -0.5
+            seen[layer] = (q.cpu(), k.cpu(), scale)
+            return type(attention).probe_weights(attention, q, k, start, rows)
+
+        attention.probe_weights = record
+    try:
+        yield seen
+    finally:
+        for attention in attentions:
+            del attention.probe_weights
+
+
+def assert_probes_agree(got, want, inputs, layers) -> None:
+    """Both steps' probes within probe_bound of the float64 probe of one's q and k."""
+    for step_got, step_want, seen in zip(got, want, inputs, strict=True):
+        assert step_got.keys() == step_want.keys() == layers
+        for layer in layers:
+            q, k, scale = seen[layer]
+            keys = step_want[layer].shape[-1]  # a sliding layer's: its window alone
+            referee, bound = probe_f64(q, k, scale, keys), probe_bound(q, k, scale, keys)
+            for probe in (step_got[layer], step_want[layer]):
+                excess = (probe[:, -1:].double() - referee).abs() - bound
+                assert excess.max() <= 0, f"layer {layer}: {excess.max():.3g} past the bound"
 
 
 def static(model: GGUFLlama, backend: str = EAGER) -> StaticDecode:
-    step = StaticDecode(model, backend, "test", first=FIRST)
+    step = StaticDecode(model, backend, "test", first=FIRST, ahead=64)
     model.static_step = step
     return step
+
+
+def recorded_first(step: StaticDecode) -> None:
+    """On a GPU: record the buckets a reply of STEPS reaches (16, 32, 64) before it, and no
+    more; on the CPU the steps are bound as they are reached."""
+    step.plan(0)
+    assert step.recorder.idle(timeout=600) and step.close()
 
 
 @pytest.mark.parametrize("device", DEVICES_HERE)
@@ -73,14 +119,12 @@ def test_static_steps_follow_the_eager_steps_across_buckets(tiny_gguf, device):
     eager = greedy(model, layers)
     backend = static_decode.choose_backend(torch.device(device))[0]
     step = static(model, backend)
+    recorded_first(step)
     fast = greedy(model, layers)
     assert fast[0] == eager[0]
     for got, want in zip(fast[1], eager[1], strict=True):
         torch.testing.assert_close(got, want, atol=LOGIT_ATOL, rtol=0)
-    for got, want in zip(fast[2], eager[2], strict=True):
-        assert got.keys() == want.keys() == layers
-        for layer in layers:
-            torch.testing.assert_close(got[layer], want[layer], atol=ATTENTION_ATOL, rtol=0)
+    assert_probes_agree(fast[2], eager[2], eager[4], layers)
     assert fast[3].capacity == 64 and sorted(step.pool) == [16, 32, 64]
     assert step.builds == 3  # one step bound (on a GPU: recorded) per bucket
 
@@ -138,8 +182,9 @@ def test_the_state_names_the_backend_and_a_failed_capture_falls_back(tiny_gguf, 
     step = static(model, CAPTURE)
     cache = model.new_cache()
     model.forward(torch.arange(3, 8)[None], cache, None)
-    logits = model.forward(torch.tensor([[9]]), cache, None)
+    logits = model.forward(torch.tensor([[9]]), cache, None)  # uncaptured while it records
     assert logits.shape == (model.shape.vocab,)
+    assert step.close(timeout=60)  # the recording (in the background) has failed by now
     assert step.state == "eager: RuntimeError: no graph here"
 
 
@@ -173,8 +218,7 @@ def test_gemma_static_steps_follow_the_eager_steps_across_buckets(tmp_path):
         keys = PROMPT + step_index + 1
         assert 0 in SLIDING and got[0].shape[-1] == min(WINDOW, keys)  # the window's alone
         assert got[5].shape[-1] == keys
-        for layer in layers:
-            torch.testing.assert_close(got[layer], want[layer], atol=ATTENTION_ATOL, rtol=0)
+    assert_probes_agree(fast[2], eager[2], eager[4], layers)
     assert fast[3].capacity == 64 and step.builds == 3
 
 
