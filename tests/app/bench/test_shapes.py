@@ -237,7 +237,8 @@ def test_the_bench_refuses_an_unknown_shape_in_one_line(tmp_path):
     )  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "glassbox bench: no model shape 'llama-70b'; known: bundled, qwen2.5-1.5b, gemma-3-270m, loop"
+        "glassbox bench: no model shape 'llama-70b';"
+        " known: bundled, qwen2.5-1.5b, gemma-3-270m, loop"
     ]
     assert not (tmp_path / "shapes").exists()
 
