@@ -96,9 +96,7 @@ def test_selecting_a_step_shows_its_lens_quickly(qtbot, build, tiny_loader):
     assert time.perf_counter() - started < 1.0  # a loaded CI machine; docs/lens.md: ~ms
 
 
-def test_following_a_reply_asks_for_the_latest_lens_on_an_interval_not_per_token(
-    view, monkeypatch
-):
+def test_a_running_reply_asks_for_the_latest_lens_on_an_interval(view, monkeypatch):
     """Each ask is a product through the output head in the engine: while the latest step
     changes, the panel asks at most once an interval; a selected step is asked for at once."""
     import numpy as np
