@@ -252,9 +252,11 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         " CPU a held reply takes",
     )
     parser.add_argument(
-        "--window-layout", choices=("floating", "docked", "closed"), default="floating",
+        "--window-layout", choices=("floating", "docked", "docked-layers", "closed"),
+        default="floating",
         help="--window's panels: each floating and drawing (default), the first start's docked"
-        " layout in a 1600x1000 window, or every dock closed (the chat alone)",
+        " layout in a 1600x1000 window (docked-layers: with the Layers tab in front), or every"
+        " dock closed (the chat alone)",
     )  # fmt: skip
 
 

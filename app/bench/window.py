@@ -297,14 +297,16 @@ def settle_decode_step(worker: Any) -> float:
     return time.perf_counter() - start
 
 
-LAYOUTS = ("floating", "docked", "closed")
+LAYOUTS = ("floating", "docked", "docked-layers", "closed")
 
 
 def arrange_docks(parts: Any, layout: str) -> None:
     if layout == "floating":
         float_docks(parts.internals)
-    elif layout == "docked":
+    elif layout in ("docked", "docked-layers"):
         parts.window.resize(1600, 1000)
+        if layout == "docked-layers":  # its tab in front of Attention's: the lens watched
+            parts.internals.docks["layers"].raise_()
     elif layout == "closed":
         for dock in parts.internals.docks.values():
             dock.hide()

@@ -62,3 +62,11 @@ def top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     best = rows.amax(1).topk(k).indices  # [k]
     top = rows[best].flatten().topk(k)  # among k · WIDTH entries
     return top.values, best[top.indices // WIDTH] * WIDTH + top.indices % WIDTH
+
+
+def top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """[n, k]: the indices of each row's k largest of values [n, V], in no particular order;
+    one row (a decode step's) by the two passes of `top_k`."""
+    if values.shape[0] == 1:
+        return top_k(values[0], k)[1][None]
+    return values.topk(k, dim=-1, sorted=False).indices

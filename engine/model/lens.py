@@ -9,17 +9,18 @@ Cost is paid only when looked at. While a lens is watched, `Residuals` records e
 output at the last position (a [dim] vector a layer: the bundled model's 30 x 576 floats a
 step), the reply's `StepRing` (engine/model/step_ring.py) keeps recent steps under a byte cap, and
 `LensHead` runs the head over a step's [layers, dim] in one batched product when a panel asks for
-it. Unwatched, nothing is installed and a pass runs as it always did.
+it. Unwatched, nothing is installed and a pass runs as it always did (the fast steps return
+their layers' outputs either way, one [layers, dim] copy a step, which nothing keeps then).
 
 Two kinds of model:
 - transformers: forward hooks on the decoder layers; the head is the model's final norm and
   lm_head (with Gemma's final logit soft-capping where the config has one).
-- Glassbox's GGUF models (engine/model/llama.py): its blocks are called through `.forward`
-  (never nn.Module.__call__, so hooks would not fire): the capture wraps each block's
-  `forward` for the pass. The compiled and static decode steps do not run the blocks, so the
-  capture takes them off the model for the pass (the pass runs eagerly: slower, the same
-  numbers). The head is the model's `norm` and `output` Head: the bulk int4 product ranks
-  every token and the Head's exact rows replace the likeliest, as for the next-token probe.
+- Glassbox's GGUF models (engine/model/llama.py): every step that runs a pass (the eager
+  layers, the CPU's compiled step, the GPU's static step) has each layer's output at hand and
+  gives it to the model's `keep_residuals` while the capture sets it, so a watched pass runs
+  the same step as an unwatched one. The head is the model's `norm` and `output` Head: the
+  bulk int4 product ranks every token and the Head's exact rows replace the likeliest, as for
+  the next-token probe.
 """
 
 from __future__ import annotations
@@ -62,14 +63,18 @@ class Residuals:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.layers: dict[int, torch.Tensor] = {}
+        self.layers: dict[int, torch.Tensor] = {}  # by layer, from a transformers model's hooks
+        self.stacked: torch.Tensor | None = None  # [layers, dim], from a GGUF model's step
 
     @contextmanager
     def capture(self) -> Iterator[None]:
-        self.layers = {}
+        self.layers, self.stacked = {}, None
         if isinstance(self.model, GGUFLlama):
-            with _wrapped_blocks(self.model, self._keep):
+            self.model.keep_residuals = self._keep_stacked
+            try:
                 yield
+            finally:
+                self.model.keep_residuals = None
             return
         handles = [
             layer.register_forward_hook(self._hook(i))
@@ -83,6 +88,9 @@ class Residuals:
 
     def take(self) -> torch.Tensor | None:
         """The pass's residuals [layers, dim] float32, on the model's device (None: none ran)."""
+        stacked, self.stacked = self.stacked, None
+        if stacked is not None:
+            return stacked.detach().float()
         if not self.layers:
             return None
         rows = [self.layers[i] for i in sorted(self.layers)]
@@ -92,39 +100,14 @@ class Residuals:
     def _keep(self, layer: int, x: torch.Tensor) -> None:
         self.layers[layer] = x.detach()
 
+    def _keep_stacked(self, residuals: torch.Tensor) -> None:
+        self.stacked = residuals
+
     def _hook(self, layer: int) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
             self._keep(layer, _layer_output(output)[0, -1])
 
         return hook
-
-
-@contextmanager
-def _wrapped_blocks(model: GGUFLlama, keep: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
-    """Every block's output recorded for one pass, run eagerly: the compiled and static steps
-    skip the blocks, so they are taken off the model until the pass ends."""
-    compiled, static = model.decode_step, model.static_step
-    model.decode_step, model.static_step = None, None
-    blocks = list(model.blocks)
-    for block in blocks:
-        inner = type(block).forward.__get__(block)
-
-        def forward(x: torch.Tensor, layer: int, where: Any, inner: Any = inner) -> torch.Tensor:
-            y: torch.Tensor = inner(x, layer, where)
-            keep(layer, y[-1])
-            return y
-
-        block.__dict__["forward"] = forward  # found before the class's method
-    try:
-        yield
-    finally:
-        for block in blocks:
-            block.__dict__.pop("forward", None)
-        # A step attached meanwhile (a background compile that finished) is kept.
-        if model.decode_step is None:
-            model.decode_step = compiled
-        if model.static_step is None:
-            model.static_step = static
 
 
 class LensHead:

@@ -76,14 +76,18 @@ class StaticStep(Protocol):
     ) -> torch.Tensor | None: ...
 
 
+StepOutputs = tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]
+
+
 class DecodeStep(Protocol):
     """Every layer of a one-token pass in one call (engine/step/compiled.py builds one):
     x [1, dim], the pass's rotations (one per RoPE base), the position and the cache -> x
-    after the last layer and each layer's queries [1, heads, 1, d]."""
+    after the last layer, each layer's query [1, heads, 1, d] and each layer's output
+    [layers, dim] float32 (StepOutputs: what the probes and a logit lens read)."""
 
     def __call__(
         self, x: torch.Tensor, ropes: tuple[Rope, ...], start: int, cache: KVBuffer
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+    ) -> StepOutputs: ...
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -344,8 +348,7 @@ class Head(nn.Module):
     The int4 kernel rounds its output to bf16, 0.06 apart at a logit of 16, enough to swap
     close candidates: on the bundled model it agreed with the exact model's top-1 on only
     96.4% of a 690-token text. So the `candidates` highest logits are recomputed in float32
-    from the file's own rows (dequantised on the spot, a few hundred KB per step): 98.8%.
-    The rest keep the matmul's values, whose probabilities are tiny.
+    from the file's own rows (dequantised on the spot): 98.8%. The rest keep the matmul's.
     """
 
     rows: torch.Tensor  # a buffer, declared for the type checker
@@ -358,10 +361,7 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, dim] (bf16) -> logits [n, vocab] float32."""
         logits = self.bulk.forward(x)
-        if logits.shape[0] == 1:  # a decode step's: the two-pass topk (engine/model/largest)
-            top = largest.top_k(logits[0], self.candidates)[1][None]  # [1, c]
-        else:
-            top = logits.topk(self.candidates, dim=-1, sorted=False).indices  # [n, c]
+        top = largest.top_indices(logits, self.candidates)  # [n, c]
         weights = self.lookup(top.reshape(-1)).view(*top.shape, -1)  # [n, c, dim]
         exact = (weights @ x.float()[..., None])[..., 0]  # [n, c]
         return logits.float().scatter_(-1, top, exact)
@@ -391,6 +391,9 @@ class GGUFLlama(nn.Module):
         # called with a layer's index (the head's: the layer count) before it runs, when some
         # are placed on disk (engine/placement/mapped.py); the compiled step is then refused
         self.read_in: Callable[[int], None] | None = None
+        # while a logit lens is watched (engine/model/lens.py), given every layer's output at
+        # the pass's last position [layers, dim] by whichever step ran the pass
+        self.keep_residuals: Callable[[torch.Tensor], None] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -450,23 +453,30 @@ class GGUFLlama(nn.Module):
             except RuntimeError as error:  # inputs it was not compiled for: eager from now on
                 log.warning("the compiled decode step failed, decoding eagerly: %s", error)
                 self.decode_step = None
-        read_in = self.read_in
+        read_in, keep = self.read_in, self.keep_residuals
+        outputs = []  # each layer's last position, while a lens keeps them
         for layer, block in enumerate(self.blocks):
             if read_in is not None:
                 read_in(layer)
             x = block.forward(x, layer, where)
+            if keep is not None:
+                outputs.append(x[-1])
+        if keep is not None:
+            keep(torch.stack(outputs))
         return x
 
     def _compiled_layers(
         self, step: DecodeStep, x: torch.Tensor, where: Pass, cache: KVBuffer
     ) -> torch.Tensor:
         """One token through the compiled step; a watched layer's attention from the queries
-        it returns and the keys it wrote."""
+        it returns and the keys it wrote, a watched lens's residuals from its layers' outputs."""
         start, probe = where.start, where.probe
         cache.reserve(start + 2)  # it was compiled for a cache with room after this position
-        x, queries = step(x, where.ropes, start, cache)
+        x, queries, residuals = step(x, where.ropes, start, cache)
         if probe is not None:
             self.watch(probe, queries, cache, start)
+        if self.keep_residuals is not None:
+            self.keep_residuals(residuals)
         return x
 
     def watch(

@@ -21,7 +21,8 @@ cache written at positions carried as tensor sizes. Every architecture of the fa
 Only one-token passes through a cache are compiled; the prompt's pass and the no-cache
 teaching mode stay eager. The probes stay the model's own: the function returns every layer's
 queries and writes its keys into the cache, so a watched layer's attention is computed from
-the q and k it attended with.
+the q and k it attended with; and it returns every layer's output, which a watched logit lens
+keeps (engine/model/lens.py), so the lens needs no eager pass.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import torch
 from engine.disk import build_lock
 from engine.model.kv_buffer import KVBuffer
 from engine.model.layer import Rope
-from engine.model.llama import GGUFLlama
+from engine.model.llama import GGUFLlama, StepOutputs
 from engine.step.flat import (
     LayerPlan,
     LayerTensors,
@@ -84,7 +85,7 @@ MIN_TORCH = "2.13"
 # the package computes or takes changes (engine/model/layer.py, engine/step/flat.py, the
 # inputs CompiledDecode passes), so that no run loads a package of older code.
 # tests/engine/step/test_compiled.py pins it to a hash of that code.
-STEP_VERSION = 3
+STEP_VERSION = 4
 
 
 def _package_loader() -> Any:
@@ -133,19 +134,19 @@ class CompiledDecode:
 
     def __call__(
         self, x: torch.Tensor, ropes: tuple[Rope, ...], start: int, cache: KVBuffer
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    ) -> StepOutputs:
         rope_tensors = tuple(rope.tensors() for rope in ropes)
         positions = step_positions(start, cache, self.window)
         inputs = (x, rope_tensors, positions, self.eps, self.weights, cache.keys, cache.values)
         return self.run(inputs)
 
-    def run(self, inputs: StepInputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def run(self, inputs: StepInputs) -> StepOutputs:
         """decode_layers(*inputs) through the package, its inputs flattened as torch.export
         flattened them: depth first."""
         x, ropes, positions, eps, _, keys, values = inputs
         flat = [x, *(t for rope in ropes for t in rope), *positions, eps, *self.flat_weights]
-        x, *queries = self.runner.run([*flat, *keys, *values])
-        return x, queries
+        x, *queries, residuals = self.runner.run([*flat, *keys, *values])
+        return x, queries, residuals
 
 
 class _DecodeLayers(torch.nn.Module):
@@ -155,7 +156,7 @@ class _DecodeLayers(torch.nn.Module):
         super().__init__()
         self.step = functools.partial(decode_layers, plan=plan)
 
-    def forward(self, *inputs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(self, *inputs: Any) -> StepOutputs:
         """decode_layers' inputs but the plan, in its order."""
         return self.step(*inputs)
 

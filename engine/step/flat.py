@@ -166,16 +166,17 @@ def decode_layers(
     keys: Sequence[torch.Tensor],
     values: Sequence[torch.Tensor],
     plan: Sequence[LayerPlan],
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
     """Every layer of a one-token pass: layer.decode_layer with the step's ops over flat tensors.
 
     x [1, dim] float32; ropes: per RoPE base, what layer.rotate takes (llama.Rope.tensors);
     positions: tensors [P, 0] whose lengths are sizes, so that each is one dynamic size and not
     a constant of the graph (`step_positions`); eps [1, 1]; weights per layer as layer_weights
     gives them; keys/values [1, kv_heads, capacity, d] per layer. Returns x after the last
-    layer and each layer's queries [1, heads, 1, d].
+    layer, each layer's queries [1, heads, 1, d] and each layer's output [layers, dim] float32
+    (the residual stream a logit lens reads; the last row is the returned x).
     """
-    queries = []
+    queries, outputs = [], []
     for layer, tensors in enumerate(weights):
         p = plan[layer]
         held = len(p.weights)
@@ -189,7 +190,8 @@ def decode_layers(
         named = LayerWeights(**dict(zip(p.weights, tensors[:held], strict=True)))
         x, q = decode_layer(x, named, p.form, eps, ops)
         queries.append(q)
-    return x, queries
+        outputs.append(x)
+    return x, queries, torch.cat(outputs)
 
 
 def step_positions(start: int, cache: KVBuffer, window: int) -> tuple[torch.Tensor, ...]:

@@ -17,10 +17,11 @@ a device tensor updated in place, every shape fixed. Here:
   eager forward's own layer) with ops that write k and v at that position and attend over
   the whole bucket with a mask beyond it (and outside a sliding layer's window), then the
   lm_head: the model's own modules, with no host value anywhere;
-- the probes stay outside the graph: the step returns every layer's queries (as the CPU's
-  compiled step does, engine/step/compiled.py), and a watched layer's attention is computed
-  from them and the cached keys right after the step, before the next replay overwrites its
-  outputs; the logits are cloned out. Changing the watched layers never records again.
+- the probes stay outside the graph: the step returns every layer's queries and every
+  layer's output (as the CPU's compiled step does, engine/step/compiled.py); a watched
+  layer's attention is computed from the queries and the cached keys right after the step,
+  before the next replay overwrites its outputs, and a watched logit lens keeps a copy of the
+  layers' outputs; the logits are cloned out. Changing what is watched never records again.
 
 Backends (`choose_backend`): on CUDA with Triton, `torch.compile(fullgraph=True)`'s inductor
 kernels captured as a `torch.cuda.CUDAGraph`; on CUDA without Triton (Windows), the same
@@ -63,7 +64,8 @@ WARMUP = 3  # uncaptured runs on a side stream before a capture (the CUDA graph 
 AHEAD = 1024  # positions whose buckets are recorded from the start, before any reply
 
 Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # keys, values per layer
-StepOut = tuple[torch.Tensor, list[torch.Tensor]]  # logits [vocab], queries [1, h, 1, d]
+# logits [vocab], queries [1, h, 1, d], each layer's output [layers, dim] float32
+StepOut = tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]
 Replay = Callable[[], StepOut]
 # (step, its inputs, same-shaped ones for the warm-ups) -> the recorded step
 Record = Callable[[Callable[..., StepOut], tuple[Any, ...], tuple[Any, ...]], Replay]
@@ -134,7 +136,8 @@ def static_step(
 
     table [vocab, dim] float32 (the embedding's rows, Embedding.table); token, position [1]
     int64; keys/values [1, kv_h, bucket, d] per layer, written at `position`. Returns the
-    logits [vocab] float32 and each layer's queries [1, h, 1, d] bf16.
+    logits [vocab] float32, each layer's queries [1, h, 1, d] bf16 and each layer's output
+    [layers, dim] float32 (the residual stream a logit lens reads).
     """
     eps = torch.full((1, 1), model.shape.eps, device=table.device)
     x = table[token]  # [1, dim] float32
@@ -142,7 +145,7 @@ def static_step(
     ropes = [Rope.at(position, frequencies, matrix) for frequencies in model.frequencies()]
     key_positions = torch.arange(keys[0].shape[2], device=table.device)  # [bucket]
     seen = key_positions <= position
-    queries = []
+    queries, outputs = [], []
     for layer, module in enumerate(model.blocks):
         block = cast(Block, module)
         attention = block.attention
@@ -154,8 +157,9 @@ def static_step(
         ops = LayerOps(block.multiply, ropes[block.rope], write, attend)
         x, q = decode_layer(x, block.weights(), block.form, eps, ops)
         queries.append(q)
+        outputs.append(x)
     logits = model.output.forward(norm_row(x, model.norm, eps))
-    return logits[0], queries
+    return logits[0], queries, torch.cat(outputs)
 
 
 def _write_at(
@@ -272,13 +276,15 @@ class StaticDecode:
         token, position, step = self._step(cache.capacity)
         token.copy_(ids.reshape(1))  # device to device: no host sync
         position.fill_(start)
-        logits, queries = step()
+        logits, queries, residuals = step()
         cache.length = start + 1
         self.plan(cache.length)
         if probe is not None:
             self.model.watch(probe, queries, cache, start)
-        # a graph's outputs are overwritten by its next replay: the caller keeps a copy
-        return logits if self.backend == EAGER else logits.clone()
+        copy = self.backend != EAGER  # a graph's outputs are overwritten by its next replay
+        if self.model.keep_residuals is not None:
+            self.model.keep_residuals(residuals.clone() if copy else residuals)
+        return logits.clone() if copy else logits
 
     def _step(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor, Replay]:
         """The bucket's step and the inputs it reads: its recorded one where ready (bound here

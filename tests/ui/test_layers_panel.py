@@ -94,3 +94,39 @@ def test_selecting_a_step_shows_its_lens_quickly(qtbot, build, tiny_loader):
     state.select(state.prompt_tokens + 1)
     qtbot.waitUntil(lambda: panel.shown_step == 1, timeout=5000)  # the view's own timer
     assert time.perf_counter() - started < 1.0  # a loaded CI machine; docs/lens.md: ~ms
+
+
+def test_a_running_reply_asks_for_the_latest_lens_on_an_interval(view, monkeypatch):
+    """Each ask is a product through the output head in the engine: while the latest step
+    changes, the panel asks at most once an interval; a selected step is asked for at once."""
+    import numpy as np
+
+    from tests.ui.test_panels import PROMPT, prefill, token
+    from ui.panels import layers as layers_panel
+
+    rng = np.random.default_rng(3)
+    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 3600.0)
+    panel = view.layers
+    asked: list[int] = []
+    panel.lens_wanted.connect(asked.append)
+    show(view, "layers")
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    view.redraw(force=True)
+    assert asked == [0]  # a new reply: at once
+    panel.asked(1, 0)
+    panel.set_lens(1, None)  # answered (the step not kept): the ask is no longer in flight
+    for index in range(1, 6):
+        view.ingest(token(rng, index))
+        view.redraw(force=True)
+    assert asked == [0] and panel.needs_redraw() is False  # five steps waited their turn
+    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 0.0)
+    assert panel.needs_redraw()
+    view.redraw(force=True)
+    assert asked == [0, 5]  # the latest step alone, not the ones between
+    panel.asked(2, 5)
+    panel.set_lens(2, None)
+    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 3600.0)
+    view.state.select(PROMPT + 2)
+    view.redraw(force=True)
+    assert asked == [0, 5, 2]  # a selection: at once

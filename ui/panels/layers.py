@@ -5,7 +5,10 @@ the token the step chose outlined wherever it appears; at the right, that token'
 probability at each layer; above, one sentence with the real numbers. It shows the selected
 step, else the latest. The lens is not sent per token: the panel asks the engine for the step
 it shows (`lens_wanted`) and draws the answer (`set_lens`), one ask at a time; the engine keeps
-steps only while the panel is on screen (`watch_changed`).
+steps only while the panel is on screen (`watch_changed`). Following the latest step of a
+running reply it asks at most once every FOLLOW_INTERVAL_S (each ask is a product through the
+output head in the engine, beside the decoding: at a slow model's rate, a frame is a token); a
+selected step, a new reply or a teacher's step is asked for at once.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.events import LayerLens
 from ui.panels.empty import fill_with_pages
-from ui.panels.redraw import StatePanel
+from ui.panels.redraw import StatePanel, Throttle
 from ui.panels.state import NEXT_TOKEN, InternalsState
 from ui.panels.state.lens import EMPTY_TEXT, LensBook, lens_sentence
 
@@ -27,6 +30,7 @@ TEXT = QColor(220, 220, 220)
 DIM = QColor(150, 150, 150)
 CELL = (66, 133, 244)  # a guess's shade at probability 1
 CHOSEN = QColor(217, 48, 37)
+FOLLOW_INTERVAL_S = 0.25  # the latest step's lens, while it changes, at most this often
 
 
 def cell_colour(prob: float) -> QColor:
@@ -127,6 +131,7 @@ class LayersPanel(StatePanel):
         self._drawn_book = -1
         self.shown_step: int | None = None
         self._shown_reply = 0
+        self._asks = Throttle()  # `pending`: a step waits to be asked for
 
     def wanted_step(self) -> int | None:
         """The selected step, else the latest (None before any token, or a prompt token)."""
@@ -153,17 +158,27 @@ class LayersPanel(StatePanel):
             self.book.asked(ask, step)
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale or self.book.revision != self._drawn_book
+        stale = self.tracker.stale or self.book.revision != self._drawn_book
+        return stale or (self._asks.pending and self._ask_due())
 
     def redraw(self) -> None:
         self.book.follow(len(self._state.replies))
         step = self.wanted_step()
-        if self.book.needs_ask(step):
+        self._asks.pending = self.book.needs_ask(step)
+        if self._asks.pending and self._ask_due():
             assert step is not None  # needs_ask says no for None
             self.lens_wanted.emit(step)
+            self._asks.drawn(self._ask_shape())
         self.tracker.drawn(self.tracker.snapshot())
         self._drawn_book = self.book.revision
         self._draw(step)
+
+    def _ask_due(self) -> bool:
+        return self._state.explaining or self._asks.due(FOLLOW_INTERVAL_S, self._ask_shape())
+
+    def _ask_shape(self) -> tuple[object, ...]:
+        """What, changed, is asked for at once: the selection and the reply."""
+        return (self._state.selected, self.book.reply)
 
     def _draw(self, step: int | None) -> None:
         if step is None or self.book.reply != self._shown_reply:

@@ -445,13 +445,24 @@ def test_the_bench_windows_layouts(qapp):
     from app.bench.window import arrange_docks
 
     parts = SimpleNamespace(window=QMainWindow(), internals=SimpleNamespace(docks={}))
-    docks = {name: QDockWidget(name, parts.window) for name in ("a", "b")}
+    docks = {name: QDockWidget(name, parts.window) for name in ("a", "layers")}
     for dock in docks.values():
         parts.window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+    parts.window.tabifyDockWidget(docks["a"], docks["layers"])
+    docks["a"].raise_()
     parts.internals.docks = docks
+    parts.window.show()
+
+    def in_front() -> list[str]:  # a tab behind another has an empty visible region
+        qapp.processEvents()
+        return [name for name, dock in docks.items() if not dock.visibleRegion().isEmpty()]
+
     arrange_docks(parts, "docked")
     assert (parts.window.width(), parts.window.height()) == (1600, 1000)
     assert not any(dock.isFloating() for dock in docks.values())
+    assert in_front() == ["a"]
+    arrange_docks(parts, "docked-layers")
+    assert in_front() == ["layers"]
     arrange_docks(parts, "floating")
     assert all(dock.isFloating() and dock.isVisible() for dock in docks.values())
     arrange_docks(parts, "closed")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.model.largest import argmax, top_k, top_k_support
+from engine.model.largest import argmax, top_indices, top_k, top_k_support
 
 
 @pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
@@ -46,3 +46,12 @@ def test_two_pass_top_k_is_torchs_topk(size):
             assert torch.equal(got_values, expected.values), (trial, k)
             assert torch.equal(values[got_indices], got_values), (trial, k)
             assert len(set(got_indices.tolist())) == k, (trial, k)
+
+
+def test_top_indices_of_one_row_or_several_are_topks():
+    values = torch.randn(3, 128 * 40, generator=torch.Generator().manual_seed(1))
+    for rows in (values[:1], values):
+        got = top_indices(rows, 64)
+        assert got.shape == (rows.shape[0], 64)
+        for row, indices in zip(rows, got, strict=True):
+            assert sorted(row[indices].tolist()) == sorted(row.topk(64).values.tolist())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +18,7 @@ from torch.torch_version import TorchVersion
 from app.bench import speed as benchmark
 from engine.disk.cache_folder import default_cache_dir
 from engine.generate.session import ChatSession
-from engine.gguf.reader import GGUFFile
 from engine.load.loader import LoadedModel, describe_fast
-from engine.model import fast_builder
 from engine.model.attention_probe import AttentionProbe
 from engine.model.kv_buffer import KVBuffer, WindowedKVBuffer
 from engine.model.llama import GGUFLlama, QKNormAttention
@@ -33,6 +30,7 @@ from engine.weights import ggml_kernel
 from engine.weights import linear as quant
 from tests.engine.model.test_fast import decoded_against_exact, hf_model
 from tests.engine.model.test_gemma import gemma
+from tests.engine.step.compiling import build, needs_a_compiler
 from tests.engine.weights.test_linear import mixed_gguf
 from tests.gguf_files import Q4_1, Q5_0, Q6_K, Q8_0, write_gguf
 
@@ -56,37 +54,6 @@ STEPS = 40  # decode steps compared: past two growths of a 16-position cache
 # are ~20 (measured there: max |Δlogit| 0.2-0.5 with the top-1 unchanged).
 LOGIT_ATOL = 8e-3
 ATTENTION_ATOL = 5e-3
-
-
-def needs_a_compiler() -> None:
-    """Inductor builds the step with the C++ compiler ($CXX, else g++); without one the app
-    decodes eagerly (test_a_failed_compile...), and the step cannot be tested here."""
-    if shutil.which(os.environ.get("CXX", "g++")) is None:
-        pytest.skip("no C++ compiler to build the compiled step with")
-    if not compiled_decode.can_save_compiled():
-        pytest.skip(f"torch {torch.__version__} cannot save a compiled step")
-
-
-def build(path) -> GGUFLlama:
-    return fast_builder.build_fast(GGUFFile(path))
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gguf") / "llama.gguf"
-    return write_gguf(path, hf_model("llama"), Q4_1, Q8_0)
-
-
-@pytest.fixture(scope="module")
-def compiled(tiny_gguf, tmp_path_factory):
-    """(the tiny model with its compiled step attached, the saved step's path)."""
-    needs_a_compiler()
-    model = build(tiny_gguf)
-    assert compiled_decode.refusal(model) is None
-    path = tmp_path_factory.mktemp("compiled") / "llama.pt2"
-    compiled_decode.compile_to(model, path)
-    model.decode_step = compiled_decode.load(path, model)  # from the file, as a later start
-    return model, path
 
 
 def small_cache(model: GGUFLlama) -> KVBuffer:
@@ -432,7 +399,7 @@ def test_the_artifact_is_named_by_file_torch_cpu_plan_threads_and_version(
 
 
 # The step's code as STEP_VERSION was last set for: (STEP_VERSION, a hash of step_source()).
-PINNED = (3, "1b0f85665025")
+PINNED = (4, "7eda675f6017")
 
 
 def step_source() -> str:
@@ -474,24 +441,6 @@ def test_saving_a_step_removes_the_ones_no_run_can_load(tiny_gguf, tmp_path):
 
 
 # -- the bundled model ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def bundled_compiled():
-    """The bundled model in fast precision with its compiled step (compiled once per cache)."""
-    needs_a_compiler()
-    from engine.load.loader import bundled_gguf_path, load_model
-    from engine.settings import LoadRequest
-
-    loaded = load_model(LoadRequest(spec="bundled", device="cpu", precision="fast", compiled=False))
-    model = loaded.model
-    gguf = bundled_gguf_path()
-    folder = default_cache_dir() / "compiled"
-    path = compiled_decode.artifact_path(folder, gguf.stem, "tests", torch.get_num_threads(), model)
-    if not path.exists():
-        compiled_decode.compile_to(model, path)
-    model.decode_step = compiled_decode.load(path, model)
-    return loaded
 
 
 @pytest.mark.bundled
