@@ -114,13 +114,13 @@ at::Tensor ggml_dense_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qty
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
   const int64_t m = x.size(0), k = x.size(1), n = raw.size(0);
   check(raw, qtype, k);
-  const at::Tensor xt = x.to(at::kBFloat16).contiguous().t();
+  const at::Tensor xb = x.to(at::kBFloat16).contiguous();
   const at::Tensor w = raw.contiguous();
   // at least one panel a thread, so a small tensor is shared too
   const int64_t shared = (n + at::get_num_threads() - 1) / at::get_num_threads();
   const int64_t panel = std::max<int64_t>(16, std::min(PANEL_BYTES / (2 * k), shared));
   const int64_t row_bytes = w.size(1);
-  at::Tensor out = at::empty({n, m}, at::kBFloat16);  // Wᵀ's panels are rows of it
+  at::Tensor out = at::empty({m, n}, at::kBFloat16);  // a panel's product: columns of it
   const uint8_t* rows = w.data_ptr<uint8_t>();
   share(n, panel, [&](int64_t first, int64_t end) {
     const int64_t count = end - first;
@@ -129,8 +129,8 @@ at::Tensor ggml_dense_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qty
     std::vector<float> values(k);
     for (int64_t j = 0; j < count; ++j)
       row_bf16(qtype, rows + (first + j) * row_bytes, k, values.data(), o + j * k);
-    at::Tensor part = out.narrow(0, first, count);
-    at::mm_out(part, weights, xt);
+    at::Tensor part = out.narrow(1, first, count);  // strided: at::mm writes it in place
+    at::mm_out(part, xb, weights.t());
   });
-  return out.t().contiguous().to(x.scalar_type());
+  return out.to(x.scalar_type());
 }
