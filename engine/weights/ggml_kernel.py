@@ -7,7 +7,7 @@ rounded in two int8 terms (ggml_dot.cpp's Q8): faster than torch's kernels under
 AVX-512 alike, with the weight at its file size.
 
 They are compiled with the C++ compiler the compiled decode step already needs, into the
-cache folder, keyed by the source, torch and the flags; one build at a time
+cache folder, keyed by the sources, torch and the flags; one build at a time
 (engine/disk/build_lock.py). Where they cannot run (no compiler, a CPU without AVX2, torch's
 kernel set forced to DEFAULT) `ensure()` says why, and the weights take torch's int4 kernel;
 $GLASSBOX_GGML_KERNELS=0 turns them off, =all gives them every type (to compare, or to test
@@ -33,7 +33,7 @@ from engine.gguf.blocks import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels") / "ggml_dot.cpp"
+SOURCE = Path(__file__).with_name("kernels") / "ggml_dot.cpp"  # includes its headers there
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
 TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)  # the ggml types the kernels read
 
@@ -41,8 +41,12 @@ _state: dict[str, str | None] = {}  # "reason": why the kernels did not load, on
 
 
 def library_path(folder: Path) -> Path:
-    """Where the built library is kept: named by its source, torch and the flags."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    """Where the built library is kept: named by its sources (the .cpp and the headers it
+    includes: a change to any of them builds anew), torch and the flags."""
+    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    for source in sorted(SOURCE.parent.glob("*.[ch]*")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    key = digest.hexdigest()[:12]
     version = torch.__version__.replace("+", "-")
     return folder / "kernels" / f"ggml_dot-torch{version}-{key}.so"
 
@@ -147,6 +151,10 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("glassbox::ggml_mm")  # type: ignore[untyped-decorator]
     def _mm(x: torch.Tensor, raw: torch.Tensor, qtype: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], raw.shape[0])
+
+    @torch.library.register_fake("glassbox::ggml_dense_mm")  # type: ignore[untyped-decorator]
+    def _dense_mm(x: torch.Tensor, raw: torch.Tensor, qtype: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], raw.shape[0])
 
     @torch.library.register_fake("glassbox::attend_one")  # type: ignore[untyped-decorator]

@@ -4,6 +4,8 @@ block can change, and a fast model built on them against the exact model."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -69,6 +71,25 @@ def reference_offsets(raw: torch.Tensor, qtype: int) -> torch.Tensor:
         return torch.zeros(1, dtype=torch.float64)
     _, _, offset = ggml_blocks.unpack(raw, qtype)
     return offset.double().abs().repeat_interleave(32, dim=1)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_dense_product_is_the_dequantised_matmul_panel_by_panel(qtype):
+    """ggml_dense_mm (a prefill's product: panels of rows dequantised and multiplied in turn)
+    against one bf16 matmul of the whole dequantised tensor: 601 rows of 4096 values make
+    panels of at most 256 rows (2 MB of bf16), the last one partial; every output column is
+    checked, so a panel written to the wrong place, a row left out or a misread block shows."""
+    raw = random_blocks(qtype, 601, 4096, seed=qtype + 7)
+    x = torch.randn(24, 4096, generator=torch.Generator().manual_seed(qtype)).bfloat16()
+    weights = torch.ops.glassbox.ggml_dequantize(raw, qtype, 4096)
+    expected = torch.nn.functional.linear(x, weights).float()
+    ours = torch.ops.glassbox.ggml_dense_mm(x, raw, qtype)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (24, 601)
+    # the same bf16 products summed in float32 in another order: within a bf16 step or two
+    torch.testing.assert_close(ours.float(), expected, rtol=2e-2, atol=1e-3 * expected.abs().max())
+    exact = x.double() @ reference(raw, qtype).double().T
+    assert ((ours.double() - exact).norm() / exact.norm()).item() < 1e-2
+    assert torch.ops.glassbox.ggml_dense_mm(x.float(), raw, qtype).dtype == torch.float32
 
 
 def test_bf16_activations_give_bf16_and_float_give_float():
@@ -200,6 +221,19 @@ def test_a_build_removes_the_libraries_of_older_sources(tmp_path):
     ggml_kernel._remove_older(path)
     assert path.is_file() and other.is_file()
     assert not any(p.exists() for p in older)
+
+
+def test_a_changed_header_names_a_new_library(tmp_path, monkeypatch):
+    """The library is named by every source the .cpp includes: a kernel changed in a header
+    is built anew, never served by the library of the old one."""
+    sources = tmp_path / "kernels_src"
+    shutil.copytree(ggml_kernel.SOURCE.parent, sources)
+    monkeypatch.setattr(ggml_kernel, "SOURCE", sources / ggml_kernel.SOURCE.name)
+    before = ggml_kernel.library_path(tmp_path)
+    assert before == ggml_kernel.library_path(tmp_path)  # the same sources, the same name
+    header = sources / "ggml_dense.h"
+    header.write_text(header.read_text() + "// changed\n")
+    assert ggml_kernel.library_path(tmp_path) != before
 
 
 def test_no_compiler_is_a_reason(monkeypatch):
