@@ -65,8 +65,9 @@ def top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
-    """[n, k]: the indices of each row's k largest of values [n, V], in no particular order;
-    one row (a decode step's) by the two passes of `top_k`."""
-    if values.shape[0] == 1:
-        return top_k(values[0], k)[1][None]
-    return values.topk(k, dim=-1, sorted=False).indices
+    """[n, k]: the indices of each row's k largest of values [n, V], each row by `top_k`, so
+    that a row's choice among equal values is the same whatever rows come with it (the logit
+    lens's last layer is then exactly the decode step's own logits)."""
+    if _rows(values[0]) is None:
+        return values.topk(k, dim=-1).indices
+    return torch.stack([top_k(row, k)[1] for row in values])
