@@ -191,15 +191,6 @@ def test_a_panel_whose_data_did_not_change_does_not_redraw(docked, rng):
     assert docked.tick(2) == {"timing": 0, "kv_cache": 0, "attention": 1, "next_token": 0}
 
 
-def test_the_window_budget_is_small_where_the_engine_decodes_on_every_core():
-    assert docks.window_cpu_share(2) == docks.SHARED_CORES_CPU_SHARE < WINDOW_CPU_SHARE
-    assert docks.window_cpu_share(1) == docks.SHARED_CORES_CPU_SHARE
-    assert docks.window_cpu_share(8) == WINDOW_CPU_SHARE  # a core is left to the window
-    budget = docks.SHARED_CORES_CPU_SHARE
-    assert frame_interval(100, budget * 1.5, budget) == 150  # over the small budget: slower
-    assert frame_interval(100, budget * 1.5) == 50  # well under the larger one: faster
-
-
 def test_frame_interval_backs_off_when_the_window_process_is_busy_and_recovers():
     assert frame_interval(FRAME_MS, WINDOW_CPU_SHARE * 1.1) == math.ceil(FRAME_MS * 1.5)
     # Three times over budget: three times longer at once, not 1.5x a second for seconds.

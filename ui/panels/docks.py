@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
@@ -27,7 +26,7 @@ from ui.panels.tokens import TokensPanel
 FRAME_MS = 33  # about 30 redraws a second at most
 # The window must not slow the model it shows. When the window's process as a whole (the GUI
 # thread's panels, chat and event delivery, and the thread that receives the engine's events)
-# uses more than its budget of a core (below) while panels redraw, they redraw less often, down
+# uses more than WINDOW_CPU_SHARE of a core while panels redraw, they redraw less often, down
 # to SLOWEST_FRAME_MS between frames; when it is well under, they speed up again. The whole
 # process, not the GUI thread alone: on two cores every slice of it, in any thread, holds one
 # of the engine's two threads up (the engine decodes slower in proportion to the share of a
@@ -40,9 +39,6 @@ FRAME_MS = 33  # about 30 redraws a second at most
 # panels alone took more than the whole budget.
 SLOWEST_FRAME_MS = 500
 WINDOW_CPU_SHARE = 0.12
-# On one or two cores the engine decodes on every core (app/server/engine_spec.py): each
-# slice of the window's CPU is then one taken from the model, and the budget is this much.
-SHARED_CORES_CPU_SHARE = 0.03
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
 # The rate the first reply starts at, before any has been found: 4 frames a second. Started at
 # 30, a first reply spent its first second at half a core drawing while the governor measured;
@@ -95,8 +91,7 @@ class InternalsView(QObject):
 
     Feed it from the GUI thread: `set_model` on load, `ingest` for every engine event.
     Ingesting never draws; the timer redraws each visible panel whose data changed, about 30
-    times a second, less often while the window's process is busier than its budget of a core
-    (`cpu_budget`: WINDOW_CPU_SHARE, or SHARED_CORES_CPU_SHARE where the engine has every core).
+    times a second, less often while the window's process is busier than WINDOW_CPU_SHARE of a core.
     The timer sleeps while no panel on screen has anything to draw (see SLEEP_AFTER_S); it
     only ever sleeps while running, so a timer stopped by its owner (a test driving frames by
     hand) stays stopped.
@@ -119,7 +114,6 @@ class InternalsView(QObject):
     ) -> None:
         super().__init__(parent)
         self.state = InternalsState(max_attention_rows, max_attention_cells)
-        self.cpu_budget = window_cpu_share()  # the window process's share of a core (_govern)
         self.timing = TimingPanel(self.state)
         self.kv_cache = KvCachePanel(self.state)
         self.attention = AttentionPanel(self.state)
@@ -361,8 +355,8 @@ class InternalsView(QObject):
         if drawn:
             share = (cpu_now - cpu) / (now - started)
             allowed = (now - started) * 1000 / self.busy_interval
-            if share > self.cpu_budget or (streamed and frames >= allowed / 2):
-                interval = frame_interval(self.busy_interval, share, self.cpu_budget)
+            if share > WINDOW_CPU_SHARE or (streamed and frames >= allowed / 2):
+                interval = frame_interval(self.busy_interval, share)
                 if interval != self.busy_interval:
                     self.busy_interval = interval
                     self.frame_interval_changed.emit(interval)
@@ -408,24 +402,18 @@ def cache_axes(widget: QWidget) -> None:
                 item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
 
 
-def window_cpu_share(cores: int | None = None) -> float:
-    """The window process's CPU budget on a machine of `cores` (this one's by default)."""
-    cores = cores if cores is not None else os.cpu_count() or 1
-    return WINDOW_CPU_SHARE if cores > 2 else SHARED_CORES_CPU_SHARE
-
-
-def frame_interval(interval_ms: int, cpu_share: float, budget: float = WINDOW_CPU_SHARE) -> int:
+def frame_interval(interval_ms: int, cpu_share: float) -> int:
     """The next frame interval, given the window process's CPU share over the last window.
 
-    Over `budget`: longer in proportion to the overshoot, at least 1.5x (at most
+    Over WINDOW_CPU_SHARE: longer in proportion to the overshoot, at least 1.5x (at most
     SLOWEST_FRAME_MS), so a thread three times over budget backs off in one window rather than
     spending seconds at rates it cannot afford. Under half of it: 2x shorter (at least
     FRAME_MS). In between: unchanged, so the rate settles instead of oscillating.
     """
-    if cpu_share > budget:
-        factor = max(cpu_share / budget, 1.5)
+    if cpu_share > WINDOW_CPU_SHARE:
+        factor = max(cpu_share / WINDOW_CPU_SHARE, 1.5)
         return min(math.ceil(interval_ms * factor), SLOWEST_FRAME_MS)
-    if cpu_share < budget / 2:
+    if cpu_share < WINDOW_CPU_SHARE / 2:
         return max(math.floor(interval_ms / 2), FRAME_MS)
     return interval_ms
 
