@@ -7,8 +7,9 @@ process that the benchmark asks for one decode rate at a time over a pipe. A cra
 costs the comparison, reported as such, never the benchmark.
 
     python -m app.bench.llama_cpp_peer GGUF THREADS PROMPT_IDS_JSON
-    stdin: a number of new tokens per line -> stdout: the decode tokens/s of that reply;
-           or `prefill IDS_JSON` -> stdout: the seconds one prefill of those ids took
+    stdin: a number of new tokens per line -> stdout: the decode tokens/s of that reply and
+           its time to first token; or `prefill IDS_JSON` -> stdout: the seconds one prefill
+           of those ids took
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class LlamaCppPeer:
     """A running llama.cpp process holding the model; `rate(n)` times one greedy reply."""
 
     def __init__(self, path: str, prompt: list[int], threads: int) -> None:
+        self.last_ttft_s = 0.0  # the last reply's time to first token (`rate`)
         command = [sys.executable, "-m", __name__, path, str(threads), json.dumps(prompt)]
         self.process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -38,13 +40,14 @@ class LlamaCppPeer:
 
     def rate(self, new_tokens: int) -> float:
         """Decode tokens/s of a reply of `new_tokens` (greedy, never ending early)."""
-        return self._ask(str(new_tokens))
+        rate, self.last_ttft_s = self._ask(str(new_tokens))
+        return rate
 
     def prefill_rate(self, ids: list[int]) -> float:
         """Tokens/s of one prefill of `ids` into an empty cache (the prompt's pass alone)."""
-        return len(ids) / self._ask(f"prefill {json.dumps(ids)}")
+        return len(ids) / self._ask(f"prefill {json.dumps(ids)}")[0]
 
-    def _ask(self, request: str) -> float:
+    def _ask(self, request: str) -> list[float]:
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None  # both are pipes
         try:
@@ -55,7 +58,7 @@ class LlamaCppPeer:
             line = ""
         if not line:
             raise PeerFailed(f"llama.cpp exited with code {_exit_name(self.process.wait())}")
-        return float(line)
+        return [float(word) for word in line.split()]
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -88,13 +91,16 @@ def _serve(path: str, threads: int, prompt: list[int]) -> None:
     # end-of-generation token is barred, not only the EOS (SmolLM2 has two)
     barred = {t: -1e9 for t in range(llm.n_vocab()) if _ends(llama_cpp, llm, t)}
 
-    def decode_rate(n: int) -> float:
-        """Tokens/s from the first token's arrival to the last's: decode alone, in wall time."""
+    def decode_rate(n: int) -> tuple[float, float]:
+        """Tokens/s from the first token's arrival to the last's (decode alone, in wall time),
+        and the seconds to the first token (the prompt's pass and the first sample)."""
         llm.reset()
+        start = time.perf_counter()
         stream = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1,
                                        logit_bias=barred, stream=True)  # fmt: skip
         arrivals = [time.perf_counter() for _ in stream]
-        return (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
+        rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
+        return rate, arrivals[0] - start
 
     def prefill_seconds(ids: list[int]) -> float:
         """One pass of `ids` through an empty cache, as the engine's prefill is timed."""
@@ -108,7 +114,7 @@ def _serve(path: str, threads: int, prompt: list[int]) -> None:
         if command == "prefill":
             print(prefill_seconds(json.loads(argument)), flush=True)
         else:
-            print(decode_rate(int(line)), flush=True)
+            print(*decode_rate(int(line)), flush=True)
 
 
 def _ends(llama_cpp: Any, llm: Any, token: int) -> bool:

@@ -142,6 +142,8 @@ def run(
             rates[name].append(_rate(result))
             if isinstance(result, Finished):
                 ttft[name].append(result.ttft_s)
+            elif name == "llama_cpp" and peer is not None:
+                ttft[name].append(peer.last_ttft_s)
     median = {name: statistics.median(values) for name, values in rates.items()}
     report: dict[str, Any] = {
         "model": any_model.info.name,
@@ -173,6 +175,11 @@ def run(
         report["long_context"] = long_context_cost(fast, long_context)
     if "llama_cpp" in median:
         report["ratio_fast_vs_llama_cpp"] = median.get("fast", 0.0) / median["llama_cpp"]
+    if report["ttft_s"].get("llama_cpp") and "fast" in report["ttft_s"]:
+        # the chat prompt's time to first token, Glassbox's over llama.cpp's (below 1: sooner)
+        report["ttft_ratio_fast_vs_llama_cpp"] = (
+            report["ttft_s"]["fast"] / report["ttft_s"]["llama_cpp"]
+        )
     if peer is not None:
         peer.close()
     if peer_note:
