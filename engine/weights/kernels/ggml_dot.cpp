@@ -350,9 +350,6 @@ void check(const at::Tensor& raw, int64_t qtype, int64_t columns) {
               "row bytes do not match the type and columns");
 }
 
-// Rows of weights a thread takes at a time (Qwen2.5-1.5B's gate and up: 280 chunks).
-constexpr int64_t ROWS_A_CHUNK = 64;
-
 // x [m, k] · Wᵀ for W the rows of `raw` (uint8 [n, row bytes] of type qtype): [m, n] in
 // x's dtype.
 at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
@@ -366,7 +363,10 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   float* o = out.data_ptr<float>();
   const uint8_t* rows = w.data_ptr<uint8_t>();
   const int64_t row_bytes = w.size(1);
-  share(n, ROWS_A_CHUNK, [&](int64_t begin, int64_t end) {
+  // Each thread a contiguous half of the rows (as at::parallel_for splits them): a decode
+  // step's product streams its rows in order (rows taken from a shared counter, as the
+  // prefill's panels are by `share`, made a decode step slower).
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
       for (int64_t r = 0; r < m; ++r)
         o[r * n + j] = dot(qtype, rows + j * row_bytes, a.row(r), a.blocks);
