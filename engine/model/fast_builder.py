@@ -134,7 +134,7 @@ def build_fast(
         norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
         blocks.append(Block(attention, feed_forward, norms, shape.eps))
         release_freed_memory()
-    output = _raw_head(file, shape) if device_blocks else _head(file, shape, packs, ggml)
+    output = _head(file, shape, packs, ggml, device_blocks)
     advance(1)
     embedding = _embedding(file, shape)
     norm = vector("output_norm.weight")
@@ -322,16 +322,26 @@ def _embedding(file: GGUFFile, shape: LlamaShape) -> Embedding:
 
 
 def _head(
-    file: GGUFFile, shape: LlamaShape, packs: PackCache | None = None, ggml: bool = False
+    file: GGUFFile,
+    shape: LlamaShape,
+    packs: PackCache | None = None,
+    ggml: bool = False,
+    device_blocks: bool = False,
 ) -> Head:
     """The lm_head (the embedding when tied): a bulk product of every logit, then the 64
-    highest recomputed in float32 from the file's rows (mapped). In the GGML kernels, where
-    they hold it, the bulk is as _ggml_bulk says. In torch's int4 kernel Q4 rows are repacked
-    as they are, others requantised to 4 bits: the int4 kernel cannot hold Q6_K's scales per
-    16 values, Q8_0 would be two halves."""
+    highest recomputed in float32 from the file's rows (mapped). With `device_blocks`, a block
+    type's bulk is the file's rows alone, for the device to dequantise (to_device), any other
+    type's its rows in bf16. In the GGML kernels, where they hold it, the bulk is as
+    _ggml_bulk says. In torch's int4 kernel Q4 rows are repacked as they are, others
+    requantised to 4 bits: the int4 kernel cannot hold Q6_K's scales per 16 values, Q8_0 would
+    be two halves."""
     name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
     info = file.tensors[name]
     rows = quant.RowReader(torch.from_numpy(file.raw(name)), info.type, shape.dim)
+    if device_blocks:  # a block type dequantised on the device, others (F16...) in bf16
+        if info.type in ggml_blocks.BLOCK_BYTES:
+            return Head(quant.GGMLLinear(rows.raw, info.type, shape.dim), rows)
+        return Head(quant.DenseLinear(rows.all().to(torch.bfloat16)), rows)
     held = _ggml_bulk(file, name, shape.dim, rows, packs) if ggml else None
     if held is not None:
         return Head(held, rows)
@@ -356,14 +366,6 @@ def _head(
         return Head(_join(build, vocab), rows)
     bulk = packs.linear(f"{name} (4-bit bulk)", vocab, shape.dim, lambda: _join(build, vocab))
     return Head(bulk, rows)
-
-
-def _raw_head(file: GGUFFile, shape: LlamaShape) -> Head:
-    """The lm_head as the file's rows alone, for a device to dequantise (to_device)."""
-    name = "output.weight" if "output.weight" in file.tensors else "token_embd.weight"
-    info = file.tensors[name]
-    rows = quant.RowReader(torch.from_numpy(file.raw(name)), info.type, shape.dim)
-    return Head(quant.GGMLLinear(rows.raw, info.type, shape.dim), rows)
 
 
 def _ggml_bulk(

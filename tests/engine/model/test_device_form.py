@@ -15,7 +15,7 @@ from engine.model.to_device import to_device
 from engine.weights.ggml_linear import GGMLLinear
 from tests.engine.measure.test_accelerator import DEVICES
 from tests.engine.model.test_fast import hf_model
-from tests.gguf_files import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, write_gguf
+from tests.gguf_files import F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, write_gguf
 
 TYPES = {"attn_v.weight": Q5_0, "attn_output.weight": Q5_1, "ffn_down.weight": Q4_0}
 CPU = torch.device("cpu")
@@ -64,6 +64,15 @@ def test_every_weight_is_the_reference_dequantised_once_to_bf16(tmp_path, device
     assert torch.equal(model.embedding.rows, table)  # float32, exactly
     assert "output.weight" in file.tensors  # untied: the head's exact rows a table of its own
     assert torch.equal(model.output.rows, dequantized(file, "output.weight"))
+    assert torch.equal(model.output.bulk.weight, model.output.rows.to(torch.bfloat16))
+
+
+def test_a_head_of_a_type_without_blocks_is_its_rows_in_bf16(tmp_path):
+    f16 = write_gguf(tmp_path / "f16.gguf", hf_model("llama"), Q4_1, Q8_0, {"output.weight": F16})
+    file = GGUFFile(f16)
+    model = to_device(build_fast(file, kernels=False, device_blocks=True), CPU)
+    rows = torch.from_numpy(file.raw("output.weight").copy()).view(torch.float16).float()
+    assert torch.equal(model.output.rows, rows.view(model.output.rows.shape))
     assert torch.equal(model.output.bulk.weight, model.output.rows.to(torch.bfloat16))
 
 
