@@ -24,8 +24,9 @@ class Sampler:
         # On a GPU the filters run over the whole vocabulary: nothing there waits for the host
         # (the CPU's shortcuts below pick indices with nonzero, a sync on a GPU).
         self.on_device = device.type == "cuda"
-        self._kept: tuple[torch.Tensor, torch.Tensor] | None = None  # (probs, its support)
-        self._picked: tuple[torch.Tensor, torch.Tensor] | None = None  # (greedy probs, argmax)
+        # (probs, what `distribution` found for them): greedy's argmax, or the support a
+        # sampled step's filters kept; `choose` reads it instead of passing over the vocabulary
+        self._found: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def distribution(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """The probabilities the next token is drawn from. logits: [vocab] float32; history: [n]."""
@@ -34,7 +35,7 @@ class Sampler:
         if s.greedy:  # all the probability on the likeliest token
             best = argmax(scores)
             probs = torch.zeros_like(scores).index_fill_(0, best, 1.0)
-            self._picked = (probs, best)
+            self._found = (probs, best)
             return probs
         scores = scores / s.temperature
         if self.on_device:
@@ -42,7 +43,7 @@ class Sampler:
         if 0 < s.top_k < scores.numel():
             kept = top_k_support(scores, s.top_k)
             probs = _within(scores, kept, s.top_p)
-            self._kept = (probs, kept)
+            self._found = (probs, kept)
             return probs
         scores = keep_top_p(scores, s.top_p)
         return torch.softmax(scores, dim=-1)
@@ -53,16 +54,12 @@ class Sampler:
         Drawn among the tokens the filters kept: torch's multinomial costs with the tokens it
         draws among, a whole vocabulary far more than the default top-k's 50.
         The same distribution, drawn from with the same seeded generator."""
+        found = self._found[1] if self._found is not None and self._found[0] is probs else None
         if self.settings.greedy:
-            if self._picked is not None and self._picked[0] is probs:
-                return self._picked[1]  # found by `distribution`: no second pass
-            return argmax(probs)
+            return found if found is not None else argmax(probs)
         if self.on_device:  # no support to find: the draw stays on the device
             return torch.multinomial(probs, 1, generator=self.generator)[0]
-        if self._kept is not None and self._kept[0] is probs:
-            support = self._kept[1]  # what `distribution` kept: no pass over the vocabulary
-        else:
-            support = probs.nonzero()[:, 0]
+        support = found if found is not None else probs.nonzero()[:, 0]
         pick = torch.multinomial(probs[support], 1, generator=self.generator)[0]
         return support[pick]
 
