@@ -15,7 +15,6 @@ allocator.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import multiprocessing
 import socket
@@ -36,6 +35,7 @@ from app.api.session_engine import SessionEngine
 from engine.events import Finished
 from engine.generate.session import ChatSession
 from engine.load.loader import load_model
+from engine.model.gguf_shape import release_freed_memory
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 PROMPT = "Write a short story about a lighthouse keeper."
@@ -125,9 +125,7 @@ def memory_over_bursts(base_url: str, model: str, requests: int, bursts: int) ->
 
 def _trimmed_rss(process: psutil.Process) -> float | None:
     """RSS once glibc has returned its free heap pages (None without glibc)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
+    if not release_freed_memory():
         return None
     return float(process.memory_info().rss / 1e6)
 

@@ -106,12 +106,14 @@ def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
     return rows.reshape(heads, half, 2, -1).transpose(1, 2).reshape(rows.shape)
 
 
-def release_freed_memory() -> None:
+def release_freed_memory() -> bool:
     """Hand the repacking's freed temporaries back to the OS (glibc keeps them otherwise:
-    100 MB of resident memory on the bundled model, more than its weights)."""
+    100 MB of resident memory on the bundled model, more than its weights); whether it could
+    (False without glibc)."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+    return trim is not None
 
 
 @functools.cache
