@@ -197,6 +197,10 @@ def same_names(args: argparse.Namespace, settings: type[Any]) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in fields(settings) if hasattr(args, f.name)}
 
 
+# How `glassbox bench --window` arranges the docks (app/bench/window.py arrange_docks).
+WINDOW_LAYOUTS = ("floating", "docked", "docked-layers", "closed")
+
+
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
@@ -252,8 +256,7 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         " CPU a held reply takes",
     )
     parser.add_argument(
-        "--window-layout", choices=("floating", "docked", "docked-layers", "closed"),
-        default="floating",
+        "--window-layout", choices=WINDOW_LAYOUTS, default="floating",
         help="--window's panels: each floating and drawing (default), the first start's docked"
         " layout in a 1600x1000 window (docked-layers: with the Layers tab in front), or every"
         " dock closed (the chat alone)",

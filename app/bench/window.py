@@ -69,6 +69,7 @@ from app.bench.measures import (
 from app.bench.stall import HEARTBEAT_MS, float_docks, peak_rss_mb
 from app.bench.synthetic import PASSAGE
 from app.client.engine_client import EngineClient
+from app.options import WINDOW_LAYOUTS
 from app.server.engine_process import EngineProcess
 from app.server.engine_spec import EngineSpec
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished
@@ -297,7 +298,7 @@ def settle_decode_step(worker: Any) -> float:
     return time.perf_counter() - start
 
 
-LAYOUTS = ("floating", "docked", "docked-layers", "closed")
+LAYOUTS = WINDOW_LAYOUTS
 
 
 def arrange_docks(parts: Any, layout: str) -> None:
