@@ -94,9 +94,8 @@ at::Tensor ggml_dequantize(const at::Tensor& raw, int64_t qtype, int64_t columns
 }
 
 // Bytes of bf16 weights a thread dequantises before multiplying them: a panel small enough
-// to be read back from the cache, large enough that at::mm's cost per call stays small
-// (Qwen2.5-1.5B's 40-token prefill on one thread, CPU seconds: 256 KB 1.50, 1 MB 1.21,
-// 4 MB 1.08, 16 MB 1.23; a whole tensor in a fresh buffer 2.77).
+// to be read back from the cache, large enough that at::mm's cost per call stays small (the
+// sweep behind it: docs/benchmarks.md, "Measurements behind the code").
 constexpr int64_t PANEL_BYTES = 2 << 20;
 
 // A thread's panel of bf16 weights, kept for its next product: a fresh buffer each time
