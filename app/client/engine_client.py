@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.client.delivery import Delivery
+from app.client.delivery import DRAIN_INTERVAL_MS, Delivery
 from app.server import wire
 from app.server.jobs import ReplyTally
 from engine.events import ENGINE_STOPPED, Event, Finished, ModelInfo
@@ -194,8 +194,16 @@ class EngineClient(QObject):
         """Deliver every `interval_ms` (app.client.delivery's bounds): no more often than the window
         draws what it is given. Each delivery wakes the GUI thread and costs it per batch (the
         chat view, the store, the panels' ingest); at 30 a second with the panels drawing twice
-        a second, most deliveries were drawn by nothing."""
+        a second, most deliveries were drawn by nothing. The engine is told too
+        (wire.Cadence): it then sends a reply's tokens as often as they are delivered, and the
+        receiving thread wakes as seldom."""
+        before = self._delivery.interval
         self._delivery.set_interval(interval_ms)
+        if self._delivery.interval != before and not self._shut_down and self._engine is not None:
+            self._engine.send(self._cadence())
+
+    def _cadence(self) -> wire.Cadence:
+        return wire.Cadence(self._delivery.interval / 1000)
 
     @property
     def drain_interval(self) -> int:
@@ -346,6 +354,8 @@ class EngineClient(QObject):
         self._receiver.start()
         if self._watch != wire.Watch():
             engine.send(self._watch)
+        if self._delivery.interval != DRAIN_INTERVAL_MS:
+            engine.send(self._cadence())
         if self._lens_watched:
             engine.send(wire.WatchLens(True))
 

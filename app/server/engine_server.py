@@ -48,6 +48,7 @@ from app.server.view_rows import ViewRows, ring_of
 from app.server.wire import (
     ALL_JOBS,
     AskLens,
+    Cadence,
     Cancel,
     Count,
     Counted,
@@ -217,6 +218,8 @@ class EngineServer:
                     self.pace(request)
                 case Watch():
                     self.rows.watch(request)
+                case Cadence(interval_s=interval_s):
+                    self.outbox.set_interval(interval_s)
                 case Fetch():
                     with self._lock:
                         session, job = self.session, self._reply_job

@@ -19,6 +19,8 @@ MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet w
 # thread, which then takes a core from the engine: a few tokens a message cost that thread
 # less than one message per token.
 TOKEN_INTERVAL_S = 0.033
+# The longest a client may ask for (wire.Cadence): the window's slowest delivery.
+SLOWEST_TOKEN_INTERVAL_S = 0.1
 
 SENDER_THREAD = "engine-send"  # the thread's name for the OS
 Write = Callable[[Reply, int], object]  # (reply, weight): sends it; OSError once nobody reads
@@ -50,6 +52,17 @@ class Outbox:
             self._items.append((reply, weight, time.monotonic()))
             self._weight += weight
             self._condition.notify_all()
+
+    def set_interval(self, interval_s: float) -> None:
+        """Let a reply's later tokens wait up to `interval_s` (at most SLOWEST_TOKEN_INTERVAL_S)
+        for the next message: the client takes them in no more often than that."""
+        with self._condition:
+            self._interval_s = min(max(interval_s, 0.0), SLOWEST_TOKEN_INTERVAL_S)
+            self._condition.notify_all()
+
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
 
     def wait_for_room(self, stop: Callable[[], bool]) -> None:
         """Block while more than MAX_UNSENT_WEIGHT waits to be sent (the GUI is behind), unless

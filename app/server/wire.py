@@ -120,6 +120,16 @@ class Watch:
 
 
 @dataclass(frozen=True)
+class Cadence:
+    """How often the client takes a reply's events in (seconds between its deliveries): a
+    reply's later tokens then cross no more often than that, a few a message, rather than at
+    the outbox's default rate, which would wake the client's receiving thread for events it
+    only hands on at its next delivery. About the session, like Watch."""
+
+    interval_s: float
+
+
+@dataclass(frozen=True)
 class Fetch:
     """The rows of step `step` of the latest reply (a selected or stepped-to token), from the
     engine's ring; answered as the reply's Events with one StepRows (aged_out if gone)."""
@@ -147,7 +157,18 @@ class AskLens:
 
 
 Request = (
-    Load | Generate | Cancel | Pace | Watch | Fetch | WatchLens | AskLens | Reset | Count | Quit
+    Load
+    | Generate
+    | Cancel
+    | Pace
+    | Watch
+    | Cadence
+    | Fetch
+    | WatchLens
+    | AskLens
+    | Reset
+    | Count
+    | Quit
 )
 
 

@@ -10,7 +10,9 @@ import time
 import numpy as np
 import pytest
 
+from app.client.delivery import SLOWEST_DRAIN_MS
 from app.client.engine_client import EngineClient
+from app.server.outbox import TOKEN_INTERVAL_S
 from engine.events import PrefillDone, StepRows, Token
 from engine.settings import GenerationSettings, LoadRequest, ProbeSettings
 from tests.app.client.test_worker import HELLO, Recorder
@@ -119,3 +121,13 @@ def test_a_step_that_left_the_ring_says_so(qtbot, backend, worker):
     old, latest = rows_of(rec.events)
     assert old.step == 2 and old.aged_out and not old.attention
     assert latest.step == 29 and not latest.aged_out and set(latest.attention) == set(LAYERS)
+
+
+def test_the_engine_sends_tokens_as_often_as_the_window_takes_them_in(qtbot, worker):
+    outbox = worker.engine.server.outbox  # the in-memory engine's server
+    assert outbox.interval_s == TOKEN_INTERVAL_S  # as fast as the window's fastest delivery
+    worker.set_drain_interval(250)  # panels drawing 4 frames a second: 10 deliveries at most
+    qtbot.waitUntil(lambda: outbox.interval_s == worker.drain_interval / 1000, timeout=5000)
+    assert worker.drain_interval == SLOWEST_DRAIN_MS
+    worker.set_drain_interval(33)  # a teacher stepping: every frame
+    qtbot.waitUntil(lambda: outbox.interval_s == 0.033, timeout=5000)

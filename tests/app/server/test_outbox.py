@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.server.outbox import MAX_UNSENT_WEIGHT, Outbox
+from app.server.outbox import MAX_UNSENT_WEIGHT, SLOWEST_TOKEN_INTERVAL_S, Outbox
 from app.server.wire import Done, Events, Reply
 from engine.events import Finished, Token
 
@@ -97,3 +97,17 @@ def test_heavy_tokens_do_not_wait_so_the_engine_never_waits_on_the_hold(written,
     outbox.put(events(token(1)), MAX_UNSENT_WEIGHT // 4)
     outbox.put(events(token(2)), MAX_UNSENT_WEIGHT // 4)  # half the most that may wait
     assert contents(written.wait_for(2)[1:2]) == [(token(1), token(2))]
+
+
+def test_a_shorter_cadence_sends_the_waiting_tokens(written, outbox):
+    outbox.put(events(token(1)))
+    assert not written.within(2, 0.5)  # held for the next message
+    outbox.set_interval(0.0)  # the client takes events in at once now
+    assert contents(written.wait_for(2)[1:]) == [(token(1),)]
+
+
+def test_a_client_cannot_hold_tokens_longer_than_the_slowest_cadence(outbox):
+    outbox.set_interval(60.0)
+    assert outbox.interval_s == SLOWEST_TOKEN_INTERVAL_S
+    outbox.set_interval(-1.0)
+    assert outbox.interval_s == 0.0
