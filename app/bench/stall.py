@@ -19,30 +19,28 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.bench.loop import quiet_offscreen, run_for, run_until
 from app.bench.measures import less, stall_statistics, stalls_of
-from app.bench.synthetic import BUNDLED_SHAPES, SyntheticSession
+from app.bench.synthetic import (
+    SYNTHETIC_LOADER,
+    SYNTHETIC_SESSION,
+    SyntheticLoaded,
+    SyntheticSession,
+)
 from app.server.engine_spec import EngineSpec
 from app.server.engine_thread import EngineThread
 from app.server.os_threads import thread_cpu_s
 from app.server.outbox import SENDER_THREAD
-from engine.events import Event, Finished, ModelInfo, StepRows, Token
+from engine.events import Event, Finished, StepRows, Token
 from engine.settings import GenerationSettings, LoadRequest
 
 SOURCE = "synthetic events, bundled model's shapes"
 HEARTBEAT_MS = 5
 SETTLE_S = 0.5
-
-
-@dataclass
-class _Loaded:
-    info: ModelInfo
-    delay: float = 0.0
 
 
 def peak_rss_mb() -> int | None:
@@ -87,7 +85,7 @@ class StallRun:
             session = self.session = SyntheticSession(delay=delay)
             self.worker = EngineClient(
                 EngineThread(
-                    loader=lambda _request, progress: _Loaded(session.info),
+                    loader=lambda _request, progress: SyntheticLoaded(session.info),
                     session_factory=lambda _loaded: session,
                 )
             )
@@ -205,20 +203,6 @@ def float_docks(internals: Any) -> None:
         dock.show()
 
 
-SYNTHETIC_LOADER = "app.bench.stall:synthetic_loader"
-SYNTHETIC_SESSION = "app.bench.stall:synthetic_session"
-
-
-def synthetic_loader(request: LoadRequest, progress: Callable[[str, float], None]) -> _Loaded:
-    """For the engine process (imported there by name): request.extra["delay"] paces tokens."""
-    progress("Ready", 1.0)
-    return _Loaded(BUNDLED_SHAPES, float(request.extra.get("delay", 0.0)))
-
-
-def synthetic_session(loaded: _Loaded) -> SyntheticSession:
-    return SyntheticSession(loaded.info, delay=loaded.delay)
-
-
 def measure_gui_stall(
     tokens: int = 10_000,
     heartbeat_ms: int = HEARTBEAT_MS,
@@ -260,6 +244,4 @@ __all__ = [
     "measure_gui_stall",
     "stall_statistics",
     "stalls_of",
-    "synthetic_loader",
-    "synthetic_session",
 ]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from itertools import cycle, islice
 from typing import Any
 
@@ -37,7 +37,7 @@ from engine.events import (
 from engine.generate.pacing import PacedGeneration
 from engine.kv_formula import formula_bytes
 from engine.model.step_ring import ATTENTION, StepRing
-from engine.settings import GenerationSettings, Message, ProbeSettings
+from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 # The bundled SmolLM2-135M's shapes. Its context holds 8,192 tokens; the synthetic one may run
 # past that, so that one long reply can load a window with as many tokens as asked.
@@ -317,3 +317,27 @@ def _statistics(rows: np.ndarray) -> np.ndarray:
     largest = rows.max(axis=2)
     entropy = -(rows * np.log(np.maximum(rows, np.finfo(np.float32).tiny))).sum(axis=2)
     return frozen_array(np.stack([largest, entropy / np.log(np.maximum(positions + 1, 2))]))
+
+
+# The synthetic engine in an engine process (EngineSpec names them; the child imports this
+# module alone, Qt-free, as the real engine's child imports no Qt).
+SYNTHETIC_LOADER = "app.bench.synthetic:synthetic_loader"
+SYNTHETIC_SESSION = "app.bench.synthetic:synthetic_session"
+
+
+@dataclass
+class SyntheticLoaded:
+    info: ModelInfo
+    delay: float = 0.0
+
+
+def synthetic_loader(
+    request: LoadRequest, progress: Callable[[str, float], None]
+) -> SyntheticLoaded:
+    """For the engine process (imported there by name): request.extra["delay"] paces tokens."""
+    progress("Ready", 1.0)
+    return SyntheticLoaded(BUNDLED_SHAPES, float(request.extra.get("delay", 0.0)))
+
+
+def synthetic_session(loaded: SyntheticLoaded) -> SyntheticSession:
+    return SyntheticSession(loaded.info, delay=loaded.delay)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from app.bench.loop import run_until
+from app.bench.synthetic import SYNTHETIC_LOADER, SYNTHETIC_SESSION
 from app.client.engine_client import EngineClient
 from app.server.engine_process import EngineProcess
 from app.server.engine_spec import EngineSpec
@@ -30,9 +31,7 @@ def measure_transport(
     from PySide6.QtWidgets import QApplication
 
     _app = QApplication.instance() or QApplication(["glassbox-bench"])
-    spec = EngineSpec(
-        "app.bench.stall:synthetic_loader", "app.bench.stall:synthetic_session", preload=()
-    )
+    spec = EngineSpec(SYNTHETIC_LOADER, SYNTHETIC_SESSION, preload=())
     probes = ProbeSettings(attention_layers=(0, 9, 19, 29), top_k=10, prefill_rows=1)
     prompt = [Message("user", " ".join(["w"] * (keys - 5)))]  # the synthetic count: keys
     results: dict[str, Any] = {"keys": keys, "floats_per_token": 4 * 9 * keys}
