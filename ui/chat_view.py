@@ -2,8 +2,11 @@
 
 A reply streams in as plain text at the end of the reply's frame, so nothing above it is touched.
 Streamed text is shown at most every STREAM_FRAME_MS, in one edit block: each insertion lays
-the reply out and repaints the view, so drawing every token of a fast model costs the GUI
-thread more than the reader gains (a reader does not need more than 10 updates a second).
+the reply out and repaints the view (the text, the scroll bar), so drawing every token of a fast
+model costs the GUI thread more than the reader gains (a reader does not need more than 10
+updates a second). The window slows it down to SLOWEST_STREAM_FRAME_MS (`set_stream_interval`)
+when it is over its CPU budget (ui.panels.docks.WINDOW_CPU_SHARE): on two cores each update
+takes from the model the window shows.
 Tokens delivered together (ui.conversation.ReplyTokens) are one insertion; text that arrives
 a frame or more after the last one drawn is drawn at once, the rest when its frame is due.
 When the reply ends, its frame content is replaced once by the rendered Markdown.
@@ -50,6 +53,7 @@ from ui.style import ChatColors, chat_colors, document_css
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System prompt"}
 BUBBLE_INDENT = 48  # px: user messages lean right, replies left, like chat bubbles
 STREAM_FRAME_MS = 100  # streamed text is drawn at most 10 times a second
+SLOWEST_STREAM_FRAME_MS = 250  # ... and at least 4 times a second
 
 _CODE_BLOCK = re.compile(r"<pre><code(?: class=\"[^\"]*\")?>(.*?)</code></pre>", re.DOTALL)
 
@@ -114,6 +118,7 @@ class ChatView(QTextBrowser):
         self._stream_timer.setSingleShot(True)
         self._stream_timer.setInterval(STREAM_FRAME_MS)
         self._stream_timer.timeout.connect(self._show_pending)
+        self.stream_interval_ms = STREAM_FRAME_MS
         self.conversation = conversation if conversation is not None else Conversation()
         self.conversation.subscribe(self._on_change)
         self._redraw(self.conversation.entries)
@@ -220,15 +225,20 @@ class ChatView(QTextBrowser):
         self._reply_cursor = cursor
         self._follow(at_bottom)
 
+    def set_stream_interval(self, interval_ms: int) -> None:
+        """Draw streamed text every `interval_ms` (STREAM_FRAME_MS to SLOWEST_STREAM_FRAME_MS):
+        as often as the window's panels draw, within those bounds."""
+        self.stream_interval_ms = min(max(interval_ms, STREAM_FRAME_MS), SLOWEST_STREAM_FRAME_MS)
+
     def _append_reply(self, text: str) -> None:
         """Stream text into the open reply: drawn as plain text now if the last text was drawn
-        a stream frame ago or more, else when that frame is due (within STREAM_FRAME_MS)."""
+        a stream frame ago or more, else when that frame is due (within stream_interval_ms)."""
         if self._reply_cursor is None or not text:
             return
         self._pending.append(text)
         if self._stream_timer.isActive():
             return
-        wait_ms = STREAM_FRAME_MS - (time.monotonic() - self._shown_at) * 1000
+        wait_ms = self.stream_interval_ms - (time.monotonic() - self._shown_at) * 1000
         if wait_ms <= 0:
             self._show_pending()
         else:

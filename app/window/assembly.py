@@ -72,9 +72,12 @@ def assemble(
     _connect_internals(window, internals)
     _connect_rows(window, worker, internals)
     worker.set_preparer(internals.state.prepared.prepare)  # attention statistics, off the GUI
-    # Events come as often as the panels draw, at least as often as the chat draws text.
+    # Events come as often as the panels draw, at least as often as the chat draws text; the
+    # chat draws streamed text as often as the panels draw, within its own bounds.
     internals.frame_interval_changed.connect(worker.set_drain_interval)
+    internals.frame_interval_changed.connect(window.chat.set_stream_interval)
     worker.set_drain_interval(internals.busy_interval)
+    window.chat.set_stream_interval(internals.busy_interval)
     _connect_engine_notes(window, worker)
     _connect_lens(internals, worker)
     controller.reopen_last()

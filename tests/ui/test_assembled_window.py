@@ -11,12 +11,14 @@ from functools import partial
 import numpy as np
 
 from app.bench.synthetic import SyntheticSession
+from app.client.delivery import SLOWEST_DRAIN_MS
 from app.storage import recorder
 from app.storage.store import ConversationStore, ReplySaver
 from engine.events import Finished, PrefillDone, StepRows, Token
 from engine.settings import GenerationSettings, Message
 from tests.ui.fakes import REPLY, FakeBackend, fake_info
-from ui.panels.docks import shown
+from ui.chat_view import SLOWEST_STREAM_FRAME_MS, STREAM_FRAME_MS
+from ui.panels.docks import FRAME_MS, SLOWEST_FRAME_MS, shown
 
 
 def send_and_wait(qtbot, parts, text: str) -> list:
@@ -179,3 +181,15 @@ def test_tokens_delivered_together_are_stored_and_shown_as_one_by_one(qtbot, bui
     assert (
         saved[0] == saved[1] == ([("Hi", True), (text, False)], text, [("Hi", True), (text, True)])
     )
+
+
+def test_the_chat_and_the_deliveries_follow_the_panels_frame_rate(qtbot, build, tiny_loader):
+    """Panels slowed to their slowest by the CPU budget: the chat streams text 4 times a
+    second and the engine's events come 10 times a second; a teacher stepping: both at once."""
+    parts = build(tiny_loader)
+    parts.internals.frame_interval_changed.emit(SLOWEST_FRAME_MS)
+    assert parts.window.chat.stream_interval_ms == SLOWEST_STREAM_FRAME_MS
+    assert parts.worker.drain_interval == SLOWEST_DRAIN_MS
+    parts.internals.frame_interval_changed.emit(FRAME_MS)
+    assert parts.window.chat.stream_interval_ms == STREAM_FRAME_MS
+    assert parts.worker.drain_interval == FRAME_MS

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from engine.events import Tally, Token
 from engine.settings import GenerationSettings
 from tests.ui.test_panels import HEADS, causal, model_info, prefill, token
-from ui.chat_view import ChatView
+from ui.chat_view import SLOWEST_STREAM_FRAME_MS, STREAM_FRAME_MS, ChatView
 from ui.conversation import Conversation
 from ui.panels import docks, pooled_rows, redraw
 from ui.panels.docks import (
@@ -189,6 +189,12 @@ def test_a_panel_whose_data_did_not_change_does_not_redraw(docked, rng):
     assert docked.tick(2) == {"timing": 1, "kv_cache": 1, "attention": 0, "next_token": 1}
     view.attention.per_head_scale.toggle()  # a change on the panel itself
     assert docked.tick(2) == {"timing": 0, "kv_cache": 0, "attention": 1, "next_token": 0}
+
+
+def test_the_window_keeps_to_a_hundredth_share_where_it_shares_the_engines_cores():
+    assert docks.window_cpu_share(2) == docks.window_cpu_share(1) == 0.04
+    assert docks.window_cpu_share(None) == 0.04  # unknown: as on the smallest machine
+    assert docks.window_cpu_share(8) > 0.04  # the engine leaves the window a core there
 
 
 def test_frame_interval_backs_off_when_the_window_process_is_busy_and_recovers():
@@ -412,6 +418,27 @@ def test_streamed_chat_text_is_drawn_once_per_stream_frame(qtbot):
     QApplication.processEvents()
     assert view.messages()[-1].content == "Hello world! more"
     assert view.document().toPlainText().count("Hello world! more") == 1
+
+
+def test_streamed_text_waits_for_a_longer_frame_within_its_bounds(qtbot):
+    """A window over its CPU budget draws streamed text less often, never under 4 times a
+    second nor over 10."""
+    conversation = Conversation()
+    view = ChatView(conversation)
+    qtbot.addWidget(view)
+    view.set_stream_interval(10_000)
+    assert view.stream_interval_ms == SLOWEST_STREAM_FRAME_MS
+    view.set_stream_interval(1)
+    assert view.stream_interval_ms == STREAM_FRAME_MS
+    view.set_stream_interval(200)
+    conversation.add_user("Hi", GenerationSettings(), None)
+    conversation.start_reply(GenerationSettings(), None)
+    conversation.apply(Token(0, 0, "Hel", "Hel", 0.01, 0, ()))
+    shown_at = time.monotonic()
+    conversation.apply(Token(1, 1, "lo", "lo", 0.01, 0, ()))
+    assert "Hello" not in view.document().toPlainText()  # waits for its frame
+    qtbot.waitUntil(lambda: "Hello" in view.document().toPlainText(), timeout=5000)
+    assert time.monotonic() - shown_at >= 0.2 * 0.9  # its frame, not the fastest one
 
 
 def test_a_batch_of_tokens_is_one_chat_update_with_the_text_of_single_deliveries(qtbot):

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+import psutil
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QRegion
@@ -23,6 +24,16 @@ from ui.panels.state import ATTENTION_CELLS, InternalsState
 from ui.panels.timing import TimingPanel
 from ui.panels.tokens import TokensPanel
 
+
+def window_cpu_share(cores: int | None) -> float:
+    """The window's CPU budget (see below) on a machine of `cores` physical cores. On one or
+    two, the engine decodes on every core (app.server.engine_server.Threads): each hundredth
+    of a core the window takes there costs decoding about 1% of its speed, so the window keeps
+    to 0.04 of a core. On more, the engine leaves the window a core of its own, and frames
+    take nothing from it."""
+    return 0.04 if (cores or 1) <= 2 else 0.12
+
+
 FRAME_MS = 33  # about 30 redraws a second at most
 # The window must not slow the model it shows. When the window's process as a whole (the GUI
 # thread's panels, chat and event delivery, and the thread that receives the engine's events)
@@ -38,7 +49,7 @@ FRAME_MS = 33  # about 30 redraws a second at most
 # a busy 2-core machine a frame is costly, and at 4 frames a second (the floor before) the
 # panels alone took more than the whole budget.
 SLOWEST_FRAME_MS = 500
-WINDOW_CPU_SHARE = 0.12
+WINDOW_CPU_SHARE = window_cpu_share(psutil.cpu_count(logical=False))
 GOVERN_WINDOW_S = 1.0  # how long a CPU share is measured over before the rate changes
 # The rate the first reply starts at, before any has been found: 4 frames a second. Started at
 # 30, a first reply spent its first second at half a core drawing while the governor measured;
