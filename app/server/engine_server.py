@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Job = Load | Generate | Reset | Count
+Job = Load | Generate | Reset | Count | AskLens
 
 
 @dataclass(frozen=True)
@@ -266,10 +266,19 @@ class EngineServer:
             watch(on)
 
     def ask_lens(self, request: AskLens) -> None:
-        """A step's logit lens, computed here in the listener from the residuals the session
-        kept: one batched pass through the head, while a reply may go on in the main thread."""
+        """A step's logit lens, from the residuals the session kept: one batched pass through
+        the head, computed in the engine's main thread (torch from this thread would start a
+        second OpenMP pool: see engine.generate.pacing). While a reply runs, between two of its
+        steps or at once while it is held; otherwise as the next job."""
         with self._lock:
             session = self.session
+            pacer = getattr(session, "pacer", None)
+            if self._running_job and pacer is not None:
+                pacer.run_between_steps(lambda: self._answer_lens(session, request))
+                return
+        self.jobs.put(request)
+
+    def _answer_lens(self, session: Any, request: AskLens) -> None:
         lens = None
         layer_lens = getattr(session, "layer_lens", None)
         if layer_lens is not None:
@@ -295,6 +304,11 @@ class EngineServer:
                     self.reset()
                 case Count(job=ident, messages=messages):
                     self.count(ident, messages)
+                case AskLens():  # answered by its Lensed, not a Done
+                    with self._lock:
+                        session = self.session
+                    self._answer_lens(session, job)
+                    continue
             self.outbox.put(Done(job.job))
 
     def load(self, job: int, request: LoadRequest) -> None:
@@ -356,6 +370,9 @@ class EngineServer:
             self._set_threads("decode")
             with self._lock:
                 self._running_job = 0
+            pacer = getattr(self.session, "pacer", None)
+            if pacer is not None:  # a lens asked as the reply ended
+                pacer.run_errands()
 
     def _decode_after(self, push: Callable[[list[Event]], None]) -> Callable[[list[Event]], None]:
         """`push`, which first sets the decode threads once the prompt is processed (the

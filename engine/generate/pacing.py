@@ -3,15 +3,21 @@ a rate, changed from any thread while it runs (a teacher's Pause, Next token, Pl
 
 The generation asks `wait()` before each step; the answer comes at once at full speed, and
 otherwise when a step is granted, the slow rate's interval has passed or the reply is
-cancelled. Waiting blocks on a condition (no spinning: a paused engine holds no CPU), and the
-time spent waiting is returned so the generation can keep it out of every timing. `on_hold`,
-if set, hears when a paused generation starts and stops being held (the window shows it).
+cancelled. Work for the generation's own thread (`run_between_steps`: a logit lens asked for
+while a reply runs) is done in `wait()`, before the next step or at once while held: torch's
+operations from a second thread would start a second pool of OpenMP threads, and with more of
+them than cores the pool waits at every barrier by sleeping instead of spinning, which halved
+a two-core decode for as long as the engine ran. Waiting blocks on a condition (no spinning: a
+paused engine holds no CPU), and the time spent waiting is returned so the generation can keep
+it out of every timing. `on_hold`, if set, hears when a paused generation starts and stops being
+held (the window shows it).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -44,6 +50,7 @@ class Pacer:
         self._granted = 0  # Next token presses not yet used by a step
         self._last_release = 0.0  # when the slow mode last let a step through (perf_counter)
         self._waiting = False
+        self._errands: deque[Callable[[], None]] = deque()  # see run_between_steps
         # Told True when a paused generation is held, False when it goes on (the generation's
         # thread, outside the lock): the engine server sends it to the window.
         self.on_hold: Callable[[bool], None] | None = None
@@ -85,6 +92,24 @@ class Pacer:
         with self._changed:
             return Pace(self._mode, self._rate, self._granted, self._waiting)
 
+    def run_between_steps(self, errand: Callable[[], None]) -> None:
+        """Run `errand` in the generation's thread at its next wait: before its next step, or
+        at once while it is held (any thread). The time it takes is waiting time, kept out of
+        the steps' timings. One queued after the generation's last wait runs at `run_errands`."""
+        with self._changed:
+            self._errands.append(errand)
+            self._changed.notify_all()
+
+    def run_errands(self) -> None:
+        """Run the errands queued, in order, in this thread (the generation's, or the engine's
+        once a reply has ended)."""
+        while True:
+            with self._changed:
+                if not self._errands:
+                    return
+                errand = self._errands.popleft()
+            errand()
+
     # -- the generation's side ------------------------------------------------------------------
 
     def wait(self, cancelled: threading.Event) -> float:
@@ -92,6 +117,7 @@ class Pacer:
         started = time.perf_counter()
         held = False  # as last told to on_hold
         while True:
+            self.run_errands()
             with self._changed:
                 delay = None if cancelled.is_set() else self._delay(time.perf_counter())
                 self._waiting = delay is not None
@@ -99,7 +125,8 @@ class Pacer:
                     break
                 holding = self._mode == "paused"
                 if holding == held:
-                    self._changed.wait(timeout=delay)
+                    if not self._errands:
+                        self._changed.wait(timeout=delay)
                     continue
             held = holding
             self._tell(held)  # outside the lock: the listener may take locks of its own

@@ -3,6 +3,7 @@ logit lens of it, the last layer equal to the Next token panel's candidates."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -130,3 +131,29 @@ def test_a_running_reply_asks_for_the_latest_lens_on_an_interval(view, monkeypat
     view.state.select(PROMPT + 2)
     view.redraw(force=True)
     assert asked == [0, 5, 2]  # a selection: at once
+
+
+def test_the_engine_computes_each_lens_on_its_own_thread_never_the_listener(
+    qtbot, build, tiny_loader, monkeypatch
+):
+    """Asked while a reply runs, while it is held and while the engine is idle, the lens is
+    computed by the thread that generates (torch from the listener would start a second pool
+    of OpenMP threads, and on two cores that pool halves decoding for good)."""
+    parts = build(tiny_loader)
+    session = parts.worker.engine.server.session
+    threads: list[str] = []
+    real = session.layer_lens
+
+    def lens(step, top=10):
+        threads.append(threading.current_thread().name)
+        return real(step, top)
+
+    monkeypatch.setattr(session, "layer_lens", lens)
+    show(parts.internals, "layers")
+    qtbot.waitUntil(parts.internals.layers.isVisible)
+    send_and_wait(qtbot, parts, "Hello there", tokens=5)  # asked while it runs and at its end
+    qtbot.waitUntil(lambda: shown_step(parts) == 4, timeout=10000)
+    state = parts.internals.state
+    state.select(state.prompt_tokens + 1)  # asked while idle
+    qtbot.waitUntil(lambda: parts.internals.layers.shown_step == 1, timeout=10000)
+    assert threads and set(threads) == {"glassbox-engine"}  # EngineThread's: the main one

@@ -185,3 +185,32 @@ def test_the_pacer_tells_when_a_paused_generation_is_held_and_when_it_goes_on():
     pacer.wake()  # Stop while held: goes on, and says so
     waiter.join(PATIENCE)
     assert told == [True, False, True, False]
+
+
+def test_errands_run_in_the_generations_thread_while_it_runs_and_while_it_is_held(session):
+    """Work asked of a running reply (a logit lens) runs in the generating thread, between
+    steps, and at once while a teacher holds the reply; the reply's tokens are unchanged."""
+    reference = Reply(session, GREEDY)
+    reference.finished()
+    reply = Reply(session, STEPPED)
+    until(lambda: session.pacer.pace.waiting)
+    ran: list[int] = []
+    session.pacer.run_between_steps(lambda: ran.append(threading.get_ident()))
+    until(lambda: len(ran) == 1)  # held: at once, without a step
+    assert ran == [reply.thread.ident] and len(reply.tokens()) == 0
+    session.pacer.step()
+    until(lambda: len(reply.tokens()) == 1 and session.pacer.pace.waiting)
+    session.pacer.resume()
+    session.pacer.run_between_steps(lambda: ran.append(threading.get_ident()))
+    reply.finished()
+    session.pacer.run_errands()  # one queued after the reply's last step runs here
+    assert len(ran) == 2 and ran[0] == reply.thread.ident
+    assert [t.token_id for t in reply.tokens()] == [t.token_id for t in reference.tokens()]
+
+
+def test_an_errand_queued_before_a_step_runs_before_it():
+    pacer, order = Pacer(), []
+    pacer.run_between_steps(lambda: order.append("errand"))
+    pacer.wait(threading.Event())
+    order.append("step")
+    assert order == ["errand", "step"]
