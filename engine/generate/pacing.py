@@ -15,6 +15,7 @@ held (the window shows it).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -27,6 +28,8 @@ from engine.settings import GenerationSettings, ProbeSettings
 if TYPE_CHECKING:
     from engine.events import Event
     from engine.settings import Message
+
+log = logging.getLogger(__name__)
 
 Mode = Literal["run", "paused", "slow"]
 
@@ -102,13 +105,16 @@ class Pacer:
 
     def run_errands(self) -> None:
         """Run the errands queued, in order, in this thread (the generation's, or the engine's
-        once a reply has ended)."""
+        once a reply has ended). One that fails is logged: the reply it ran beside goes on."""
         while True:
             with self._changed:
                 if not self._errands:
                     return
                 errand = self._errands.popleft()
-            errand()
+            try:
+                errand()
+            except Exception:
+                log.exception("work run between two steps failed")
 
     # -- the generation's side ------------------------------------------------------------------
 

@@ -214,3 +214,21 @@ def test_an_errand_queued_before_a_step_runs_before_it():
     pacer.wait(threading.Event())
     order.append("step")
     assert order == ["errand", "step"]
+
+
+def test_an_errand_that_fails_does_not_stop_the_reply(session):
+    def broken() -> None:
+        raise RuntimeError("a broken errand")
+
+    reference = Reply(session, GREEDY)
+    reference.finished()
+    reply = Reply(session, STEPPED)
+    until(lambda: session.pacer.pace.waiting)
+    session.pacer.run_between_steps(broken)
+    ran: list[int] = []
+    session.pacer.run_between_steps(lambda: ran.append(1))
+    until(lambda: ran == [1])  # the one after it still ran
+    session.pacer.resume()
+    finished = reply.finished()
+    assert finished.reason == "length"
+    assert [t.token_id for t in reply.tokens()] == [t.token_id for t in reference.tokens()]
