@@ -17,11 +17,13 @@ from engine.model.lens import LayerLensProbe
 from engine.model.llama import GGUFLlama
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from engine.step import compiled as compiled_decode
-from engine.step.static import EAGER, StaticDecode
+from engine.step.static import CAPTURE, EAGER, StaticDecode
 from tests.engine.model.test_gemma import gemma
 from tests.engine.step.compiling import build
 from tests.engine.step.test_compiled import EagerDecode
+from tests.engine.step.test_static import DEVICES_HERE, recorded_first
 from tests.engine.step.test_static import build as build_for_a_gpu
+from tests.engine.step.test_static import static as static_step
 from tests.gguf_files import Q4_1, Q8_0, write_gguf
 
 FIXED = Peaks(1e11, 1e10, "float32", "cpu", "fixed for the test")
@@ -64,11 +66,11 @@ def forced_lenses(model: GGUFLlama, tokens: list[int], fast: bool) -> list[Force
         model.decode_step, model.static_step = None, None
     try:
         cache = model.new_cache()
-        model.forward(torch.tensor([tokens[:PROMPT]]), cache, None)
+        model.forward(torch.tensor([tokens[:PROMPT]], device=model.device), cache, None)
         out = []
         for token in tokens[PROMPT:]:
             with probe.capture():
-                logits = model.forward(torch.tensor([[token]]), cache, None)
+                logits = model.forward(torch.tensor([[token]], device=model.device), cache, None)
             residuals = probe.residuals.take()
             assert residuals is not None and model.keep_residuals is None  # set for the pass
             out.append((residuals, probe.head.logits(residuals), logits))
@@ -133,6 +135,23 @@ def test_the_static_steps_lens_equals_the_eager_steps(tmp_path, architecture):
     model = build_for_a_gpu(write_gguf(tmp_path / "tiny.gguf", source, Q4_1, Q8_0))
     step = StaticDecode(model, EAGER, "test", first=16)
     model.static_step = step
+    calls = []
+    run = step.run
+    step.run = lambda *args: calls.append(1) or run(*args)  # type: ignore[method-assign]
+    assert_the_same_lens(model, lambda: len(calls))
+
+
+@pytest.mark.parametrize("device", DEVICES_HERE)
+def test_the_lens_of_a_recorded_static_step_equals_the_eager_steps(tmp_path, device):
+    """The static step as a reply runs it, its buckets recorded first: on a GPU as CUDA graphs,
+    whose copy of each layer's output the lens keeps; on the CPU bound uncaptured."""
+    from tests.engine.model.test_fast import hf_model
+
+    path = write_gguf(tmp_path / "tiny.gguf", hf_model("llama"), Q4_1, Q8_0)
+    model = build_for_a_gpu(path, device)
+    # On a GPU the eager layers captured as CUDA graphs (no compile: seconds, not minutes)
+    step = static_step(model, CAPTURE if device != "cpu" else EAGER)
+    recorded_first(step)
     calls = []
     run = step.run
     step.run = lambda *args: calls.append(1) or run(*args)  # type: ignore[method-assign]
