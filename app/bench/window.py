@@ -97,7 +97,10 @@ class WindowBench:
 
         remembered = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
         self.parts = open_window(
-            self.engine, database=folder / "chats.sqlite3", settings=remembered
+            self.engine,
+            database=folder / "chats.sqlite3",
+            settings=remembered,
+            screen=layout_screen(layout),
         )
         self.worker = self.parts.worker
         self.window = self.parts.window
@@ -301,11 +304,25 @@ def settle_decode_step(worker: Any) -> float:
 LAYOUTS = WINDOW_LAYOUTS
 
 
+DOCKED_SCREEN = (1600, 1000)  # the docked layouts' window: a desktop monitor's first start
+
+
+def layout_screen(layout: str) -> Any:
+    """The screen the docked layouts are arranged for (None: the platform's own). Offscreen,
+    the platform's screen is small, and the first start's layout for a small screen tabs every
+    panel into one dock, of which only the front one draws."""
+    if layout not in ("docked", "docked-layers"):
+        return None
+    from PySide6.QtCore import QRect
+
+    return QRect(0, 0, *DOCKED_SCREEN)
+
+
 def arrange_docks(parts: Any, layout: str) -> None:
     if layout == "floating":
         float_docks(parts.internals)
     elif layout in ("docked", "docked-layers"):
-        parts.window.resize(1600, 1000)
+        parts.window.resize(*DOCKED_SCREEN)
         if layout == "docked-layers":  # its tab in front of Attention's: the lens watched
             parts.internals.docks["layers"].raise_()
     elif layout == "closed":

@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 from PySide6.QtCore import QPoint, QRect, QSettings, QSize
-from PySide6.QtWidgets import QDockWidget, QScrollArea, QWidget
+from PySide6.QtWidgets import QApplication, QDockWidget, QScrollArea, QWidget
 
 from app.window import assembly
 from engine.settings import LoadRequest
@@ -275,3 +275,22 @@ def test_a_floating_panel_too_large_for_the_screen_is_shrunk_onto_it():
     placed = layout.float_on_screen(QRect(2400, 1300, 2000, 600), laptop)
     assert laptop.contains(placed) and placed.size() == QSize(1366, 600)
     assert layout.float_on_screen(QRect(10, 10, 700, 600), laptop) == QRect(10, 10, 700, 600)
+
+
+def test_the_window_benchs_docked_layout_is_a_desktops_not_the_offscreen_platforms(open_window):
+    """`glassbox bench --window --window-layout docked` measures the first start's layout of a
+    1600x1000 desktop window (Timing and Attention drawn), not the small offscreen screen's
+    single tab group; docked-layers puts the Layers tab in front of Attention's."""
+    from app.bench.window import arrange_docks, layout_screen
+
+    assert layout_screen("floating") is None and layout_screen("closed") is None
+    docked = open_window(layout_screen("docked"), "docked.ini")
+    arrange_docks(docked, "docked")
+    assert [n for n, d in docked.internals.docks.items() if on_screen(d)] == [
+        "timing",
+        "attention",
+    ]
+    lens = open_window(layout_screen("docked-layers"), "layers.ini")
+    arrange_docks(lens, "docked-layers")
+    QApplication.processEvents()
+    assert [n for n, d in lens.internals.docks.items() if on_screen(d)] == ["timing", "layers"]
