@@ -66,9 +66,10 @@ def encode(message: Any) -> bytes:
 
 
 def send_message(connection: Connection, message: Any, shared: SharedFolder | None = None) -> int:
-    """Write `message` as a pickle frame whose arrays follow as frames of their own, written
-    straight from the arrays' memory, or, from MIN_SHARED_BYTES on, through `shared` memory
-    (the frame then holds the file's path; see app.server.shared_arrays); returns the bytes sent."""
+    """Write `message` as a pickle frame whose larger arrays follow as frames of their own,
+    written straight from the arrays' memory, or, from MIN_SHARED_BYTES on, through `shared`
+    memory (the frame then holds the file's path; see app.server.shared_arrays); returns the
+    bytes sent."""
     buffers: list[pickle.PickleBuffer] = []
 
     def out_of_band(buffer: pickle.PickleBuffer) -> bool:
