@@ -40,7 +40,8 @@ class Outbox:
         self._write = write
         self._interval_s = interval_s
         self._last_write = -math.inf
-        self._items: deque[tuple[Reply, int, float]] = deque()  # (reply, weight, queued at)
+        # (reply, weight, queued at, whether it may wait for the next message)
+        self._items: deque[tuple[Reply, int, float, bool]] = deque()
         self._weight = 0
         self._urgent = 0  # items queued that may not wait for the next message
         self._closed = False
@@ -55,9 +56,9 @@ class Outbox:
         GPU-rate reply a core's tenth."""
         with self._condition:
             first = not self._items
-            self._items.append((reply, weight, time.monotonic()))
-            self._weight += weight
             urgent = not _later_tokens(reply)
+            self._items.append((reply, weight, time.monotonic(), not urgent))
+            self._weight += weight
             self._urgent += urgent
             if first or urgent or self._weight >= MAX_UNSENT_WEIGHT // 2:
                 self._condition.notify_all()
@@ -117,9 +118,9 @@ class Outbox:
             return reply, weight
 
     def _take(self) -> tuple[Reply, int, float]:
-        item = self._items.popleft()
-        self._urgent -= not _later_tokens(item[0])
-        return item
+        reply, weight, queued_at, may_wait = self._items.popleft()
+        self._urgent -= not may_wait
+        return reply, weight, queued_at
 
     def _may_wait(self) -> bool:
         """Whether what is queued may wait for the next message (the condition held)."""
