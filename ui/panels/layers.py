@@ -7,10 +7,9 @@ step, else the latest. The lens is not sent per token: the panel asks the engine
 it shows (`lens_wanted`) and draws the answer (`set_lens`), one ask at a time; the engine keeps
 steps only while the panel is on screen (`watch_changed`). Following the latest step of a
 running reply it asks at most once every FOLLOW_INTERVAL_S: each ask is every layer's product
-through the output head, computed in the engine beside the decoding, whose threads it then
-shares the cores with (four a second halved the bundled model's decode on two cores; one a
-second costs it nothing measurable). A selected step, a new reply or a teacher's step is asked
-for at once.
+through the output head, which the engine computes between two of the reply's steps and so
+delays the next one by that long (~20 ms on the bundled model). A selected step, a new reply or
+a teacher's step is asked for at once.
 """
 
 from __future__ import annotations
