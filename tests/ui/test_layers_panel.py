@@ -157,3 +157,34 @@ def test_the_engine_computes_each_lens_on_its_own_thread_never_the_listener(
     state.select(state.prompt_tokens + 1)  # asked while idle
     qtbot.waitUntil(lambda: parts.internals.layers.shown_step == 1, timeout=10000)
     assert threads and set(threads) == {"glassbox-engine"}  # EngineThread's: the main one
+
+
+def test_following_a_running_reply_shows_the_newest_lens_received(view, monkeypatch):
+    """The answer for the latest step comes after the reply moved on: the panel shows it,
+    step named, rather than nothing until the reply ends."""
+    import numpy as np
+
+    from engine.events import LayerLens
+    from tests.ui.test_panels import prefill, token
+    from ui.panels import layers as layers_panel
+
+    rng = np.random.default_rng(4)
+    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 3600.0)
+    panel = view.layers
+    show(view, "layers")
+    view.ingest(prefill(rng))
+    tokens = [token(rng, index) for index in range(6)]
+    view.ingest(tokens[0])
+    view.redraw(force=True)
+    for later in tokens[1:]:  # the reply goes on while step 0's lens is computed
+        view.ingest(later)
+    rows = ((tokens[0].token_id, 7),) * 3
+    lens = LayerLens(
+        0, tokens[0].token_id, "a", rows, (("a", "b"),) * 3, ((0.6, 0.1),) * 3, (0,) * 3,
+        (0.6,) * 3,
+    )  # fmt: skip
+    panel.asked(1, 0)
+    panel.set_lens(1, lens)
+    view.redraw(force=True)
+    assert panel.shown_step == 0  # the latest is step 5: step 0's lens, named, meanwhile
+    assert panel.sentence.text().startswith("Step 0:")

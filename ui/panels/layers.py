@@ -185,6 +185,11 @@ class LayersPanel(StatePanel):
         if step is None or self.book.reply != self._shown_reply:
             self.shown_step, self._shown_reply = None, self.book.reply
             self.pages.set_message(EMPTY_TEXT)
+        if step is not None and self._state.selected is None and step not in self.book.lenses:
+            # Following a running reply: an answer comes a step or more after the latest it
+            # was asked for, so the newest one received is shown (its step named) meanwhile.
+            received = self.book.latest(step)
+            step = step if received is None else received
         lens = self.book.lenses.get(step) if step is not None else None
         if lens is None and step is not None and step in self.book.missing:
             self.pages.set_message(

@@ -49,6 +49,10 @@ class LensBook:
         self.revision += 1
         return True
 
+    def latest(self, upto: int) -> int | None:
+        """The last step at or before `upto` whose lens came (None: none yet)."""
+        return max((step for step in self.lenses if step <= upto), default=None)
+
     def forget_missing(self) -> None:
         """The panel was shown again: steps from now on are kept, ask again."""
         if self.missing:
