@@ -30,6 +30,9 @@ class KVBuffer:
         self.keys: list[torch.Tensor] = [self._empty(0) for _ in range(layers)]
         self.values: list[torch.Tensor] = [self._empty(0) for _ in range(layers)]
         self.length = 0  # positions filled (the same in every layer)
+        # one position's bytes per layer, read from the tensors when they are replaced (the
+        # token events ask every step; sixty shape reads a step cost more than the arithmetic)
+        self._per_position: tuple[int, ...] | None = None
 
     @property
     def capacity(self) -> int:
@@ -45,6 +48,7 @@ class KVBuffer:
                 grown = self._empty(capacity)
                 grown[:, :, : self.length] = old[:, :, : self.length]
                 store[layer] = grown
+        self._per_position = None
 
     def write(
         self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
@@ -69,10 +73,16 @@ class KVBuffer:
     def layer_bytes(self) -> tuple[int, ...]:
         """Bytes of the filled positions of each layer's keys and values: the filled length
         times one position's bytes, read from each tensor's shape and dtype."""
-        return tuple(
-            self.length * (_position_bytes(k) + _position_bytes(v))
-            for k, v in zip(self.keys, self.values, strict=True)
-        )
+        return tuple(self.length * size for size in self.position_bytes())
+
+    def position_bytes(self) -> tuple[int, ...]:
+        """One position's bytes of keys and values in each layer, as the tensors hold them."""
+        if self._per_position is None:
+            self._per_position = tuple(
+                _position_bytes(k) + _position_bytes(v)
+                for k, v in zip(self.keys, self.values, strict=True)
+            )
+        return self._per_position
 
     def reserved_bytes(self) -> int:
         """Bytes allocated, filled or not (the filled part plus the room for the next chunk)."""
@@ -132,6 +142,7 @@ class WindowedKVBuffer(KVBuffer):
                 grown = self._empty(capacity)
                 grown[:, :, : held.stop - held.start] = store[layer][:, :, held]
                 store[layer] = grown
+        self._per_position = None
 
     def write(
         self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor
@@ -170,6 +181,6 @@ class WindowedKVBuffer(KVBuffer):
         """Bytes of the positions each layer holds for later queries, one position's bytes read
         from each tensor's shape and dtype (a sliding layer's spare room is reserved_bytes)."""
         return tuple(
-            held * (_position_bytes(k) + _position_bytes(v))
-            for held, k, v in zip(self.held_positions(), self.keys, self.values, strict=True)
+            held * size
+            for held, size in zip(self.held_positions(), self.position_bytes(), strict=True)
         )

@@ -121,6 +121,7 @@ class BucketedKVBuffer(KVBuffer):
             for layer, tensor in enumerate(old):
                 new[layer][:, :, : self.length] = tensor[:, :, : self.length]
         self.keys, self.values = list(keys), list(values)
+        self._per_position = None
 
 
 def static_step(
