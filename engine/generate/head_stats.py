@@ -7,10 +7,8 @@ of the rows themselves ([heads, keys] per layer, growing with the context).
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from engine.events import HeadStatistics, frozen_array
 
@@ -29,42 +27,27 @@ def row_statistics(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def decode_statistics(rows: dict[int, torch.Tensor]) -> HeadStatistics:
-    """layer -> [2, heads] of one decode row per layer ([heads, keys], its query the last key),
-    the layers of one length in one batch of operations and one copy to the host (a handful of
-    ops a token, whatever the number of watched layers; a sliding-window layer's rows are
-    shorter, a batch of their own)."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for layer in sorted(rows):
-        groups.setdefault(tuple(rows[layer].shape), []).append(layer)
-    out: HeadStatistics = {}
-    for layers in groups.values():
-        weights = torch.stack([rows[layer] for layer in layers]).float()  # [layers, heads, keys]
-        keys = weights.shape[-1]
-        if weights.device.type == "cpu":
-            host = _host_statistics(weights.numpy(), keys)
-        else:
-            host = _device_statistics(weights, keys)
-        out.update({layer: frozen_array(host[i]) for i, layer in enumerate(layers)})
-    return dict(sorted(out.items()))
+    """layer -> [2, heads] of one decode row per layer ([heads, keys], its query the last key;
+    a sliding-window layer's row shorter)."""
+    return batch_statistics([rows])[0]
 
 
-def _device_statistics(weights: torch.Tensor, keys: int) -> np.ndarray:
-    """[layers, 2, heads] of [layers, heads, keys] rows, on their device; one copy back."""
-    largest = weights.amax(dim=-1)
-    w_log_w = (weights * weights.clamp_min(TINY).log()).sum(dim=-1)
-    stacked = torch.stack([largest, -w_log_w / math.log(max(keys, 2))], dim=1)
-    host: np.ndarray = stacked.cpu().numpy()
-    return host
-
-
-def _host_statistics(weights: np.ndarray, keys: int) -> np.ndarray:
-    """[layers, 2, heads] of [layers, heads, keys] rows in memory: numpy's logarithm is
-    vectorised where torch's CPU one is several times slower, and a
-    batched matmul sums w·log w in one pass."""
-    logs = np.log(np.maximum(weights, TINY))
-    w_log_w = (weights[..., None, :] @ logs[..., :, None])[..., 0, 0]  # [layers, heads]
-    entropy = -w_log_w / math.log(max(keys, 2))
-    return np.stack([weights.max(axis=-1), entropy], axis=1)
+def batch_statistics(steps: list[dict[int, torch.Tensor]]) -> list[HeadStatistics]:
+    """Per step, layer -> [2, heads] of its decode rows (layer -> [heads, keys] each), as
+    `decode_statistics` gives them: a layer's rows of every step padded with zeros into one
+    block (a zero adds nothing to either statistic), one batch of ops per layer and one copy
+    to the host."""
+    out: list[HeadStatistics] = [{} for _ in steps]
+    for layer in sorted({layer for rows in steps for layer in rows}):
+        which = [i for i, rows in enumerate(steps) if layer in rows]
+        block = pad_sequence([steps[i][layer].float().T for i in which], batch_first=True)
+        lengths = [max(steps[i][layer].shape[-1], 2) for i in which]
+        most = torch.tensor(lengths, dtype=torch.float32, device=block.device).log_()[:, None]
+        entropy = torch.special.entr(block).sum(dim=1) / most  # [n, heads]
+        host = torch.stack([block.amax(dim=1), entropy], dim=1).cpu().numpy()  # [n, 2, heads]
+        for row, i in enumerate(which):
+            out[i][layer] = frozen_array(host[row])
+    return out
 
 
 def prefill_statistics(blocks: dict[int, torch.Tensor]) -> HeadStatistics:

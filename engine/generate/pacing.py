@@ -95,6 +95,12 @@ class Pacer:
         with self._changed:
             return Pace(self._mode, self._rate, self._granted, self._waiting)
 
+    @property
+    def at_full_speed(self) -> bool:
+        """Whether steps run as fast as they can (not paused, stepped or slowed)."""
+        with self._changed:
+            return self._mode == "run"
+
     def run_between_steps(self, errand: Callable[[], None]) -> None:
         """Run `errand` in the generation's thread at its next wait: before its next step, or
         at once while it is held (any thread). The time it takes is waiting time, kept out of

@@ -28,7 +28,6 @@ import torch
 from engine import token_labels
 from engine.events import (
     Attention,
-    Candidate,
     Event,
     Failed,
     FinishReason,
@@ -43,18 +42,18 @@ from engine.events import (
 )
 from engine.generate import context
 from engine.generate.context import ContextFull
-from engine.generate.head_stats import decode_statistics, prefill_statistics
+from engine.generate.head_stats import prefill_statistics
 from engine.generate.pacing import PacedGeneration
 from engine.generate.sampling import Sampler
+from engine.generate.view_batch import Step, ViewBatch, Weigh
 from engine.load.loader import LoadedModel
 from engine.measure.device import stopwatch
 from engine.measure.peaks import peaks_or_none
 from engine.measure.roofline import ForwardCost, Meter
-from engine.model import largest
 from engine.model.attention_probe import AttentionProbe
 from engine.model.decoder import Cache, decoder_for
 from engine.model.lens import LENS_TOP, LayerLensProbe
-from engine.model.step_ring import ATTENTION, StepRing
+from engine.model.step_ring import StepRing
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from engine.text import chat_format
 from engine.text.detokenize import TextStream
@@ -93,6 +92,9 @@ class ChatSession(PacedGeneration):
         self.steps = StepRing(ProbeSettings().ring_bytes)
         # Each layer's guess at the next token, kept for recent steps while watched
         self.lens_probe = LayerLensProbe(loaded.model)
+        self._batch: ViewBatch | None = None  # the reply's tokens waiting for the view's work
+        # Glassbox's own model weighs a watched layer's queries of several steps at once
+        self._weigh: Weigh | None = getattr(self.decoder, "weigh", None)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -141,6 +143,7 @@ class ChatSession(PacedGeneration):
             yield from self._reply(prompt, settings, probes, tally, stream, room, fitted.dropped)
         except torch.OutOfMemoryError:
             self._recover()
+            yield from self._abandon(tally)
             yield Failed(
                 "The device ran out of memory. The reply was cut here and the cache freed;"
                 " try a shorter conversation, fewer watched layers or a smaller model.",
@@ -150,8 +153,16 @@ class ChatSession(PacedGeneration):
         except Exception as error:  # the app must survive anything the model throws
             log.exception("generation failed")
             self._recover()
+            yield from self._abandon(tally)
             yield Failed(f"Generation failed: {error}", type(error).__name__)
             yield tally.finished("error", stream.text if stream else "")
+
+    def _abandon(self, tally: Tally) -> Iterator[Token]:
+        """Tokens still waiting for their batch when the reply failed, as they streamed."""
+        if self._batch is not None:
+            for token in self._batch.abandon():
+                _count(tally, token.index, token.seconds)
+                yield token
 
     # -- the generation loop ----------------------------------------------------------------
 
@@ -195,7 +206,10 @@ class ChatSession(PacedGeneration):
 
         reason: FinishReason | None = None
         token_id, chosen = -1, history[-1]
+        batch = self._batch = self._view_batch(settings, probes)
         for index in range(budget):
+            if batch.steps and not self.pacer.at_full_speed:  # a teacher steps: show it all
+                yield from self._finish(batch, tally)
             # Each step waits for the pacer first (at full speed it answers at once), outside
             # every clock: a paused or slowed reply has the timings of an unpaused one.
             tally.paused_s += self.pacer.wait(self._cancel)
@@ -215,16 +229,52 @@ class ChatSession(PacedGeneration):
             token_id = int(chosen)  # the one host sync a step waits on (on a GPU)
             self.lens_probe.keep(index, forward.residuals, token_id)
             reason = self._stop_reason(token_id, index, budget, settings)
-            token = self._token_event(index, token_id, forward, probs, probes, stream, reason)
+            token = self._token_event(index, token_id, stream, reason, probes)
             # token 0's latency starts with the prefill
             step_s = clock.stop() + (tally.prefill_s if index == 0 else 0.0)
-            _count(tally, index, step_s)
-            roofline = self._roofline(forward, step_s) if index > 0 else None
-            yield replace(token, seconds=step_s, roofline=roofline, transfer=transfer)
+            batch.add(self._step(replace(token, seconds=step_s, transfer=transfer), forward, probs))
+            ends = reason is not None or stream.stopped
+            if batch.due(step_s, at_once=index == 0 or ends):
+                yield from self._finish(batch, tally)
             reason = self._after_token(reason, stream)
             if reason is not None:
                 break
+        yield from self._finish(batch, tally)  # what a Stop left waiting
         yield tally.finished(reason or "length", stream.text)
+
+    def _view_batch(self, settings: GenerationSettings, probes: ProbeSettings) -> ViewBatch:
+        return ViewBatch(
+            top_k=probes.top_k,
+            watched=bool(probes.attention_layers),
+            token_rows=probes.token_rows,
+            ring=self.steps,
+            piece=self._piece,
+            greedy=settings.greedy,
+            weigh=self._weigh_cached if self._weigh is not None else None,
+        )
+
+    def _weigh_cached(self, layer: int, queries: torch.Tensor, start: int) -> torch.Tensor:
+        """[heads, n, keys]: `layer`'s weights of queries [1, heads, n, d] at start.. over the
+        keys the session's cache holds for them."""
+        assert self._weigh is not None and self._cache is not None  # as the batch was made
+        return self._weigh(layer, queries, start, self._cache)
+
+    def _step(self, token: Token, forward: Forward, probs: torch.Tensor) -> Step:
+        """A decoded step as its batch keeps it until the view's work for it is done."""
+        rows = _last_rows(forward.probe)  # the query that made this token, per watched layer
+        probe = forward.probe
+        later = dict(probe.queries) if probe is not None and probe.queries else {}
+        roofline = partial(self._roofline, forward) if token.index > 0 else _not_placed
+        return Step(token, forward.logits, probs, rows, roofline, later, forward.cached)
+
+    def _finish(self, batch: ViewBatch, tally: Tally) -> Iterator[Token]:
+        """The batch's Tokens, its candidates and statistics worked out together, its time
+        shared among them; each counted as it goes out."""
+        clock = stopwatch(self.device)
+        clock.start()
+        for token in batch.finish(clock.stop):
+            _count(tally, token.index, token.seconds)
+            yield token
 
     def prefill(self, prompt: list[int], use_cache: bool, probes: ProbeSettings) -> Forward:
         """One pass over the prompt's uncached part (all of it without a cache)."""
@@ -247,7 +297,7 @@ class ChatSession(PacedGeneration):
     ) -> Forward:
         """One pass for `token_id`, the last of `history` [T] (without a cache: all T again)."""
         ids = history[None, -1:] if use_cache else history[None, :]  # [1, 1] or [1, T]
-        probe = self._probe(probes, rows=1)
+        probe = self._probe(probes, rows=1, later=use_cache)
         with self.lens_probe.capture():
             logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
         if use_cache:
@@ -315,10 +365,14 @@ class ChatSession(PacedGeneration):
         self._cached_ids = self._cached_ids[:common]
         return common
 
-    def _probe(self, probes: ProbeSettings, rows: int) -> AttentionProbe | None:
+    def _probe(
+        self, probes: ProbeSettings, rows: int, later: bool = False
+    ) -> AttentionProbe | None:
+        """The pass's probe; `later`: a model that can may leave its queries to the batch."""
         if not probes.attention_layers:
             return None
-        return AttentionProbe(frozenset(probes.attention_layers), rows=max(rows, 1))
+        queries: dict[int, torch.Tensor] | None = {} if later and self._weigh else None
+        return AttentionProbe(frozenset(probes.attention_layers), max(rows, 1), queries=queries)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -357,19 +411,13 @@ class ChatSession(PacedGeneration):
         self,
         index: int,
         token_id: int,
-        forward: Forward,
-        probs: torch.Tensor,
-        probes: ProbeSettings,
         stream: TextStream,
         reason: FinishReason | None,
+        probes: ProbeSettings,
     ) -> Token:
-        """The token as sampled; `seconds` and `roofline` are filled in once it is timed."""
+        """The token as streamed; its timing and the view's data are filled in by its batch."""
         per_layer = self._cache.layer_bytes() if self._cache is not None else ()
         piece = self._piece(token_id)
-        rows = _last_rows(forward.probe)  # the query that made this token, per watched layer
-        if rows:
-            self.steps.put(index, ATTENTION, rows)
-        token_rows = probes.token_rows and index > 0  # token 0's row is the prefill's last
         return Token(
             index=index,
             token_id=token_id,
@@ -378,23 +426,7 @@ class ChatSession(PacedGeneration):
             seconds=0.0,
             kv_bytes=sum(per_layer),
             kv_bytes_per_layer=per_layer if probes.kv_per_layer else (),
-            attention={layer: frozen_array(row.cpu().numpy()) for layer, row in rows.items()}
-            if token_rows
-            else {},
-            top_k=self._top_k(forward.logits, probs, probes.top_k),
             label=token_labels.label(self.tokenizer, token_id, piece),
-            head_stats=decode_statistics(rows) if index > 0 else {},
-        )
-
-    def _top_k(self, logits: torch.Tensor, probs: torch.Tensor, k: int) -> tuple[Candidate, ...]:
-        if k <= 0:
-            return ()
-        indices = largest.top_k(logits, k)[1]  # the softmax's order is the logits'
-        top = torch.softmax(logits, dim=-1)[indices]
-        sampled = probs[indices].tolist()
-        return tuple(
-            Candidate(token_id=i, text=self._piece(i), prob=p, sampled_prob=q)
-            for i, p, q in zip(indices.tolist(), top.tolist(), sampled, strict=True)
         )
 
     def _piece(self, token_id: int) -> str:
@@ -450,6 +482,11 @@ def _count(tally: Tally, index: int, step_s: float) -> None:
     else:
         tally.decode_s += step_s
     tally.generated = index + 1
+
+
+def _not_placed(_seconds: float) -> None:
+    """Token 0's roofline: its logits came from the prefill, placed with the PrefillDone."""
+    return None
 
 
 def _last_rows(probe: AttentionProbe | None) -> dict[int, torch.Tensor]:

@@ -28,6 +28,10 @@ class AttentionProbe:
     layers: frozenset[int]
     rows: int = 1  # how many of the last query rows to keep
     weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, rows, keys]
+    # Not None: a one-token pass of Glassbox's own model may leave its watched layers' queries
+    # here (layer -> [1, heads, 1, d]) instead of weighing them now; the session's batch of
+    # steps weighs several steps' at once (engine/generate/view_batch.py)
+    queries: dict[int, torch.Tensor] | None = None
 
     def wants(self, layer: int | None) -> bool:
         return layer is not None and layer in self.layers

@@ -16,6 +16,10 @@ CHUNK = 256  # tokens of room added at a time
 
 
 class KVBuffer:
+    # Every position written stays readable (until truncated): a step's keys can be read back
+    # after later steps (the view weighs several steps' queries at once)
+    keeps_positions = True
+
     def __init__(
         self,
         layers: int,
@@ -112,6 +116,8 @@ class WindowedKVBuffer(KVBuffer):
     front (one copy per chunk of steps), so their memory no longer grows with the context.
     write() on a sliding layer returns only the positions the pass's queries may see.
     """
+
+    keeps_positions = False  # a sliding layer's old positions leave at a move
 
     def __init__(self, *args: Any, sliding: tuple[int, ...], window: int, **kwargs: Any) -> None:
         """KVBuffer's arguments, then the sliding layers and their window."""

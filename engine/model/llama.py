@@ -480,17 +480,34 @@ class GGUFLlama(nn.Module):
         return x
 
     def watch(
-        self, probe: AttentionProbe, queries: list[torch.Tensor], cache: KVBuffer, start: int
+        self,
+        probe: AttentionProbe,
+        queries: list[torch.Tensor],
+        cache: KVBuffer,
+        start: int,
+        reused: bool = False,
     ) -> None:
         """Watched layers' attention after a fast step (compiled or static), from the queries
-        it returned and the keys it cached for the position `start`."""
+        it returned and the keys it cached for the position `start`: weighed now, or left in
+        the probe for later where it takes them and the cache keeps every position (a sliding
+        layer's cache drops old ones). `reused`: the queries are a graph's outputs, overwritten
+        by its next replay (kept as copies)."""
+        later = probe.queries if cache.keeps_positions else None
         for layer in sorted(probe.layers):
-            if layer < len(queries):
-                keys, _ = cache.held(layer, start, start + 1)
-                attention = cast("Attention", self.blocks[layer].attention)
-                probe.weights[layer] = attention.probe_weights(
-                    queries[layer], keys, start, probe.rows
-                )
+            if layer >= len(queries):
+                continue
+            if later is not None:
+                later[layer] = queries[layer].clone() if reused else queries[layer]
+            else:
+                probe.weights[layer] = self.weigh(layer, queries[layer], start, cache)
+
+    def weigh(self, layer: int, queries: torch.Tensor, start: int, cache: KVBuffer) -> torch.Tensor:
+        """[heads, n, keys]: layer `layer`'s attention weights of the queries [1, heads, n, d]
+        of positions start..start+n-1 over the keys cached for them."""
+        n = queries.shape[2]
+        keys, _ = cache.held(layer, start, start + n)
+        attention = cast("Attention", self.blocks[layer].attention)
+        return attention.probe_weights(queries, keys, start, n)
 
     def weight_bytes(self) -> int:
         """Bytes of the weights a decode step reads (the mapped lookup rows excluded)."""

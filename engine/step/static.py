@@ -280,9 +280,9 @@ class StaticDecode:
         logits, queries, residuals = step()
         cache.length = start + 1
         self.plan(cache.length)
-        if probe is not None:
-            self.model.watch(probe, queries, cache, start)
         copy = self.backend != EAGER  # a graph's outputs are overwritten by its next replay
+        if probe is not None:
+            self.model.watch(probe, queries, cache, start, reused=copy)
         if self.model.keep_residuals is not None:
             self.model.keep_residuals(residuals.clone() if copy else residuals)
         return logits.clone() if copy else logits

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -105,18 +106,38 @@ def test_sliding_window_model_falls_back_after_an_edit(tokenizer):
     assert tokens == fresh
 
 
-def test_cancel_stops_within_one_step(tokenizer):
+@pytest.mark.parametrize("probes", [ProbeSettings.off(), ProbeSettings()], ids=["plain", "view"])
+def test_cancel_stops_within_one_step(tokenizer, probes):
+    """No step runs after Stop. With the view's data worked out in batches, the tokens decoded
+    before it but not yet delivered still come (a plain reply delivers each at once)."""
     session = ChatSession(make_tiny(tokenizer, "llama"))
     settings = GenerationSettings(greedy=True, max_new_tokens=50, ignore_eos=True)
-    generated = 0
-    for event in session.generate(QUESTION, settings):
+    steps = count_calls(session, "decode_one_token")
+    generated, steps_at_cancel = 0, -1
+    for event in session.generate(QUESTION, settings, probes):
         if isinstance(event, Token):
             generated += 1
             if event.index == 2:
                 session.cancel()
+                steps_at_cancel = steps[0]
         finished = event
     assert finished.reason == "cancelled"
-    assert generated == 3 == finished.generated_tokens
+    assert steps[0] == steps_at_cancel  # token 0 came from the prefill: index = steps
+    assert generated == steps_at_cancel + 1 == finished.generated_tokens
+    if not probes.top_k:
+        assert generated == 3
+
+
+def count_calls(session: ChatSession, name: str) -> list[int]:
+    """A one-item list counting calls of session.`name` from now on."""
+    calls, method = [0], getattr(session, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return method(*args, **kwargs)
+
+    setattr(session, name, counted)
+    return calls
 
 
 def test_seeded_sampling_is_reproducible(tokenizer):

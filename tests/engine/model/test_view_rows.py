@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.events import PrefillDone, Token
-from engine.generate.head_stats import _device_statistics, decode_statistics, prefill_statistics
+from engine.generate.head_stats import batch_statistics, decode_statistics, prefill_statistics
 from engine.generate.session import ChatSession
 from engine.generate.trace import TraceRecorder
 from engine.model.step_ring import ATTENTION, StepRing, host_rows
@@ -52,9 +52,18 @@ def test_head_statistics_equal_the_window_computation_on_random_rows():
     np.testing.assert_allclose(
         sliding, window_stats(block[:, -1:, :20].numpy())[:, :, 0], rtol=1e-5
     )
-    # the way a GPU's rows go (torch on their device), here on the CPU's
-    on_device = _device_statistics(block[None, :, -1], keys)[0]
-    np.testing.assert_allclose(on_device, one, rtol=1e-5, atol=1e-7)
+    # several steps' rows of different lengths at once, as the session's batches take them
+    steps = [{3: block[:, i, : keys - rows + i + 1], 5: block[:, i, :20]} for i in range(rows)]
+    for i, stats in enumerate(batch_statistics([*steps[:2], {}, *steps[2:]])):
+        if i == 2:
+            assert stats == {}
+            continue
+        query = i if i < 2 else i - 1
+        seen = keys - rows + query + 1  # the keys its query sees
+        full = window_stats(block[:, query : query + 1, :seen].numpy())[:, :, 0]
+        np.testing.assert_allclose(stats[3], full, rtol=1e-5, atol=1e-6)
+        sliding = window_stats(block[:, query : query + 1, :20].numpy())[:, :, 0]
+        np.testing.assert_allclose(stats[5], sliding, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])  # gemma3: sliding-window layers
