@@ -113,19 +113,18 @@ class ViewBatch:
         logits = torch.stack([s.logits for s in steps])  # [n, vocab]
         indices = largest.top_k_rows(logits, self.top_k)  # [n, k], the softmax's order
         probs = torch.softmax(logits, dim=-1).gather(1, indices)
+        ids = indices.tolist()
         if self.greedy:  # all the probability was on the chosen token
-            chosen = torch.tensor([[s.token.token_id] for s in steps], device=indices.device)
-            sampled = (indices == chosen).float()
+            chosen = [step.token.token_id for step in steps]
+            sampled = [[float(i == c) for i in row] for row, c in zip(ids, chosen, strict=True)]
         else:
-            sampled = torch.stack([s.probs for s in steps]).gather(1, indices)
+            sampled = torch.stack([s.probs for s in steps]).gather(1, indices).tolist()
         return [
             tuple(
                 Candidate(token_id=i, text=self.piece(i), prob=p, sampled_prob=q)
-                for i, p, q in zip(ids, top, drawn, strict=True)
+                for i, p, q in zip(row, top, drawn, strict=True)
             )
-            for ids, top, drawn in zip(
-                indices.tolist(), probs.tolist(), sampled.tolist(), strict=True
-            )
+            for row, top, drawn in zip(ids, probs.tolist(), sampled, strict=True)
         ]
 
     def _weigh_queries(self, steps: list[Step]) -> None:
