@@ -181,6 +181,13 @@ class Rope:
         self.sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         self.matrix = rotation_matrices(cos[:, 0], sin[:, 0]) if matrix else None
 
+    def row(self, i: int) -> Rope:
+        """Position start + i's rotation alone: views of this one's tensors."""
+        rope = Rope.__new__(Rope)
+        rope.cos, rope.sin = self.cos[i : i + 1], self.sin[i : i + 1]
+        rope.matrix = self.matrix[i : i + 1] if self.matrix is not None else None
+        return rope
+
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """What layer.rotate takes: (matrices,) or (cos, signed sin)."""
         return (self.matrix,) if self.matrix is not None else (self.cos, self.sin)

@@ -367,6 +367,27 @@ class Head(nn.Module):
         return logits.float().scatter_(-1, top, exact)
 
 
+ROPE_CHUNK = 16  # positions whose rotations a decode step's RopeRows makes at once
+
+
+class RopeRows:
+    """One-token passes' rotations about one base, made ROPE_CHUNK positions at a time: a Rope
+    is some fifteen small ops, each tens of microseconds between two decode steps (the caches
+    hold the weights then); a step takes its position's row, views of the chunk's tensors."""
+
+    def __init__(self, inv_freq: torch.Tensor, matrix: bool) -> None:
+        self.inv_freq, self.matrix = inv_freq, matrix  # matrix: rotate by matrices (Rope)
+        self.first = -1  # the chunk's first position
+        self.chunk: Rope | None = None
+
+    def at(self, position: int) -> Rope:
+        first = position - position % ROPE_CHUNK
+        if self.chunk is None or first != self.first:
+            rows = ROPE_CHUNK if self.matrix else 0
+            self.chunk, self.first = Rope(self.inv_freq, first, ROPE_CHUNK, rows), first
+        return self.chunk.row(position - first)
+
+
 class GGUFLlama(nn.Module):
     """The model behind `fast` precision: forward(ids, cache, probe) -> last position's logits."""
 
@@ -394,6 +415,7 @@ class GGUFLlama(nn.Module):
         # while a logit lens is watched (engine/model/lens.py), given every layer's output at
         # the pass's last position [layers, dim] by whichever step ran the pass
         self.keep_residuals: Callable[[torch.Tensor], None] | None = None
+        self._rope_rows: tuple[RopeRows, ...] | None = None  # one-token passes' rotations
 
     @property
     def device(self) -> torch.device:
@@ -440,8 +462,16 @@ class GGUFLlama(nn.Module):
         return (self.inv_freq,)
 
     def ropes(self, start: int, n: int) -> tuple[Rope, ...]:
-        """The rotations of positions start..start+n-1, one per base (Block.rope)."""
-        return tuple(Rope(f, start, n, self.rope_matrix_rows) for f in self.frequencies())
+        """The rotations of positions start..start+n-1, one per base (Block.rope); a one-token
+        pass's from its base's RopeRows."""
+        if n != 1:
+            return tuple(Rope(f, start, n, self.rope_matrix_rows) for f in self.frequencies())
+        bases = self.frequencies()
+        kept = self._rope_rows
+        if kept is None or any(r.inv_freq is not f for r, f in zip(kept, bases, strict=True)):
+            matrix = self.rope_matrix_rows >= 1  # (new buffers: the model moved)
+            kept = self._rope_rows = tuple(RopeRows(f, matrix) for f in bases)
+        return tuple(rows.at(start) for rows in kept)
 
     def _layers(self, x: torch.Tensor, where: Pass) -> torch.Tensor:
         """Every block, through the compiled step when it can take this pass: one token after

@@ -155,6 +155,37 @@ def test_rope_equals_the_rotate_half_formula(n):
     torch.testing.assert_close(rope(x).float(), expected.float(), rtol=2**-7, atol=1e-6)
 
 
+@pytest.mark.parametrize("matrix", [True, False], ids=["matrices", "elementwise"])
+def test_a_decode_steps_rotation_is_its_row_of_a_chunk(matrix):
+    """RopeRows: a one-token pass's rotation, made a chunk of positions ahead, rotates as a
+    Rope made for its position alone, across chunks (and back to an earlier one)."""
+    d = 64
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    rows = engine.model.llama.RopeRows(inv_freq, matrix)
+    chunk = engine.model.llama.ROPE_CHUNK
+    x = torch.randn(1, 12, d).bfloat16()
+    for position in [0, 1, chunk - 1, chunk, 5 * chunk + 3, 7]:
+        row = rows.at(position)
+        alone = engine.model.layer.Rope(inv_freq, position, 1, 1 if matrix else 0)
+        assert (row.matrix is not None) == matrix
+        assert [t.shape for t in row.tensors()] == [t.shape for t in alone.tensors()]
+        for got, expected in zip(row.tensors(), alone.tensors(), strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(row(x), alone(x), rtol=0, atol=0)
+
+
+def test_a_moved_model_makes_its_rotations_anew(written, tokenizer):
+    """The chunks follow the model's RoPE buffers: new ones (the model moved) make new rows."""
+    _, path = written
+    model = fast_loaded(path, tokenizer).model
+    (first,) = model.ropes(7, 1)
+    assert model.ropes(8, 1)[0].tensors()[0].device == first.tensors()[0].device
+    kept = model._rope_rows
+    model.inv_freq = model.inv_freq.clone()  # as .to(device) replaces a buffer
+    model.ropes(9, 1)
+    assert model._rope_rows is not kept and model._rope_rows[0].inv_freq is model.inv_freq
+
+
 @pytest.mark.parametrize("n", [1, 5])
 def test_rms_norm_equals_the_fused_op(n):
     """One position takes the matmul form, more take F.rms_norm: both as F.rms_norm in
