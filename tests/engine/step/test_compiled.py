@@ -491,5 +491,5 @@ def test_a_batch_of_compiled_steps_weighs_its_queries_as_each_step_did(compiled,
     assert [t.token_id for t in batched] == [t.token_id for t in alone]
     for one, many in zip(alone[1:], batched[1:], strict=True):
         for layer in probes.attention_layers:
-            np.testing.assert_allclose(many.attention[layer], one.attention[layer], atol=1e-6)
-            np.testing.assert_allclose(many.head_stats[layer], one.head_stats[layer], atol=1e-6)
+            np.testing.assert_allclose(many.attention[layer], one.attention[layer], atol=1e-5)
+            np.testing.assert_allclose(many.head_stats[layer], one.head_stats[layer], atol=1e-5)
