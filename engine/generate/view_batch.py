@@ -1,10 +1,10 @@
 """The live view's per-token work, done for several tokens at once.
 
 Between two decode steps the CPU's caches hold the model's weights, not the view's code: each
-small torch op the view runs there costs tens of microseconds, and a token's candidates and
-per-head statistics took some twenty of them. Done for the steps of the last few tens of
-milliseconds together, the same ops serve every token in the batch (on a GPU, the same number
-of launches and one copy back).
+small torch op the view runs there costs tens of microseconds, and a token's candidates,
+per-head statistics and watched attention took some thirty-five of them. Done for the steps of
+the last few tens of milliseconds together, the same ops serve every token in the batch (on a
+GPU, the same number of launches and one copy back).
 
 A step's Token waits here until its batch is finished: at most FLUSH_S, counted with the next
 step's expected time, so the stream still updates 30 times a second. Token 0 (the time to
