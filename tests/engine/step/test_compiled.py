@@ -457,11 +457,10 @@ def test_compiled_decode_steps_follow_exact_teacher_forced(bundled, bundled_comp
 def test_a_batch_of_compiled_steps_weighs_its_queries_as_each_step_did(compiled, tokenizer,
                                                                         monkeypatch):  # fmt: skip
     """A reply through the compiled step leaves each watched layer's query to its batch of
-    steps (engine/generate/view_batch.py), which weighs the batch's queries at once: the rows,
-    their statistics and the ring's rows equal those weighed step by step."""
-    from engine.events import Token
-    from engine.generate import view_batch
+    steps (engine/generate/view_batch.py), which weighs the batch's queries at once: the rows
+    and their statistics equal those weighed step by step."""
     from engine.settings import GenerationSettings, ProbeSettings
+    from tests.engine.step.view_batches import assert_batches_weigh_as_steps, reply
 
     model, _ = compiled
     loaded = LoadedModel(model, tokenizer, describe_fast(model, "llama.gguf", "gguf"))
@@ -474,22 +473,10 @@ def test_a_batch_of_compiled_steps_weighs_its_queries_as_each_step_did(compiled,
         blocks.append(queries.shape[2])
         return weigh(self, layer, queries, start, cache)
 
-    def reply(batched: bool) -> list[Token]:
-        session = ChatSession(loaded)
-        if not batched:  # each step weighs its queries in the pass, and goes out alone
-            session._weigh = None
-        monkeypatch.setattr(view_batch, "FLUSH_S", 60.0 if batched else 0.0)
-        events = session.generate([Message("user", "Hi")], settings, probes)
-        return [e for e in events if isinstance(e, Token)]
-
     monkeypatch.setattr(GGUFLlama, "weigh", counted)
-    alone = reply(batched=False)
+    alone = reply(loaded, settings, probes, batched=False, monkeypatch=monkeypatch)
     assert blocks and set(blocks) == {1}
     blocks.clear()
-    batched = reply(batched=True)
+    batched = reply(loaded, settings, probes, batched=True, monkeypatch=monkeypatch)
     assert max(blocks) == 23  # every decode step's query in one block per layer
-    assert [t.token_id for t in batched] == [t.token_id for t in alone]
-    for one, many in zip(alone[1:], batched[1:], strict=True):
-        for layer in probes.attention_layers:
-            np.testing.assert_allclose(many.attention[layer], one.attention[layer], atol=1e-5)
-            np.testing.assert_allclose(many.head_stats[layer], one.head_stats[layer], atol=1e-5)
+    assert_batches_weigh_as_steps(alone, batched, probes.attention_layers)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -287,11 +286,9 @@ def test_a_batch_of_static_steps_weighs_its_queries_as_each_step_did(
     """A reply through the static step (on a GPU, its recorded graphs: their queries copied
     out before the next replay) leaves the watched layers' queries to its batch of steps
     (engine/generate/view_batch.py): rows and statistics equal those weighed step by step."""
-    from engine.events import Token
-    from engine.generate import view_batch
-    from engine.generate.session import ChatSession
     from engine.load.loader import LoadedModel, describe_fast
-    from engine.settings import GenerationSettings, Message, ProbeSettings
+    from engine.settings import GenerationSettings, ProbeSettings
+    from tests.engine.step.view_batches import assert_batches_weigh_as_steps, reply
 
     model = build(tiny_gguf, device)
     step = static(model, static_decode.choose_backend(torch.device(device))[0])
@@ -299,18 +296,6 @@ def test_a_batch_of_static_steps_weighs_its_queries_as_each_step_did(
     loaded = LoadedModel(model, tokenizer, describe_fast(model, "llama.gguf", "gguf"))
     probes = ProbeSettings(attention_layers=(0, 1), top_k=5)
     settings = GenerationSettings(greedy=True, max_new_tokens=STEPS, ignore_eos=True)
-
-    def reply(batched: bool) -> list[Token]:
-        session = ChatSession(loaded)
-        if not batched:  # each step weighs its queries in the pass, and goes out alone
-            session._weigh = None
-        monkeypatch.setattr(view_batch, "FLUSH_S", 60.0 if batched else 0.0)
-        events = session.generate([Message("user", "Hi")], settings, probes)
-        return [e for e in events if isinstance(e, Token)]
-
-    alone, batched = reply(batched=False), reply(batched=True)
-    assert [t.token_id for t in batched] == [t.token_id for t in alone]
-    for one, many in zip(alone[1:], batched[1:], strict=True):
-        for layer in probes.attention_layers:
-            np.testing.assert_allclose(many.attention[layer], one.attention[layer], atol=1e-5)
-            np.testing.assert_allclose(many.head_stats[layer], one.head_stats[layer], atol=1e-5)
+    alone = reply(loaded, settings, probes, batched=False, monkeypatch=monkeypatch)
+    batched = reply(loaded, settings, probes, batched=True, monkeypatch=monkeypatch)
+    assert_batches_weigh_as_steps(alone, batched, probes.attention_layers)
