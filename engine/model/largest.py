@@ -52,35 +52,23 @@ def top_k_support(values: torch.Tensor, k: int) -> torch.Tensor:
 def top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the k largest entries of values [V], largest first: torch.topk's
     values exactly (an index among equal values may differ, as torch promises no order among
-    ties)."""
-    rows = _rows(values)
-    if rows is None or k > rows.shape[0]:
-        top = values.topk(k)
-        return top.values, top.indices
-    # Every row holding one of the k largest has a maximum at least that entry: k such rows
-    # at most, each among the k rows with the largest maxima.
-    best = rows.amax(1).topk(k).indices  # [k]
-    top = rows[best].flatten().topk(k)  # among k · WIDTH entries
-    return top.values, best[top.indices // WIDTH] * WIDTH + top.indices % WIDTH
+    ties). One row's `top_k_rows`."""
+    indices = top_k_rows(values[None], k)[0]
+    return values[indices], indices
 
 
 def top_k_rows(values: torch.Tensor, k: int) -> torch.Tensor:
     """[n, k]: the indices of each row's k largest of values [n, V], largest first, all rows in
-    one pass each way (as `top_k` finds one row's)."""
+    one pass each way. Each row's choice among equal values is its own, whatever rows come with
+    it (torch's topk takes each row alone): the logit lens's last layer is then exactly the
+    decode step's own logits."""
     n, size = values.shape
     if values.device.type != "cpu" or size % WIDTH or k > size // WIDTH:
         return values.topk(k, dim=-1).indices
+    # Every row of WIDTH holding one of a row's k largest has a maximum at least that entry:
+    # k such rows at most, each among the k rows with the largest maxima.
     rows = values.view(n, -1, WIDTH)  # [n, V / WIDTH, WIDTH]
     best = rows.amax(2).topk(k, dim=1).indices  # [n, k]: the rows holding them
     held = rows.gather(1, best[..., None].expand(n, k, WIDTH)).view(n, k * WIDTH)
     top = held.topk(k, dim=1).indices  # [n, k] among k · WIDTH entries a row
     return best.gather(1, top // WIDTH) * WIDTH + top % WIDTH
-
-
-def top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
-    """[n, k]: the indices of each row's k largest of values [n, V], each row by `top_k`, so
-    that a row's choice among equal values is the same whatever rows come with it (the logit
-    lens's last layer is then exactly the decode step's own logits)."""
-    if _rows(values[0]) is None:
-        return values.topk(k, dim=-1).indices
-    return torch.stack([top_k(row, k)[1] for row in values])

@@ -361,7 +361,7 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, dim] (bf16) -> logits [n, vocab] float32."""
         logits = self.bulk.forward(x)
-        top = largest.top_indices(logits, self.candidates)  # [n, c]
+        top = largest.top_k_rows(logits, self.candidates)  # [n, c]
         weights = self.lookup(top.reshape(-1)).view(*top.shape, -1)  # [n, c, dim]
         exact = (weights @ x.float()[..., None])[..., 0]  # [n, c]
         return logits.float().scatter_(-1, top, exact)

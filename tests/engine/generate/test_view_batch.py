@@ -11,7 +11,6 @@ import torch
 from engine.events import Finished, Token
 from engine.generate import view_batch
 from engine.generate.session import ChatSession
-from engine.model.largest import top_k_rows
 from engine.model.step_ring import host_rows
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from tests.models import make_tiny
@@ -119,14 +118,3 @@ def test_a_batch_waits_no_longer_than_its_limit(session, monkeypatch):
     _, _, sizes = reply(session, GREEDY, VIEW, monkeypatch, flush_s=view_batch.FLUSH_S)
     assert sum(sizes) == 40 and sizes[0] == 1
     assert max(sizes) <= view_batch.MOST_STEPS
-
-
-def test_top_k_rows_are_each_rows_topk():
-    generator = torch.Generator().manual_seed(2)
-    for size, k in ((128 * 384, 10), (128 * 384, 64), (1000, 10), (128 * 4, 8)):
-        values = torch.randn(5, size, generator=generator).bfloat16().float()  # many ties
-        values[1, : size // 2] = -1e9  # the largest crowded into few rows
-        got = top_k_rows(values, k)
-        expected = values.topk(k, dim=-1).values
-        assert torch.equal(values.gather(1, got), expected)
-        assert all(len(set(row)) == k for row in got.tolist())

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.model.largest import argmax, top_indices, top_k, top_k_support
+from engine.model.largest import argmax, top_k, top_k_rows, top_k_support
 
 
 @pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
@@ -48,10 +48,21 @@ def test_two_pass_top_k_is_torchs_topk(size):
             assert len(set(got_indices.tolist())) == k, (trial, k)
 
 
-def test_top_indices_of_one_row_or_several_are_topks():
+def test_top_k_rows_of_one_row_or_several_are_topks():
     values = torch.randn(3, 128 * 40, generator=torch.Generator().manual_seed(1))
     for rows in (values[:1], values):
-        got = top_indices(rows, 64)
+        got = top_k_rows(rows, 64)
         assert got.shape == (rows.shape[0], 64)
         for row, indices in zip(rows, got, strict=True):
             assert sorted(row[indices].tolist()) == sorted(row.topk(64).values.tolist())
+
+
+def test_top_k_rows_are_each_rows_topk():
+    generator = torch.Generator().manual_seed(2)
+    for size, k in ((128 * 384, 10), (128 * 384, 64), (1000, 10), (128 * 4, 8)):
+        values = torch.randn(5, size, generator=generator).bfloat16().float()  # many ties
+        values[1, : size // 2] = -1e9  # the largest crowded into few rows
+        got = top_k_rows(values, k)
+        expected = values.topk(k, dim=-1).values
+        assert torch.equal(values.gather(1, got), expected)
+        assert all(len(set(row)) == k for row in got.tolist())
