@@ -26,17 +26,11 @@ def row_statistics(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.stack([largest, entropy / most])
 
 
-def decode_statistics(rows: dict[int, torch.Tensor]) -> HeadStatistics:
-    """layer -> [2, heads] of one decode row per layer ([heads, keys], its query the last key;
-    a sliding-window layer's row shorter)."""
-    return batch_statistics([rows])[0]
-
-
 def batch_statistics(steps: list[dict[int, torch.Tensor]]) -> list[HeadStatistics]:
-    """Per step, layer -> [2, heads] of its decode rows (layer -> [heads, keys] each), as
-    `decode_statistics` gives them: a layer's rows of every step padded with zeros into one
-    block (a zero adds nothing to either statistic), one batch of ops per layer and one copy
-    to the host."""
+    """Per step, layer -> [2, heads] of its decode rows (layer -> [heads, keys] each, its query
+    the last key; a sliding-window layer's row shorter): a layer's rows of every step padded
+    with zeros into one block (a zero adds nothing to either statistic), one batch of ops per
+    layer and one copy to the host."""
     out: list[HeadStatistics] = [{} for _ in steps]
     for layer in sorted({layer for rows in steps for layer in rows}):
         which = [i for i, rows in enumerate(steps) if layer in rows]

@@ -65,6 +65,11 @@ class ViewBatch:
     steps: list[Step] = field(default_factory=list)
     _oldest: float = 0.0  # when the first waiting step was added (perf_counter)
 
+    @property
+    def records(self) -> bool:
+        """Whether the view wants anything of a step (else a token is never held)."""
+        return self.top_k > 0 or self.watched
+
     def add(self, step: Step) -> None:
         if not self.steps:
             self._oldest = time.perf_counter()
@@ -75,7 +80,7 @@ class ViewBatch:
         the next step (taking about `step_s`) would keep a token waiting past FLUSH_S."""
         if not self.steps:
             return False
-        if at_once or len(self.steps) >= MOST_STEPS or not (self.top_k or self.watched):
+        if at_once or len(self.steps) >= MOST_STEPS or not self.records:
             return True
         return time.perf_counter() + step_s - self._oldest > FLUSH_S
 
@@ -85,7 +90,7 @@ class ViewBatch:
         steps, self.steps = self.steps, []
         if not steps:
             return []
-        if not (self.top_k or self.watched):  # nothing for the view: the step's own time
+        if not self.records:  # nothing for the view: the step's own time
             return [replace(s.token, roofline=s.roofline(s.token.seconds)) for s in steps]
         self._weigh_queries(steps)
         candidates = self._candidates(steps)

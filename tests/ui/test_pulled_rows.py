@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.events import StepRows, Token
-from engine.generate.head_stats import decode_statistics, prefill_statistics
+from engine.generate.head_stats import batch_statistics, prefill_statistics
 from tests.ui.test_panels import PROMPT, model_info, prefill, token
 from tests.ui.test_visible_redraws import Docked
 from ui.panels.docks import shown
@@ -24,7 +24,7 @@ def pulled(event):
     """`event` as the engine sends it to the window: statistics, no rows."""
     blocks = {layer: torch.from_numpy(np.array(a)) for layer, a in event.attention.items()}
     if isinstance(event, Token):
-        stats = decode_statistics(blocks) if event.index else {}
+        stats = batch_statistics([blocks])[0] if event.index else {}
     else:
         stats = prefill_statistics(blocks)
     return replace(event, attention={}, head_stats=stats)

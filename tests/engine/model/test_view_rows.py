@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.events import PrefillDone, Token
-from engine.generate.head_stats import batch_statistics, decode_statistics, prefill_statistics
+from engine.generate.head_stats import batch_statistics, prefill_statistics
 from engine.generate.session import ChatSession
 from engine.generate.trace import TraceRecorder
 from engine.model.step_ring import ATTENTION, StepRing, host_rows
@@ -46,9 +46,9 @@ def test_head_statistics_equal_the_window_computation_on_random_rows():
     block = torch.softmax(scores, dim=-1)
     engine = prefill_statistics({3: block})[3]
     np.testing.assert_allclose(engine, window_stats(block.numpy()), rtol=1e-5, atol=1e-6)
-    one = decode_statistics({3: block[:, -1], 5: block[:, -1, :20]})[3]  # 5: a sliding layer
+    one = batch_statistics([{3: block[:, -1], 5: block[:, -1, :20]}])[0][3]  # 5: sliding
     np.testing.assert_allclose(one, window_stats(block[:, -1:].numpy())[:, :, 0], rtol=1e-5)
-    sliding = decode_statistics({5: block[:, -1, :20]})[5]
+    sliding = batch_statistics([{5: block[:, -1, :20]}])[0][5]
     np.testing.assert_allclose(
         sliding, window_stats(block[:, -1:, :20].numpy())[:, :, 0], rtol=1e-5
     )
