@@ -63,7 +63,7 @@ def load(route: Route, report: Progress) -> LoadedModel:
     tokenizer = gguf_tokenizer(path, route.cache, report, lean=True)
     try:
         fast, placed = _build(file, path, places, route, report)
-        compiling = _decode_step(fast, path, route)
+        compiling = _decode_step(fast, path, route, report)
     except (torch.OutOfMemoryError, MemoryError):  # what its own units need, its disk the file
         skeleton = functools.partial(fast_skeleton, file)
         needed = fast_bytes(file)
@@ -117,12 +117,15 @@ def place_fast(model: GGUFLlama, mapping: DeviceMapDict, note: str) -> MappedPla
     return placed
 
 
-def _decode_step(model: GGUFLlama, path: Path, route: Route) -> Attacher | StepState | None:
+def _decode_step(
+    model: GGUFLlama, path: Path, route: Route, report: Progress
+) -> Attacher | StepState | None:
     """The CPU's compiled step on its way, or the GPU form of the weights with its static
     step (engine/step/static.py)."""
     if route.device.type == "cpu":
         return compile_in_background(model, path, route.cache, route.request)
-    return static_decode.attach(to_device(model, route.device))
+    kernels = route.cache / "cuda-kernels"
+    return static_decode.attach(to_device(model, route.device), kernels=kernels, report=report)
 
 
 def compile_in_background(

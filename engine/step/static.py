@@ -39,8 +39,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -62,6 +66,7 @@ STATES = {COMPILE: "cuda graph (torch.compile)", CAPTURE: "cuda graph (captured)
 WARMUP = 3  # uncaptured runs on a side stream before a capture (the CUDA graph docs' advice)
 
 AHEAD = 1024  # positions whose buckets are recorded from the start, before any reply
+FIRST_WAIT_S = 600.0  # the most a load waits for the first bucket (its compile); then uncaptured
 
 Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # keys, values per layer
 # logits [vocab], queries [1, h, 1, d], each layer's output [layers, dim] float32
@@ -223,6 +228,12 @@ class StaticDecode:
         self.background = record is not None or backend != EAGER
         self.recorder = BucketRecorder(self._build, name="static-decode-recorder")
         self.planned = 0  # the largest bucket asked of the recorder
+        model, table = self.model, self.table
+
+        def step(*inputs: Any) -> StepOut:  # one function for every bucket: one compile
+            return static_step(model, table, *inputs)
+
+        self.step = step
 
     @property
     def state(self) -> str:
@@ -310,11 +321,7 @@ class StaticDecode:
         self.builds += 1
         keys, values = self.buffers(capacity)
         token, position = self.inputs[capacity]
-        model, table = self.model, self.table
-
-        def step(*inputs: Any) -> StepOut:
-            return static_step(model, table, *inputs)
-
+        step = self.step
         inputs = (token, position, keys, values)
         record = self._record or recording(self.backend)
         if record is None:  # uncaptured: nothing runs now
@@ -365,6 +372,11 @@ def captured(
 
 
 _compile_lock = threading.Lock()
+_compiled: weakref.WeakKeyDictionary[Callable[..., StepOut], Callable[..., StepOut]] = (
+    weakref.WeakKeyDictionary()
+)
+LONGEST_BUCKET = 1 << 24  # the dynamic bucket length's upper bound: past any model's context
+RECOMPILES = 64  # the step's compiles a process allows: one per model loaded in its life
 
 
 def compiled(
@@ -372,15 +384,43 @@ def compiled(
 ) -> Replay:
     """Inductor's kernels for the step (torch.compile), captured as one CUDA graph as above.
     Not mode="reduce-overhead": its graphs belong to the thread that records them, and this
-    one records in the background for the decoding thread. A bucket is a new shape, so one
-    compile each (dynamo's limit raised to cover every bucket); the warm-up compiles."""
+    one records in the background for the decoding thread. One compile serves every bucket:
+    the bucket's length is a dynamic dimension (`bucket_dynamic`), so each later bucket is
+    only a capture, not a compile of its own."""
+    return captured(compiled_step(step), bucket_dynamic(inputs), bucket_dynamic(warm))
+
+
+def compiled_step(
+    step: Callable[..., StepOut], backend: str | Callable[..., Any] = "inductor"
+) -> Callable[..., StepOut]:
+    """`step` through torch.compile, made once per step function (the model's): every bucket
+    calls the same compiled function, whose first call compiles."""
     import torch._dynamo
 
     with _compile_lock:
-        config = torch._dynamo.config
-        if getattr(config, "recompile_limit", 0) < 16:
-            config.recompile_limit = 16
-    return captured(torch.compile(step, fullgraph=True, dynamic=False), inputs, warm)
+        config = torch._dynamo.config  # a model loaded later is a recompile of the same code
+        config.recompile_limit = max(getattr(config, "recompile_limit", 0), RECOMPILES)
+        if step not in _compiled:
+            _compiled[step] = torch.compile(step, fullgraph=True, dynamic=False, backend=backend)
+        return _compiled[step]
+
+
+def bucket_dynamic(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Mark the keys' and values' bucket length (dim 2) dynamic in a step's inputs (token,
+    position, keys, values): one compiled graph for every bucket length."""
+    import torch._dynamo
+
+    for tensors in inputs[2:]:
+        for tensor in tensors:
+            torch._dynamo.mark_dynamic(tensor, 2, min=2, max=LONGEST_BUCKET)
+    return inputs
+
+
+def keep_kernels(folder: Path) -> None:
+    """Keep inductor's compiled kernels and graphs in `folder` (Glassbox's cache) rather than
+    the system's temporary folder: a later start compiles the step from them in far less time.
+    A folder the user chose ($TORCHINDUCTOR_CACHE_DIR) stays theirs."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
 
 
 def recording(backend: str) -> Record | None:
@@ -397,6 +437,7 @@ class StepState:
         self.done = threading.Event()
         self.done.set()
         self.error: str | None = None
+        self.first_ready_s = 0.0  # what the load waited for the first bucket's recording
 
     @property
     def state(self) -> str:
@@ -413,8 +454,16 @@ class StepState:
         return self.step.recorder.buckets, done
 
 
-def attach(model: GGUFLlama, device: torch.device | None = None) -> StepState | None:
-    """Give `model` the static step for its device; None (and logged why) where it cannot."""
+def attach(
+    model: GGUFLlama,
+    device: torch.device | None = None,
+    kernels: Path | None = None,
+    report: Callable[[str, float], None] | None = None,
+) -> StepState | None:
+    """Give `model` the static step for its device; None (and logged why) where it cannot.
+    Where the step is recorded (a CUDA graph), the load waits for the first bucket's: the one
+    compile every bucket shares (its kernels kept in `kernels`), so that no reply runs at the
+    uncaptured step's crawl while a compile in this process takes the interpreter from it."""
     reason = refusal(model)
     if reason is not None:
         log.info("the decode step stays eager: %s", reason)
@@ -422,6 +471,15 @@ def attach(model: GGUFLlama, device: torch.device | None = None) -> StepState | 
     backend, why = choose_backend(device or model.device)
     step = StaticDecode(model, backend, why)
     model.static_step = step
+    if backend != EAGER and kernels is not None:
+        keep_kernels(kernels)
     step.plan(0)  # the first buckets start recording now, before the first reply
     log.info("decode step: %s", step.state)
-    return StepState(step)
+    state = StepState(step)
+    if backend != EAGER:
+        if report is not None:
+            report("Compiling the decode step for the GPU (kept for later starts)", 0.98)
+        began = time.perf_counter()
+        step.recorder.settled(bucket_for(1, model.shape.context, step.first), FIRST_WAIT_S)
+        state.first_ready_s = time.perf_counter() - began
+    return state

@@ -140,12 +140,13 @@ def test_a_saved_model_loads_onto_the_device_in_its_default_dtype(tiny_folder, t
     assert len(tokens) == STEPS
 
 
-@pytest.mark.skipif(DEVICES == ["cpu"], reason="no GPU on this machine")
-@pytest.mark.parametrize("device", DEVICES[1:])
-def test_fast_precision_refuses_a_gpu_with_a_reason(tokenizer, device, tmp_path):
-    from tests.gguf_files import write_gguf
+def test_fast_precision_refuses_a_device_its_weights_cannot_run_on():
+    """Glassbox's own model runs on the CPU and CUDA; asked for elsewhere (Apple's GPU) it says
+    so before anything loads, and `auto` takes the exact path there."""
+    from engine.load.route import _runs_fast
 
-    path = write_gguf(tmp_path / "tiny.gguf", make_tiny(tokenizer, "llama").model)
-    request = LoadRequest(spec=str(path), device=device, precision="fast")
-    with pytest.raises(ModelLoadError, match="kernels run on the CPU"):
-        load_model(request, cache_dir=tmp_path)
+    mps = torch.device("mps")
+    with pytest.raises(ModelLoadError, match="run on the CPU or CUDA, not on mps"):
+        _runs_fast(LoadRequest(precision="fast"), "tiny", mps, None)
+    assert not _runs_fast(LoadRequest(), "tiny", mps, None)
+    assert _runs_fast(LoadRequest(), "tiny", torch.device("cuda"), None)  # auto: fast on CUDA

@@ -299,3 +299,27 @@ def test_a_batch_of_static_steps_weighs_its_queries_as_each_step_did(
     alone = reply(loaded, settings, probes, batched=False, monkeypatch=monkeypatch)
     batched = reply(loaded, settings, probes, batched=True, monkeypatch=monkeypatch)
     assert_batches_weigh_as_steps(alone, batched, probes.attention_layers)
+
+
+def test_one_compile_serves_every_bucket(tiny_gguf):
+    """The bucket length is dynamic: the buckets after the first are captures of the same
+    compiled step, not compiles of their own, and each computes as the uncompiled step."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = build(tiny_gguf)
+    step = StaticDecode(model, EAGER, "test", first=FIRST)
+    counter = CompileCounter()
+    compiled = static_decode.compiled_step(step.step, backend=counter)
+    try:
+        for capacity in (16, 32, 64):
+            keys, values = step.buffers(capacity)
+            token, position = step.inputs[capacity]
+            token.fill_(7)
+            position.fill_(3)
+            inputs = static_decode.bucket_dynamic((token, position, keys, values))
+            got = compiled(*inputs)[0]
+            torch.testing.assert_close(got, step.step(*inputs)[0], atol=0, rtol=0)
+        assert counter.frame_count == 1
+        assert static_decode.compiled_step(step.step) is compiled  # made once per step
+    finally:
+        torch._dynamo.reset()
