@@ -74,7 +74,8 @@ fi
 
 # 2. The tests that run on CUDA (their CPU twins run in CI); the bundled model's are left out
 step pytest "$TESTS_S" "$PY" -m pytest -q -p no:cacheprovider -m "not bundled and not real_models" \
-    -k cuda tests/engine/step/test_static.py tests/engine/measure/test_accelerator.py \
+    -k cuda tests/engine/step/test_static.py tests/engine/generate/test_run_ahead.py \
+    tests/engine/measure/test_accelerator.py \
     tests/engine/gguf/test_torch_blocks.py tests/engine/model/test_device_form.py \
     tests/engine/step/test_lens_steps.py
 [ "$DRY" = 1 ] || tail -n 15 "$OUT/pytest.log" > "$OUT/pytest-summary.txt"

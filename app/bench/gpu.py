@@ -88,6 +88,7 @@ def run(
         "compile_s": compile_s,
         "recording": recording,
         "view_on_cost": 1 - median["engine_view_on"] / median["engine"],
+        "graph_replay_ms": _replay_ms(fast),
     }
     if exact is not None:
         report["engine_vs_generate_static"] = median["engine"] / median["generate_static"]
@@ -102,6 +103,22 @@ def _recorded(fast: LoadedModel, started: float) -> dict[str, Any]:
         return {}
     buckets, done = recorded(RECORDING_WAIT_S)
     return {"buckets": buckets, "all_ready": done, "recording_s": time.perf_counter() - started}
+
+
+def _replay_ms(fast: LoadedModel, replays: int = 200) -> float | None:
+    """The first bucket's recorded step replayed back to back, ms each: the device's own time
+    for a step, the floor under the engine's (which adds sampling, the host's work, events)."""
+    static = getattr(fast.model, "static_step", None)
+    if static is None or (replay := static.recorder.ready(static.first)) is None:
+        return None
+    device = static.table.device  # (the fast model's weights are buffers, no parameters)
+    replay()
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(replays):
+        replay()
+    synchronize(device)
+    return (time.perf_counter() - started) / replays * 1e3
 
 
 def _device(loaded: LoadedModel) -> torch.device:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 
@@ -47,7 +47,7 @@ from engine.generate.pacing import PacedGeneration
 from engine.generate.sampling import Sampler
 from engine.generate.view_batch import Step, ViewBatch, Weigh
 from engine.load.loader import LoadedModel
-from engine.measure.device import stopwatch
+from engine.measure.device import HostStopwatch, marker, stopwatch
 from engine.measure.peaks import peaks_or_none
 from engine.measure.roofline import ForwardCost, Meter
 from engine.model.attention_probe import AttentionProbe
@@ -95,6 +95,10 @@ class ChatSession(PacedGeneration):
         self._batch: ViewBatch | None = None  # the reply's tokens waiting for the view's work
         # Glassbox's own model weighs a watched layer's queries of several steps at once
         self._weigh: Weigh | None = getattr(self.decoder, "weigh", None)
+        # Launch each next step before this token goes out, where the device runs it meanwhile
+        # (a GPU; a placed model times each step's transfers alone): host and device overlap
+        self.runs_ahead = self.device.type == "cuda" and self.transfers is None
+        self._chosen_host = torch.zeros(1, dtype=torch.long, pin_memory=self.runs_ahead)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -204,34 +208,49 @@ class ChatSession(PacedGeneration):
         if settings.pause_after_prefill:
             self.pacer.pause()
 
+        # the steps' clock: running ahead, the host's, as waiting for the device undoes it
+        clock = HostStopwatch() if self.runs_ahead else clock
         reason: FinishReason | None = None
         token_id, chosen = -1, history[-1]
         batch = self._batch = self._view_batch(settings, probes)
+        ahead: Launched | None = None  # the next step, launched before this token went out
         for index in range(budget):
             if batch.steps and not self.pacer.at_full_speed:  # a teacher steps: show it all
                 yield from self._finish(batch, tally)
             # Each step waits for the pacer first (at full speed it answers at once), outside
             # every clock: a paused or slowed reply has the timings of an unpaused one.
-            tally.paused_s += self.pacer.wait(self._cancel)
+            waited = self.pacer.wait(self._cancel)
+            tally.paused_s += waited
             if self._cancel.is_set():  # Stop while held: no further step
                 reason = "cancelled"
                 break
             transfer = None
-            clock.start()
-            if index > 0:  # the last token through the model (token 0 came from the prefill)
-                self._begin_transfer()
-                written[len(history)] = chosen  # still on the device
-                history = written[: len(history) + 1]
-                forward = self.decode_one_token(token_id, history, settings.use_cache, probes)
-                transfer = self._transfer()
-            probs = sampler.distribution(forward.logits, history)  # [vocab]
-            chosen = sampler.choose(probs)
-            token_id = int(chosen)  # the one host sync a step waits on (on a GPU)
+            if ahead is None or waited:  # (running ahead, the clock runs from the last token)
+                clock.start()
+            if ahead is not None:  # launched while the last token went out
+                forward, probs, chosen, history = ahead
+            else:
+                if index > 0:  # the last token through the model (token 0: the prefill's)
+                    self._begin_transfer()
+                    self._feed(token_id, settings.use_cache)
+                    history = self._write(written, history, chosen)
+                    forward = self.decode_one_token(history, settings.use_cache, probes)
+                    transfer = self._transfer()
+                probs = sampler.distribution(forward.logits, history)  # [vocab]
+                chosen = sampler.choose(probs)
+            per_layer = self._cache.layer_bytes() if self._cache is not None else ()
+            ahead = None
+            if self._may_run_ahead(settings) and index + 1 < budget:
+                token_id, ahead = self._run_ahead(chosen, written, history, sampler, probes)
+            else:
+                token_id = int(chosen)  # the one host sync a step waits on (on a GPU)
             self.lens_probe.keep(index, forward.residuals, token_id)
             reason = self._stop_reason(token_id, index, budget, settings)
-            token = self._token_event(index, token_id, stream, reason, probes)
+            token = self._token_event(index, token_id, stream, reason, probes, per_layer)
             # token 0's latency starts with the prefill
             step_s = clock.stop() + (tally.prefill_s if index == 0 else 0.0)
+            if ahead is not None:
+                clock.start()
             batch.add(self._step(replace(token, seconds=step_s, transfer=transfer), forward, probs))
             ends = reason is not None or stream.stopped
             if batch.due(step_s, at_once=index == 0 or ends):
@@ -239,8 +258,55 @@ class ChatSession(PacedGeneration):
             reason = self._after_token(reason, stream)
             if reason is not None:
                 break
+        if ahead is not None:  # the reply ended with its next step run: the cache forgets it
+            self._unfeed()
         yield from self._finish(batch, tally)  # what a Stop left waiting
         yield tally.finished(reason or "length", stream.text)
+
+    def _may_run_ahead(self, settings: GenerationSettings) -> bool:
+        """Whether the next step may be launched before this token goes out: a device that
+        runs it meanwhile (`runs_ahead`), a cache that can forget it, and no teacher stepping."""
+        return self.runs_ahead and settings.use_cache and self.pacer.at_full_speed
+
+    def _run_ahead(
+        self,
+        chosen: torch.Tensor,
+        written: torch.Tensor,
+        history: torch.Tensor,
+        sampler: Sampler,
+        probes: ProbeSettings,
+    ) -> tuple[int, Launched]:
+        """Launch the next step (and its sampling) on the token the device just chose, then
+        read that token: the device runs the next step while the host streams this one. The
+        token's copy is queued before the next step, so reading it waits for no more."""
+        copied = self._chosen_host.copy_(chosen.reshape(1), non_blocking=True)
+        chosen_ready = marker(self.device)
+        history = self._write(written, history, chosen)
+        forward = self.decode_one_token(history, True, probes)
+        probs = sampler.distribution(forward.logits, history)
+        launched = Launched(forward, probs, sampler.choose(probs), history)
+        chosen_ready()
+        token_id = int(copied[0])
+        self._feed(token_id, True)
+        return token_id, launched
+
+    def _feed(self, token_id: int, use_cache: bool) -> None:
+        """Note `token_id` as run through the model into the cache."""
+        if use_cache:
+            self._cached_ids.append(token_id)
+
+    def _unfeed(self) -> None:
+        """Forget the last token run into the cache (a step run ahead that the reply ended
+        before): its position is overwritten by the next one written there."""
+        self._cached_ids.pop()
+        if self._cache is not None:
+            self._cache.truncate(len(self._cached_ids))
+
+    @staticmethod
+    def _write(written: torch.Tensor, history: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """history [T] (a view of `written`) with `chosen` after it, still on the device."""
+        written[len(history)] = chosen
+        return written[: len(history) + 1]
 
     def _view_batch(self, settings: GenerationSettings, probes: ProbeSettings) -> ViewBatch:
         return ViewBatch(
@@ -270,7 +336,7 @@ class ChatSession(PacedGeneration):
     def _finish(self, batch: ViewBatch, tally: Tally) -> Iterator[Token]:
         """The batch's Tokens, its candidates and statistics worked out together, its time
         shared among them; each counted as it goes out."""
-        clock = stopwatch(self.device)
+        clock = HostStopwatch() if self.runs_ahead else stopwatch(self.device)
         clock.start()
         for token in batch.finish(clock.stop):
             _count(tally, token.index, token.seconds)
@@ -293,15 +359,13 @@ class ChatSession(PacedGeneration):
         return Forward(logits, probe, new, cached=reused, with_cache=use_cache, residuals=residuals)
 
     def decode_one_token(
-        self, token_id: int, history: torch.Tensor, use_cache: bool, probes: ProbeSettings
+        self, history: torch.Tensor, use_cache: bool, probes: ProbeSettings
     ) -> Forward:
-        """One pass for `token_id`, the last of `history` [T] (without a cache: all T again)."""
+        """One pass for the last token of `history` [T] (without a cache: all T again)."""
         ids = history[None, -1:] if use_cache else history[None, :]  # [1, 1] or [1, T]
         probe = self._probe(probes, rows=1, later=use_cache)
         with self.lens_probe.capture():
             logits = self.decoder.forward(ids, self._cache, probe)  # [vocab]
-        if use_cache:
-            self._cached_ids.append(token_id)
         new, residuals = ids.shape[1], self.lens_probe.residuals.take()
         return Forward(logits, probe, new, len(history) - new, use_cache, residuals)
 
@@ -414,9 +478,10 @@ class ChatSession(PacedGeneration):
         stream: TextStream,
         reason: FinishReason | None,
         probes: ProbeSettings,
+        per_layer: tuple[int, ...],
     ) -> Token:
-        """The token as streamed; its timing and the view's data are filled in by its batch."""
-        per_layer = self._cache.layer_bytes() if self._cache is not None else ()
+        """The token as streamed (`per_layer`: the cache's bytes as its step left it); its
+        timing and the view's data are filled in by its batch."""
         piece = self._piece(token_id)
         return Token(
             index=index,
@@ -460,6 +525,16 @@ class ChatSession(PacedGeneration):
         self.reset()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+class Launched(NamedTuple):
+    """A step launched ahead: its pass, its distribution, its chosen token (on the device) and
+    the history it ran on."""
+
+    forward: Forward
+    probs: torch.Tensor
+    chosen: torch.Tensor
+    history: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)

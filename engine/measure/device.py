@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -81,6 +82,25 @@ class EventStopwatch:
         return float(self._start.elapsed_time(self._stop)) / 1000
 
 
+class HostStopwatch(Stopwatch):
+    """The host clock alone, nothing synchronised: for decode steps whose device work overlaps
+    the host's (a step launched ahead), where waiting for the device would undo the overlap.
+    Each step still ends with the host reading its token, so its time includes its work."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
+
+
 def stopwatch(device: torch.device) -> Stopwatch | EventStopwatch:
     """CUDA events on CUDA; elsewhere the host clock with the device synchronised."""
     return EventStopwatch(device) if device.type == "cuda" else Stopwatch(device)
+
+
+def marker(device: torch.device) -> Callable[[], None]:
+    """A point in the device's queue, now: the function returned waits until the device has
+    done the work queued before it (and none queued after). The CPU has nothing queued."""
+    if device.type != "cuda":
+        return lambda: None
+    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    done.record()
+    return done.synchronize

@@ -23,7 +23,9 @@ def test_the_engine_alone_reports_its_rates_ttft_and_first_reply(bundled_shape_f
     for name, runs in report["runs"].items():
         assert report["decode_tokens_per_s"][name] == pytest.approx(sum(runs) / 2)
     first = report["first_reply"]
-    assert 0 < first["ttft_s"] < first["total_s"] == report["compile_s"]["engine"]
+    assert 0 < first["ttft_s"] < first["total_s"]
+    assert report["compile_s"]["engine"] == 0.0  # the CPU's step waits for no recording
+    assert report["graph_replay_ms"] is None  # nor has a recorded step to replay
     assert set(report["ttft_s"]) == {"engine", "engine_view_on"}
     assert all(seconds > 0 for seconds in report["ttft_s"].values())
     off, on = (
@@ -96,3 +98,29 @@ def test_the_engines_rates_wait_for_its_recorded_buckets(bundled_shape_fast, nam
     assert recording["buckets"] == [256, 512] and recording["all_ready"]
     assert recording["recording_s"] >= report["first_reply"]["total_s"] > 0
     assert report["decode_step"] == "cuda graph (torch.compile)"
+
+
+def test_a_recorded_step_is_replayed_alone_for_the_devices_own_time(tmp_path, tokenizer):
+    from dataclasses import replace
+
+    from engine.load.loader import LoadedModel, describe_fast
+    from engine.step.static import EAGER, StaticDecode
+    from tests.engine.model.test_fast import hf_model
+    from tests.engine.step.test_static import build
+    from tests.gguf_files import Q4_1, Q8_0, write_gguf
+
+    model = build(write_gguf(tmp_path / "llama.gguf", hf_model("llama"), Q4_1, Q8_0))
+    replays = []
+
+    def record(step, inputs, warm):
+        return lambda: replays.append(1) or step(*inputs)
+
+    static = StaticDecode(model, EAGER, "test", first=16, record=record, ahead=16)
+    model.static_step = static
+    loaded = LoadedModel(model, tokenizer, describe_fast(model, "llama.gguf", "gguf"))
+    assert gpu._replay_ms(loaded) is None  # nothing recorded yet
+    static.plan(0)
+    assert static.recorder.idle(60)
+    assert gpu._replay_ms(replace(loaded), replays=7) > 0
+    assert len(replays) == 1 + 7  # one to warm up, then the timed ones
+    static.close()
