@@ -42,7 +42,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -52,7 +51,7 @@ import torch.nn.functional as F
 
 from engine.model.attention_probe import AttentionProbe
 from engine.model.kv_buffer import KVBuffer
-from engine.model.layer import LayerOps, Rope, decode_layer, norm_row
+from engine.model.layer import LayerOps, Rope, decode_layer, norm_row, rotate
 from engine.model.llama import Attention, Block, GGUFLlama
 from engine.step.bucket_recorder import BucketRecorder
 from engine.step.flat import layers_refusal
@@ -72,6 +71,8 @@ Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # keys, values per laye
 # logits [vocab], queries [1, h, 1, d], each layer's output [layers, dim] float32
 StepOut = tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]
 Replay = Callable[[], StepOut]
+# (block, x, rope tensors, its keys, its values, position, eps) -> (x, q): bucket_layer's form
+Layer = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 # (step, its inputs, same-shaped ones for the warm-ups) -> the recorded step
 Record = Callable[[Callable[..., StepOut], tuple[Any, ...], tuple[Any, ...]], Replay]
 
@@ -136,36 +137,54 @@ def static_step(
     position: torch.Tensor,
     keys: Sequence[torch.Tensor],
     values: Sequence[torch.Tensor],
+    layer: Layer | None = None,
 ) -> StepOut:
-    """One token through every layer (layer.decode_layer) and the lm_head, every shape fixed
-    by the bucket.
+    """One token through every layer and the lm_head, every shape fixed by the bucket.
 
     table [vocab, dim] float32 (the embedding's rows, Embedding.table); token, position [1]
-    int64; keys/values [1, kv_h, bucket, d] per layer, written at `position`. Returns the
-    logits [vocab] float32, each layer's queries [1, h, 1, d] bf16 and each layer's output
+    int64; keys/values [1, kv_h, bucket, d] per layer, written at `position`. `layer` runs
+    each layer: `bucket_layer`, or its compiled form (`compiled_layer`). Returns the logits
+    [vocab] float32, each layer's queries [1, h, 1, d] bf16 and each layer's output
     [layers, dim] float32 (the residual stream a logit lens reads).
     """
+    run_layer = layer or bucket_layer
     eps = torch.full((1, 1), model.shape.eps, device=table.device)
     x = table[token]  # [1, dim] float32
     matrix = model.rope_matrix_rows >= 1  # the form the eager one-token pass rotates by
-    ropes = [Rope.at(position, frequencies, matrix) for frequencies in model.frequencies()]
-    key_positions = torch.arange(keys[0].shape[2], device=table.device)  # [bucket]
-    seen = key_positions <= position
+    ropes = [
+        Rope.at(position, frequencies, matrix).tensors() for frequencies in model.frequencies()
+    ]
     queries, outputs = [], []
-    for layer, module in enumerate(model.blocks):
+    for index, module in enumerate(model.blocks):
         block = cast(Block, module)
-        attention = block.attention
-        mask = seen
-        if attention.window is not None:  # a sliding layer: within its window too
-            mask = seen & (key_positions > position - attention.window)
-        write = functools.partial(_write_at, keys[layer], values[layer], position)
-        attend = functools.partial(_attend_bucket, attention, mask)
-        ops = LayerOps(block.multiply, ropes[block.rope], write, attend)
-        x, q = decode_layer(x, block.weights(), block.form, eps, ops)
+        x, q = run_layer(block, x, ropes[block.rope], keys[index], values[index], position, eps)
         queries.append(q)
         outputs.append(x)
     logits = model.output.forward(norm_row(x, model.norm, eps))
     return logits[0], queries, torch.cat(outputs)
+
+
+def bucket_layer(
+    block: Block,
+    x: torch.Tensor,
+    rope: tuple[torch.Tensor, ...],
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    position: torch.Tensor,
+    eps: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer of the static step (layer.decode_layer) over its bucket: x [1, dim] float32
+    -> (x after the layer, its query). A plain function of the block and tensors, so that one
+    compile serves every layer of a model (`compiled_layer`)."""
+    attention = block.attention
+    key_positions = torch.arange(keys.shape[2], device=keys.device)  # [bucket]
+    mask = key_positions <= position
+    if attention.window is not None:  # a sliding layer: within its window too
+        mask = mask & (key_positions > position - attention.window)
+    write = functools.partial(_write_at, keys, values, position)
+    attend = functools.partial(_attend_bucket, attention, mask)
+    ops = LayerOps(block.multiply, functools.partial(rotate, rope=rope), write, attend)
+    return decode_layer(x, block.weights(), block.form, eps, ops)
 
 
 def _write_at(
@@ -229,9 +248,11 @@ class StaticDecode:
         self.recorder = BucketRecorder(self._build, name="static-decode-recorder")
         self.planned = 0  # the largest bucket asked of the recorder
         model, table = self.model, self.table
+        layer = compiled_layer() if backend == COMPILE else bucket_layer
 
-        def step(*inputs: Any) -> StepOut:  # one function for every bucket: one compile
-            return static_step(model, table, *inputs)
+        def step(token: torch.Tensor, position: torch.Tensor, keys: list[torch.Tensor],
+                 values: list[torch.Tensor]) -> StepOut:  # fmt: skip
+            return static_step(model, table, token, position, keys, values, layer)
 
         self.step = step
 
@@ -321,7 +342,7 @@ class StaticDecode:
         self.builds += 1
         keys, values = self.buffers(capacity)
         token, position = self.inputs[capacity]
-        step = self.step
+        step, model, table = self.step, self.model, self.table
         inputs = (token, position, keys, values)
         record = self._record or recording(self.backend)
         if record is None:  # uncaptured: nothing runs now
@@ -331,7 +352,7 @@ class StaticDecode:
         except Exception as error:  # the uncaptured step still decodes: say why, once
             self.backend, self.reason = EAGER, f"{type(error).__name__}: {error}"
             log.warning("the decode step stays uncaptured: %s", self.reason)
-            return lambda: step(*inputs)
+            return lambda: static_step(model, table, *inputs)
 
 
 def _inputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -372,37 +393,37 @@ def captured(
 
 
 _compile_lock = threading.Lock()
-_compiled: weakref.WeakKeyDictionary[Callable[..., StepOut], Callable[..., StepOut]] = (
-    weakref.WeakKeyDictionary()
-)
+_compiled_layers: dict[Any, Layer] = {}
 LONGEST_BUCKET = 1 << 24  # the dynamic bucket length's upper bound: past any model's context
-RECOMPILES = 64  # the step's compiles a process allows: one per model loaded in its life
+RECOMPILES = 64  # the layer's compiles a process allows: one per layer kind of each model shape
 
 
 def compiled(
     step: Callable[..., StepOut], inputs: tuple[Any, ...], warm: tuple[Any, ...]
 ) -> Replay:
-    """Inductor's kernels for the step (torch.compile), captured as one CUDA graph as above.
-    Not mode="reduce-overhead": its graphs belong to the thread that records them, and this
-    one records in the background for the decoding thread. One compile serves every bucket:
-    the bucket's length is a dynamic dimension (`bucket_dynamic`), so each later bucket is
-    only a capture, not a compile of its own."""
-    return captured(compiled_step(step), bucket_dynamic(inputs), bucket_dynamic(warm))
+    """The step with its layers' kernels from inductor (`compiled_layer`), captured as one
+    CUDA graph as above (the first warm-up compiles). Not mode="reduce-overhead": its graphs
+    belong to the thread that records them, and this one records in the background for the
+    decoding thread. The bucket's length is a dynamic dimension (`bucket_dynamic`), so each
+    later bucket is a capture alone, not a compile of its own."""
+    return captured(step, bucket_dynamic(inputs), bucket_dynamic(warm))
 
 
-def compiled_step(
-    step: Callable[..., StepOut], backend: str | Callable[..., Any] = "inductor"
-) -> Callable[..., StepOut]:
-    """`step` through torch.compile, made once per step function (the model's): every bucket
-    calls the same compiled function, whose first call compiles."""
+def compiled_layer(backend: str | Callable[..., Any] = "inductor") -> Layer:
+    """`bucket_layer` through torch.compile, made once per process: every layer of a model
+    takes the same compiled code (its weights are inputs, not constants: a model's thirty
+    layers are one compile, not thirty), as does every bucket, and a model of the same shape
+    loaded later. A sliding layer, or another shape, is a compile of its own."""
     import torch._dynamo
 
     with _compile_lock:
-        config = torch._dynamo.config  # a model loaded later is a recompile of the same code
+        config = torch._dynamo.config
         config.recompile_limit = max(getattr(config, "recompile_limit", 0), RECOMPILES)
-        if step not in _compiled:
-            _compiled[step] = torch.compile(step, fullgraph=True, dynamic=False, backend=backend)
-        return _compiled[step]
+        if backend not in _compiled_layers:
+            _compiled_layers[backend] = torch.compile(
+                bucket_layer, fullgraph=True, dynamic=False, backend=backend
+            )
+        return _compiled_layers[backend]
 
 
 def bucket_dynamic(inputs: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -301,15 +301,16 @@ def test_a_batch_of_static_steps_weighs_its_queries_as_each_step_did(
     assert_batches_weigh_as_steps(alone, batched, probes.attention_layers)
 
 
-def test_one_compile_serves_every_bucket(tiny_gguf):
-    """The bucket length is dynamic: the buckets after the first are captures of the same
-    compiled step, not compiles of their own, and each computes as the uncompiled step."""
+def test_one_compile_serves_every_layer_and_every_bucket(tiny_gguf):
+    """A layer's weights are its compiled code's inputs and the bucket length is dynamic: the
+    layers and buckets after the first run the same compiled code, not compiles of their own,
+    and each step computes as the uncompiled one."""
     from torch._dynamo.testing import CompileCounter
 
     model = build(tiny_gguf)
     step = StaticDecode(model, EAGER, "test", first=FIRST)
     counter = CompileCounter()
-    compiled = static_decode.compiled_step(step.step, backend=counter)
+    layer = static_decode.compiled_layer(backend=counter)
     try:
         for capacity in (16, 32, 64):
             keys, values = step.buffers(capacity)
@@ -317,9 +318,10 @@ def test_one_compile_serves_every_bucket(tiny_gguf):
             token.fill_(7)
             position.fill_(3)
             inputs = static_decode.bucket_dynamic((token, position, keys, values))
-            got = compiled(*inputs)[0]
+            got = static_decode.static_step(model, step.table, *inputs, layer=layer)[0]
             torch.testing.assert_close(got, step.step(*inputs)[0], atol=0, rtol=0)
-        assert counter.frame_count == 1
-        assert static_decode.compiled_step(step.step) is compiled  # made once per step
+        assert len(model.blocks) > 1 and counter.frame_count == 1
+        assert static_decode.compiled_layer(backend=counter) is layer  # made once
     finally:
         torch._dynamo.reset()
+        static_decode._compiled_layers.pop(counter)
