@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -65,6 +66,10 @@ def cuda_bench(args: argparse.Namespace) -> int:
         return 2
     if not shape_resolved(args):  # after the check: Qwen's shape is 1.1 GB to write
         return 1
+    # the load's stages, the compile and each bucket's recording, with their times (stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(relativeCreated)8.0f ms %(name)s: %(message)s"
+    )
     request = replace(load_request(args), precision="auto")
     try:
         started = time.perf_counter()

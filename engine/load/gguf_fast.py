@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,9 +61,13 @@ def load(route: Route, report: Progress) -> LoadedModel:
     places = plan(fast_skeleton(file), request, route.device) if request.placed else None
     if places is None and route.device.type == "cpu":
         check_fast_fits(file, route.name, route.device)
+    began = time.perf_counter()
     tokenizer = gguf_tokenizer(path, route.cache, report, lean=True)
+    log.info("tokenizer read in %.1f s", time.perf_counter() - began)
     try:
+        began = time.perf_counter()
         fast, placed = _build(file, path, places, route, report)
+        log.info("weights read in %.1f s", time.perf_counter() - began)
         compiling = _decode_step(fast, path, route, report)
     except (torch.OutOfMemoryError, MemoryError):  # what its own units need, its disk the file
         skeleton = functools.partial(fast_skeleton, file)
@@ -125,7 +130,10 @@ def _decode_step(
     if route.device.type == "cpu":
         return compile_in_background(model, path, route.cache, route.request)
     kernels = route.cache / "cuda-kernels"
-    return static_decode.attach(to_device(model, route.device), kernels=kernels, report=report)
+    began = time.perf_counter()
+    model = to_device(model, route.device)
+    log.info("weights in their %s form in %.1f s", route.device, time.perf_counter() - began)
+    return static_decode.attach(model, kernels=kernels, report=report)
 
 
 def compile_in_background(

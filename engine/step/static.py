@@ -8,10 +8,10 @@ a device tensor updated in place, every shape fixed. Here:
 - the cache comes in buckets (256, 512, 1024, ... up to the model's context): each bucket's
   tensors are allocated once per model and reused by every conversation, so a graph records
   their addresses once; growing to the next bucket copies the filled part once
-  (`BucketedKVBuffer`). Each bucket's graph is recorded in the background ahead of the
-  context, from the moment the model loads (engine/step/bucket_recorder.py), and a step
-  whose bucket is not ready yet runs uncaptured: a reply never waits for a compile
-  (`StaticDecode.builds` counts the recordings);
+  (`BucketedKVBuffer`). The first bucket's graph is recorded during the load (its compile,
+  which every bucket shares), the others in the background ahead of the context
+  (engine/step/bucket_recorder.py); a step whose bucket is not ready yet runs uncaptured: a
+  reply never waits for a recording (`StaticDecode.builds` counts the recordings);
 - the step (`static_step`) embeds the token from a dense table, builds the rotations from the
   device position, and runs every layer through engine/model/layer.py's `decode_layer` (the
   eager forward's own layer) with ops that write k and v at that position and attend over
@@ -23,9 +23,10 @@ a device tensor updated in place, every shape fixed. Here:
   before the next replay overwrites its outputs, and a watched logit lens keeps a copy of the
   layers' outputs; the logits are cloned out. Changing what is watched never records again.
 
-Backends (`choose_backend`): on CUDA with Triton, `torch.compile(fullgraph=True)`'s inductor
-kernels captured as a `torch.cuda.CUDAGraph`; on CUDA without Triton (Windows), the same
-capture of the eager static step; both warmed up on a side stream first. Elsewhere the same
+Backends (`choose_backend`): on CUDA with Triton, the step whose layers run inductor's kernels
+(`compiled_layer`: one compile for every layer and bucket, the weights its inputs) captured as
+a `torch.cuda.CUDAGraph`; on CUDA without Triton (Windows), the same capture of the eager
+static step; both warmed up on a side stream first. Elsewhere the same
 step runs uncaptured and is bound at once (what the CPU tests exercise, with a slow injected
 recording standing in for a capture; the CPU's default stays the AOTInductor step). Prefill
 stays eager, writing into the same bucketed cache.
@@ -503,4 +504,5 @@ def attach(
         began = time.perf_counter()
         step.recorder.settled(bucket_for(1, model.shape.context, step.first), FIRST_WAIT_S)
         state.first_ready_s = time.perf_counter() - began
+        log.info("decode step: the load waited %.1f s for its first bucket", state.first_ready_s)
     return state

@@ -31,6 +31,7 @@ def test_a_dry_run_reports_the_cuda_tests_and_each_shapes_bench_within_8_minutes
     assert "-k cuda" in steps["pytest"]["command"]
     files = [word for word in steps["pytest"]["command"].split() if word.startswith("tests/")]
     assert "tests/engine/gguf/test_torch_blocks.py" in files  # the device's dequantiser
+    assert "tests/engine/generate/test_run_ahead.py" in files  # steps launched ahead
     assert all((SCRIPT.parents[1] / file).is_file() for file in files)
     for name in SHAPES:
         command = steps[f"bench-{name}"]["command"]
