@@ -208,7 +208,9 @@ class ChatSession(PacedGeneration):
         if settings.pause_after_prefill:
             self.pacer.pause()
 
-        # the steps' clock: running ahead, the host's, as waiting for the device undoes it
+        # The steps' clock: running ahead, the host's, as waiting for the device would undo the
+        # overlap. A step's time is then the loop's own from this token's turn to its read: the
+        # device's work for it that overlapped the last token's turn is not counted twice.
         clock = HostStopwatch() if self.runs_ahead else clock
         reason: FinishReason | None = None
         token_id, chosen = -1, history[-1]
@@ -219,14 +221,12 @@ class ChatSession(PacedGeneration):
                 yield from self._finish(batch, tally)
             # Each step waits for the pacer first (at full speed it answers at once), outside
             # every clock: a paused or slowed reply has the timings of an unpaused one.
-            waited = self.pacer.wait(self._cancel)
-            tally.paused_s += waited
+            tally.paused_s += self.pacer.wait(self._cancel)
             if self._cancel.is_set():  # Stop while held: no further step
                 reason = "cancelled"
                 break
             transfer = None
-            if ahead is None or waited:  # (running ahead, the clock runs from the last token)
-                clock.start()
+            clock.start()
             if ahead is not None:  # launched while the last token went out
                 forward, probs, chosen, history = ahead
             else:
@@ -249,8 +249,6 @@ class ChatSession(PacedGeneration):
             token = self._token_event(index, token_id, stream, reason, probes, per_layer)
             # token 0's latency starts with the prefill
             step_s = clock.stop() + (tally.prefill_s if index == 0 else 0.0)
-            if ahead is not None:
-                clock.start()
             batch.add(self._step(replace(token, seconds=step_s, transfer=transfer), forward, probs))
             ends = reason is not None or stream.stopped
             if batch.due(step_s, at_once=index == 0 or ends):

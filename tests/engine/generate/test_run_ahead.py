@@ -148,3 +148,20 @@ def test_a_paced_reply_runs_no_step_ahead(loaded):
     for event in session.generate(TURNS[0], settings, ProbeSettings.off()):
         if isinstance(event, Token):
             assert steps[0] == event.index  # token 0 from the prefill, token k from step k
+
+
+def test_a_reply_run_ahead_times_each_step_once(loaded):
+    """A step's time runs from its token's turn to its read: the batch's view work is shared
+    among its tokens once, and the phases add up to no more than the reply's wall time."""
+    import time
+
+    session = ChatSession(loaded)
+    session.runs_ahead = True
+    started = time.perf_counter()
+    events = list(session.generate(TURNS[0], GREEDY, VIEW))
+    wall = time.perf_counter() - started
+    finished = first(events, Finished)
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert all(t.seconds > 0 for t in tokens)
+    assert finished.decode_s == pytest.approx(sum(t.seconds for t in tokens[1:]))
+    assert finished.tokenize_s + finished.prefill_s + finished.decode_s <= wall
