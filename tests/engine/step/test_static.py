@@ -325,3 +325,38 @@ def test_one_compile_serves_every_layer_and_every_bucket(tiny_gguf):
     finally:
         torch._dynamo.reset()
         static_decode._compiled_layers.pop(counter)
+
+
+def test_a_load_waits_for_the_first_buckets_recording_and_keeps_its_kernels(
+    tiny_gguf, monkeypatch, tmp_path
+):
+    """Where the step is recorded (a CUDA graph, its compile the first bucket's recording),
+    `attach` returns once the first bucket is ready: no reply runs beside that compile. The
+    compiled kernels go to the cache folder, unless the user named another."""
+    import os
+
+    monkeypatch.setattr(static_decode, "choose_backend", lambda device: (CAPTURE, None))
+    recorded: list[int] = []
+
+    def slow(step, inputs, warm):
+        time.sleep(0.3)
+        recorded.append(inputs[2][0].shape[2])
+        return lambda: step(*inputs)
+
+    monkeypatch.setattr(static_decode, "captured", slow)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # restored after the test
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    model = build(tiny_gguf)
+    stages: list[str] = []
+    state = static_decode.attach(
+        model, kernels=tmp_path / "kernels", report=lambda stage, done: stages.append(stage)
+    )
+    assert state is not None
+    first = static_decode.bucket_for(1, model.shape.context)
+    assert recorded[0] == first and state.first_ready_s >= 0.3
+    assert model.static_step.recorder.ready(first) is not None
+    assert stages == ["Compiling the decode step for the GPU (kept for later starts)"]
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "kernels")
+    static_decode.keep_kernels(tmp_path / "elsewhere")  # a folder already chosen stays
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "kernels")
+    assert state.close(timeout=60)
