@@ -248,6 +248,12 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "with --placement on the fast model: drop its disk-placed pages from the page cache"
         " between steps, as the OS does when memory runs short (the model runs alone)",
     )
+    switch(
+        parser,
+        "--int4",
+        "with --device cuda: also the fast model with CUDA's int4 kernel (GLASSBOX_CUDA_INT4=1),"
+        " timed beside the bf16 form in the same run",
+    )
     switch(parser, "--window", "only the real window vs headless, real model")
     switch(
         parser,

@@ -28,6 +28,9 @@ TESTS_S=${TESTS_S:-100}
 BUNDLED_S=${BUNDLED_S:-170}  # each shape's bench: write the shape (first run), load, compile, run
 QWEN_S=${QWEN_S:-110}
 GEMMA_S=${GEMMA_S:-70}
+CHECK_S=480  # the whole check's bound: what the steps above leave goes to the int4 comparison
+INT4_MIN_S=60  # the least worth starting it with
+STARTED=$(date +%s)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 # Shapes are written here (Qwen's is 1.1 GB): never under OUT, which travels back.
@@ -91,7 +94,18 @@ bench bundled "$BUNDLED_S" --new-tokens 128 --repeats 3
 bench qwen2.5-1.5b "$QWEN_S" --new-tokens 128 --repeats 3 --fast-only
 bench gemma-3-270m "$GEMMA_S" --new-tokens 64 --repeats 2 --fast-only
 
-# 4. One report
+# 4. With the time the steps above left (they rarely use their whole limits): the bundled
+# shape in CUDA's int4 form beside its bf16 one, in one run
+left=$((CHECK_S - 30 - ($(date +%s) - STARTED)))
+if [ "$left" -ge "$INT4_MIN_S" ]; then
+    step bench-bundled-int4 "$left" "$PY" -m app bench --device "$DEVICE" --model shape:bundled \
+        --fast-only --int4 --new-tokens 128 --repeats 2 --json \
+        --output "$OUT/bench-bundled-int4.json"
+else
+    echo "gpu-check: bench-bundled-int4: skipped, $left s left"
+fi
+
+# 5. One report
 "$PY" - "$OUT" "$DRY" <<'PYTHON'
 import json, sys
 from pathlib import Path

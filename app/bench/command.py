@@ -76,17 +76,39 @@ def cuda_bench(args: argparse.Namespace) -> int:
         exact = None if args.fast_only else load_model(replace(request, precision="exact"))
         exact_s = time.perf_counter() - started
         fast = load_model(replace(request, precision="fast"))
+        fast_s = time.perf_counter() - started - exact_s
+        int4, int4_s = int4_form(replace(request, precision="fast")) if args.int4 else (None, 0)
     except ModelLoadError as error:
         print(f"glassbox bench: {error}", file=sys.stderr)
         return 1
-    fast_s = time.perf_counter() - started - exact_s
-    results = gpu_benchmark.run(fast, exact, new_tokens=args.new_tokens, repeats=args.repeats)
+    results = gpu_benchmark.run(
+        fast, exact, new_tokens=args.new_tokens, repeats=args.repeats, int4=int4
+    )
     results["shape"] = args.shape
     results["load_s"] = {"fast": fast_s} | ({} if exact is None else {"exact": exact_s})
+    if int4 is not None:
+        results["load_s"]["fast_int4"] = int4_s
     if args.gui:
         results["gui"] = gui_stall(args.gui_tokens, args.gui_rate)
     args.json = True  # its own shape: printed as JSON
     return _finish(args, results)
+
+
+def int4_form(request: LoadRequest) -> tuple[LoadedModel, float]:
+    """The fast model again with CUDA's int4 kernel where its weights fit it (to_device's
+    GLASSBOX_CUDA_INT4=1), and its load time."""
+    from engine.load.loader import load_model
+
+    before = os.environ.get("GLASSBOX_CUDA_INT4")
+    os.environ["GLASSBOX_CUDA_INT4"] = "1"
+    try:
+        started = time.perf_counter()
+        return load_model(request), time.perf_counter() - started
+    finally:
+        if before is None:
+            os.environ.pop("GLASSBOX_CUDA_INT4", None)
+        else:
+            os.environ["GLASSBOX_CUDA_INT4"] = before
 
 
 def shape_resolved(args: argparse.Namespace) -> bool:

@@ -50,9 +50,14 @@ def _timed(run: Callable[[], object], device: torch.device) -> float:
 
 
 def run(
-    fast: LoadedModel, exact: LoadedModel | None, new_tokens: int = 256, repeats: int = 5
+    fast: LoadedModel,
+    exact: LoadedModel | None,
+    new_tokens: int = 256,
+    repeats: int = 5,
+    int4: LoadedModel | None = None,
 ) -> dict[str, Any]:
-    """Decode tokens/s (medians) of each path, their ratios, TTFT and the compile times."""
+    """Decode tokens/s (medians) of each path, their ratios, TTFT and the compile times;
+    with `int4` (the fast model in CUDA's int4 form), its rate beside the bf16 one's."""
     messages = [Message("user", PROMPT)]
     session = ChatSession(fast)
     first = partial(engine_run, session, messages, FIRST_REPLY_TOKENS, VIEW_ON)
@@ -68,6 +73,12 @@ def run(
         "engine": partial(engine_run, session, messages, new_tokens, ProbeSettings.off()),
         "engine_view_on": partial(engine_run, session, messages, new_tokens, VIEW_ON),
     }
+    if int4 is not None:
+        int4_session = ChatSession(int4)
+        engine_run(int4_session, messages, FIRST_REPLY_TOKENS, ProbeSettings.off())
+        _recorded(int4, started)
+        off = ProbeSettings.off()
+        variants["engine_int4"] = partial(engine_run, int4_session, messages, new_tokens, off)
     if exact is not None:
         generate = _generate_variants(exact, messages, new_tokens)
         compile_s["generate_static"] = _timed(generate["generate_static"], _device(exact))
@@ -92,6 +103,8 @@ def run(
     }
     if exact is not None:
         report["engine_vs_generate_static"] = median["engine"] / median["generate_static"]
+    if int4 is not None:
+        report["int4_vs_bf16"] = median["engine_int4"] / median["engine"]
     return report
 
 

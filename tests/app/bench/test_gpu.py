@@ -79,6 +79,43 @@ def test_the_command_loads_a_shape_and_reports_it_with_its_load_time(
     assert set(report["decode_tokens_per_s"]) == {"engine", "engine_view_on"}
 
 
+def test_with_int4_the_int4_form_is_loaded_and_timed_beside_bf16(
+    tmp_path, monkeypatch, shapes_cache, bundled_shape, named_device, capsys
+):
+    """--int4 loads the fast model a second time with GLASSBOX_CUDA_INT4=1 (on the CPU the
+    form is the same: the plumbing is what runs here) and leaves the variable as it was."""
+    import os
+
+    from app.bench import command
+    from app.options import parser
+
+    monkeypatch.setenv("GLASSBOX_CACHE_DIR", str(shapes_cache))
+    monkeypatch.setattr(gpu, "cuda_missing", lambda: None)
+    monkeypatch.delenv("GLASSBOX_CUDA_INT4", raising=False)
+    seen: list[str | None] = []
+    from engine.load import loader
+
+    real = loader.load_model  # the command imports it when it runs: patched here
+
+    def noting(request, *args, **kwargs):
+        seen.append(os.environ.get("GLASSBOX_CUDA_INT4"))
+        return real(request, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_model", noting)
+    options = ["--model", "shape:bundled", "--fast-only", "--new-tokens", "2", "--repeats", "1"]
+    output = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--no-compile", "--int4", *options, "--output", str(output)]
+    assert command.cuda_bench(parser().parse_args(argv)) == 0
+    capsys.readouterr()
+    report = json.loads(output.read_text())
+    assert seen == [None, "1"]  # the bf16 form, then the int4 one
+    assert "GLASSBOX_CUDA_INT4" not in os.environ
+    assert set(report["load_s"]) == {"fast", "fast_int4"}
+    assert set(report["decode_tokens_per_s"]) == {"engine", "engine_view_on", "engine_int4"}
+    rates = report["decode_tokens_per_s"]
+    assert report["int4_vs_bf16"] == pytest.approx(rates["engine_int4"] / rates["engine"])
+
+
 def test_the_engines_rates_wait_for_its_recorded_buckets(bundled_shape_fast, named_device):
     from dataclasses import replace
 
