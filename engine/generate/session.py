@@ -17,6 +17,7 @@ its own and placed on the roofline (engine/measure/roofline.py) against the mach
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -99,6 +100,9 @@ class ChatSession(PacedGeneration):
         # (a GPU; a placed model times each step's transfers alone): host and device overlap
         self.runs_ahead = self.device.type == "cuda" and self.transfers is None
         self._chosen_host = torch.zeros(1, dtype=torch.long, pin_memory=self.runs_ahead)
+        # While the compiled step builds in a process beside this one (CPU), a thread fewer
+        self._building: threading.Event | None = getattr(self.compiling, "building", None)
+        self._threads_before_build = 0  # the count to go back to once the build ends (0: none)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -225,6 +229,7 @@ class ChatSession(PacedGeneration):
             if self._cancel.is_set():  # Stop while held: no further step
                 reason = "cancelled"
                 break
+            self._share_cores()
             transfer = None
             clock.start()
             if ahead is not None:  # launched while the last token went out
@@ -260,6 +265,24 @@ class ChatSession(PacedGeneration):
             self._unfeed()
         yield from self._finish(batch, tally)  # what a Stop left waiting
         yield tally.finished(reason or "length", stream.text)
+
+    def _share_cores(self) -> None:
+        """While the compiled step builds in its own process beside this one, decode with a
+        thread fewer, and with the count of before once it ends. torch's threads wait for each
+        other at every op: one of them preempted by the build holds every op up for a time
+        slice, which costs far more than the core the build takes (docs/benchmarks.md). Set
+        here, in the decoding thread: the count is each thread's own."""
+        if self._building is None:
+            return
+        if self._building.is_set():
+            if not self._threads_before_build:
+                self._threads_before_build = torch.get_num_threads()
+            fewer = max(1, self._threads_before_build - 1)
+            if torch.get_num_threads() > fewer:
+                torch.set_num_threads(fewer)
+        elif self._threads_before_build:
+            torch.set_num_threads(self._threads_before_build)
+            self._threads_before_build = 0
 
     def _may_run_ahead(self, settings: GenerationSettings) -> bool:
         """Whether the next step may be launched before this token goes out: a device that

@@ -271,6 +271,9 @@ class Attacher:
     def __init__(self, model: GGUFLlama, gguf: Path, path: Path, cache_dir: Path) -> None:
         self.model, self.gguf, self.path, self.cache_dir = model, gguf, path, cache_dir
         self.done = threading.Event()
+        # set while a build process compiles the step beside this one (ChatSession decodes
+        # with a thread fewer meanwhile)
+        self.building = threading.Event()
         self.error: str | None = None
         self.thread = threading.Thread(target=self._run, name="compiled-decode", daemon=True)
 
@@ -301,7 +304,12 @@ class Attacher:
         threads = f"--threads={torch.get_num_threads()}"  # the count this process decodes with
         command = [*LOW_PRIORITY, sys.executable, "-m", BUILDER, *files, threads]
         root = Path(__file__).parents[2]  # where `engine` imports from
-        result = build_lock.build_once(self.path, command, cwd=root)
+        if not self.path.exists():
+            self.building.set()
+        try:
+            result = build_lock.build_once(self.path, command, cwd=root)
+        finally:
+            self.building.clear()
         if result is not None and result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"compiling exited with code {result.returncode}: {last}")

@@ -273,3 +273,35 @@ def test_old_turns_are_dropped_to_fit_and_the_prefill_says_so(tokenizer):
     stop = GenerationSettings(greedy=True, max_new_tokens=8, context_policy="stop")
     events, _ = run(ChatSession(loaded), history, stop)
     assert isinstance(events[0], Failed) and events[-1].reason == "context_full"
+
+
+def test_decoding_leaves_a_core_to_the_compiled_steps_build(tokenizer):
+    """While the compiled step builds in its own process (Attacher.building), each step runs
+    with a thread fewer, set in the decoding thread itself; once the build ends, as before."""
+    import threading
+    from dataclasses import replace as replaced
+    from types import SimpleNamespace
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        building = threading.Event()
+        loaded = make_tiny(tokenizer, "llama")
+        session = ChatSession(replaced(loaded, compiling=SimpleNamespace(building=building)))
+        seen: list[int] = []
+        decode = session.decode_one_token
+
+        def noting(*args: Any) -> Any:
+            seen.append(torch.get_num_threads())
+            return decode(*args)
+
+        session.decode_one_token = noting  # type: ignore[method-assign]
+        settings = GenerationSettings(greedy=True, max_new_tokens=5, ignore_eos=True)
+        building.set()
+        list(session.generate(QUESTION, settings))
+        assert seen == [1] * 4
+        building.clear()
+        list(session.generate(QUESTION, settings))
+        assert seen[4:] == [2] * 4 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
