@@ -6,6 +6,7 @@ the launched step runs at once; on a GPU (the `[cuda]` twin, `make gpu-check`) i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,21 @@ def test_a_reply_ending_at_its_end_of_turn_forgets_the_step_run_ahead(loaded):
     got = replies(session, True, settings, VIEW)
     finished = first(got[0], Finished)
     assert finished.reason == "eos" and finished.generated_tokens <= 7
+    for turn_got, turn_want in zip(got, want, strict=True):
+        assert_same_tokens(turn_got, turn_want)
+        assert turn_got[-1] == turn_want[-1]
+
+
+def test_a_reply_ending_at_a_stop_string_forgets_the_step_run_ahead(loaded):
+    session = ChatSession(loaded)
+    plain = replies(session, False, GREEDY, ProbeSettings.off())[0]
+    text = "".join(e.text for e in plain if isinstance(e, Token))
+    start = next(i for i in range(len(text) // 3, len(text)) if text[i : i + 3].strip())
+    stop = text[start : start + 3]  # somewhere inside the reply
+    settings = replace(GREEDY, stop_strings=(stop,))
+    want = replies(session, False, settings, ProbeSettings.off())
+    got = replies(session, True, settings, ProbeSettings.off())
+    assert first(got[0], Finished).reason == "stop_string"
     for turn_got, turn_want in zip(got, want, strict=True):
         assert_same_tokens(turn_got, turn_want)
         assert turn_got[-1] == turn_want[-1]
