@@ -59,7 +59,8 @@ step() {  # step NAME LIMIT_S COMMAND...: run it (or, dry, only record it) with 
 missing=()
 unavailable=()
 for pair in gguf:gguf platformdirs:platformdirs psutil:psutil accelerate:accelerate \
-    markdown:markdown pytest:pytest pytest_timeout:pytest-timeout tokenizers:tokenizers \
+    markdown:markdown pytest:pytest pluggy:pluggy iniconfig:iniconfig pygments:pygments \
+    pytest_timeout:pytest-timeout tokenizers:tokenizers \
     jinja2:jinja2 filelock:filelock numpy:numpy transformers:transformers; do
     "$PY" -c "import ${pair%%:*}" 2> /dev/null && continue
     dist=${pair#*:}
@@ -71,9 +72,16 @@ for pair in gguf:gguf platformdirs:platformdirs psutil:psutil accelerate:acceler
 done
 echo "${missing[*]:-}" > "$OUT/installed.txt"
 echo "${unavailable[*]:-}" > "$OUT/unavailable.txt"
+# Into a folder of their own, each wheel without its dependencies (those that matter here come
+# with transformers): the image's own environment may not be writable
+SITE="$GLASSBOX_CACHE_DIR/site-packages"
 if [ ${#missing[@]} -gt 0 ]; then
-    step install 30 "$PY" -m pip install --no-index --find-links .whl "${missing[@]}"
+    wheels=()
+    for dist in "${missing[@]}"; do wheels+=(.whl/"${dist//-/_}"-*.whl); done
+    step install 30 "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \
+        --target "$SITE" "${wheels[@]}"
 fi
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # 2. The tests that run on CUDA (their CPU twins run in CI); the bundled model's are left out
 step pytest "$TESTS_S" "$PY" -m pytest -q -p no:cacheprovider -m "not bundled and not real_models" \
