@@ -360,3 +360,18 @@ def test_a_load_waits_for_the_first_buckets_recording_and_keeps_its_kernels(
     static_decode.keep_kernels(tmp_path / "elsewhere")  # a folder already chosen stays
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "kernels")
     assert state.close(timeout=60)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's CUDA kernels need a GPU")
+def test_the_recorded_buckets_share_one_compile_on_cuda(tiny_gguf):
+    """On a GPU the buckets' recordings are one compile of the layer at most (none where an
+    earlier test compiled it), then captures: buckets of sizes no earlier test used."""
+    from torch._dynamo.utils import counters
+
+    model = build(tiny_gguf, "cuda")
+    before = counters["stats"]["unique_graphs"]
+    step = StaticDecode(model, COMPILE, first=24, ahead=96)
+    model.static_step = step
+    recorded_first(step)
+    assert step.recorder.buckets == [24, 48, 96]
+    assert counters["stats"]["unique_graphs"] - before <= 1
