@@ -441,8 +441,20 @@ def bucket_dynamic(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
 def keep_kernels(folder: Path) -> None:
     """Keep inductor's compiled kernels and graphs in `folder` (Glassbox's cache) rather than
     the system's temporary folder: a later start compiles the step from them in far less time.
-    A folder the user chose ($TORCHINDUCTOR_CACHE_DIR) stays theirs."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
+    A folder the user chose ($TORCHINDUCTOR_CACHE_DIR) stays theirs; torch's own default, which
+    importing dynamo writes into the variable, does not."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == _inductor_default():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+
+
+def _inductor_default() -> str | None:
+    """The folder inductor uses where none is chosen (None: a torch that does not say)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
 
 
 def recording(backend: str) -> Record | None:
@@ -491,10 +503,10 @@ def attach(
         log.info("the decode step stays eager: %s", reason)
         return None
     backend, why = choose_backend(device or model.device)
-    step = StaticDecode(model, backend, why)
-    model.static_step = step
     if backend != EAGER and kernels is not None:
         keep_kernels(kernels)
+    step = StaticDecode(model, backend, why)
+    model.static_step = step
     step.plan(0)  # the first buckets start recording now, before the first reply
     log.info("decode step: %s", step.state)
     state = StepState(step)
