@@ -68,15 +68,6 @@ class BucketRecorder(Generic[Step]):
         with self._lock:
             return self._in_flight == capacity
 
-    def settled(self, capacity: int, timeout: float | None = None) -> bool:
-        """Wait until `capacity` is recorded, its recording failed, or the recorder closed;
-        whether that came within `timeout`."""
-        with self._lock:
-            return self._lock.wait_for(
-                lambda: capacity in self._ready or capacity in self._failed or self._closed,
-                timeout,
-            )
-
     def idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is queued or recording; whether that came within `timeout`."""
         with self._lock:

@@ -8,10 +8,10 @@ a device tensor updated in place, every shape fixed. Here:
 - the cache comes in buckets (256, 512, 1024, ... up to the model's context): each bucket's
   tensors are allocated once per model and reused by every conversation, so a graph records
   their addresses once; growing to the next bucket copies the filled part once
-  (`BucketedKVBuffer`). The first bucket's graph is recorded during the load (its compile,
-  which every bucket shares), the others in the background ahead of the context
-  (engine/step/bucket_recorder.py); a step whose bucket is not ready yet runs uncaptured: a
-  reply never waits for a recording (`StaticDecode.builds` counts the recordings);
+  (`BucketedKVBuffer`). The buckets up to AHEAD positions are recorded during the load (the
+  first is the compile every bucket shares), the later ones in the background ahead of the
+  context (engine/step/bucket_recorder.py); a step whose bucket is not ready yet runs
+  uncaptured: a reply never waits for a recording (`StaticDecode.builds` counts them);
 - the step (`static_step`) embeds the token from a dense table, builds the rotations from the
   device position, and runs every layer through engine/model/layer.py's `decode_layer` (the
   eager forward's own layer) with ops that write k and v at that position and attend over
@@ -66,7 +66,7 @@ STATES = {COMPILE: "cuda graph (torch.compile)", CAPTURE: "cuda graph (captured)
 WARMUP = 3  # uncaptured runs on a side stream before a capture (the CUDA graph docs' advice)
 
 AHEAD = 1024  # positions whose buckets are recorded from the start, before any reply
-FIRST_WAIT_S = 600.0  # the most a load waits for the first bucket (its compile); then uncaptured
+LOAD_WAIT_S = 600.0  # the most a load waits for its buckets (the compile); then uncaptured
 
 Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]  # keys, values per layer
 # logits [vocab], queries [1, h, 1, d], each layer's output [layers, dim] float32
@@ -471,7 +471,7 @@ class StepState:
         self.done = threading.Event()
         self.done.set()
         self.error: str | None = None
-        self.first_ready_s = 0.0  # what the load waited for the first bucket's recording
+        self.load_wait_s = 0.0  # what the load waited for the buckets recorded with it
 
     @property
     def state(self) -> str:
@@ -495,9 +495,10 @@ def attach(
     report: Callable[[str, float], None] | None = None,
 ) -> StepState | None:
     """Give `model` the static step for its device; None (and logged why) where it cannot.
-    Where the step is recorded (a CUDA graph), the load waits for the first bucket's: the one
-    compile every bucket shares (its kernels kept in `kernels`), so that no reply runs at the
-    uncaptured step's crawl while a compile in this process takes the interpreter from it."""
+    Where the step is recorded (a CUDA graph), the load waits for the buckets up to AHEAD
+    positions: the first is the one compile every bucket shares (its kernels kept in
+    `kernels`), the others captures alone. No reply then runs beside a recording, which holds
+    the interpreter (a compile, the uncaptured step's crawl, for tens of seconds)."""
     reason = refusal(model)
     if reason is not None:
         log.info("the decode step stays eager: %s", reason)
@@ -514,7 +515,8 @@ def attach(
         if report is not None:
             report("Compiling the decode step for the GPU (kept for later starts)", 0.98)
         began = time.perf_counter()
-        step.recorder.settled(bucket_for(1, model.shape.context, step.first), FIRST_WAIT_S)
-        state.first_ready_s = time.perf_counter() - began
-        log.info("decode step: the load waited %.1f s for its first bucket", state.first_ready_s)
+        step.recorder.idle(LOAD_WAIT_S)
+        state.load_wait_s = time.perf_counter() - began
+        buckets = ", ".join(map(str, step.recorder.buckets))
+        log.info("decode step: the load waited %.1f s for buckets %s", state.load_wait_s, buckets)
     return state

@@ -331,8 +331,8 @@ def test_a_load_waits_for_the_first_buckets_recording_and_keeps_its_kernels(
     tiny_gguf, monkeypatch, tmp_path
 ):
     """Where the step is recorded (a CUDA graph, its compile the first bucket's recording),
-    `attach` returns once the first bucket is ready: no reply runs beside that compile. The
-    compiled kernels go to the cache folder, unless the user named another."""
+    `attach` returns once the buckets up to AHEAD are ready: no reply runs beside a recording.
+    The compiled kernels go to the cache folder, unless the user named another."""
     import os
 
     monkeypatch.setattr(static_decode, "choose_backend", lambda device: (CAPTURE, None))
@@ -355,8 +355,10 @@ def test_a_load_waits_for_the_first_buckets_recording_and_keeps_its_kernels(
     )
     assert state is not None
     first = static_decode.bucket_for(1, model.shape.context)
-    assert recorded[0] == first and state.first_ready_s >= 0.3
-    assert model.static_step.recorder.ready(first) is not None
+    ahead = static_decode.bucket_for(static_decode.AHEAD, model.shape.context)
+    assert recorded[0] == first and recorded[-1] == ahead  # smallest first, all at load
+    assert model.static_step.recorder.buckets == sorted(recorded)
+    assert state.load_wait_s >= 0.3 * len(recorded)
     assert stages == ["Compiling the decode step for the GPU (kept for later starts)"]
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "kernels")
     static_decode.keep_kernels(tmp_path / "elsewhere")  # a folder already chosen stays
