@@ -48,7 +48,7 @@ from engine.generate.pacing import PacedGeneration
 from engine.generate.sampling import Sampler
 from engine.generate.view_batch import Step, ViewBatch, Weigh
 from engine.load.loader import LoadedModel
-from engine.measure.device import HostStopwatch, marker, stopwatch
+from engine.measure.device import EventStopwatch, HostStopwatch, Stopwatch, marker, stopwatch
 from engine.measure.peaks import peaks_or_none
 from engine.measure.roofline import ForwardCost, Meter
 from engine.model.attention_probe import AttentionProbe
@@ -212,10 +212,7 @@ class ChatSession(PacedGeneration):
         if settings.pause_after_prefill:
             self.pacer.pause()
 
-        # The steps' clock: running ahead, the host's, as waiting for the device would undo the
-        # overlap. A step's time is then the loop's own from this token's turn to its read: the
-        # device's work for it that overlapped the last token's turn is not counted twice.
-        clock = HostStopwatch() if self.runs_ahead else clock
+        clock = self._step_clock()
         reason: FinishReason | None = None
         token_id, chosen = -1, history[-1]
         batch = self._batch = self._view_batch(settings, probes)
@@ -237,12 +234,11 @@ class ChatSession(PacedGeneration):
             else:
                 if index > 0:  # the last token through the model (token 0: the prefill's)
                     self._begin_transfer()
-                    self._feed(token_id, settings.use_cache)
-                    history = self._write(written, history, chosen)
-                    forward = self.decode_one_token(history, settings.use_cache, probes)
+                    use_cache = settings.use_cache
+                    self._feed(token_id, use_cache)
+                    history, forward = self._launch(chosen, written, history, probes, use_cache)
                     transfer = self._transfer()
-                probs = sampler.distribution(forward.logits, history)  # [vocab]
-                chosen = sampler.choose(probs)
+                probs, chosen = _draw(sampler, forward, history)
             per_layer = self._cache.layer_bytes() if self._cache is not None else ()
             ahead = None
             if self._may_run_ahead(settings) and index + 1 < budget:
@@ -265,6 +261,13 @@ class ChatSession(PacedGeneration):
             self._unfeed()
         yield from self._finish(batch, tally)  # what a Stop left waiting
         yield tally.finished(reason or "length", stream.text)
+
+    def _step_clock(self) -> Stopwatch | EventStopwatch:
+        """The decode steps' (and their batches') clock. Running ahead, the host's: waiting for
+        the device would undo the overlap. A step's time is then the loop's own from its token's
+        turn to its read: the device's work that overlapped the last token's turn is not
+        counted twice."""
+        return HostStopwatch() if self.runs_ahead else stopwatch(self.device)
 
     def _share_cores(self) -> None:
         """While the compiled step builds in its own process beside this one, decode with a
@@ -289,6 +292,20 @@ class ChatSession(PacedGeneration):
         runs it meanwhile (`runs_ahead`), a cache that can forget it, and no teacher stepping."""
         return self.runs_ahead and settings.use_cache and self.pacer.at_full_speed
 
+    def _launch(
+        self,
+        chosen: torch.Tensor,
+        written: torch.Tensor,
+        history: torch.Tensor,
+        probes: ProbeSettings,
+        use_cache: bool,
+    ) -> tuple[torch.Tensor, Forward]:
+        """The step for `chosen` (still on the device): the history [T + 1] with it written
+        after `history` (a view of `written`), and its pass through the model."""
+        written[len(history)] = chosen
+        history = written[: len(history) + 1]
+        return history, self.decode_one_token(history, use_cache, probes)
+
     def _run_ahead(
         self,
         chosen: torch.Tensor,
@@ -299,16 +316,15 @@ class ChatSession(PacedGeneration):
     ) -> tuple[int, Launched]:
         """Launch the next step (and its sampling) on the token the device just chose, then
         read that token: the device runs the next step while the host streams this one. The
-        token's copy is queued before the next step, so reading it waits for no more."""
+        token's copy is queued before the next step, so reading it waits for no more.
+        (Running ahead needs the cache: `_may_run_ahead`.)"""
         copied = self._chosen_host.copy_(chosen.reshape(1), non_blocking=True)
         chosen_ready = marker(self.device)
-        history = self._write(written, history, chosen)
-        forward = self.decode_one_token(history, True, probes)
-        probs = sampler.distribution(forward.logits, history)
-        launched = Launched(forward, probs, sampler.choose(probs), history)
+        history, forward = self._launch(chosen, written, history, probes, use_cache=True)
+        launched = Launched(forward, *_draw(sampler, forward, history), history)
         chosen_ready()
         token_id = int(copied[0])
-        self._feed(token_id, True)
+        self._feed(token_id, use_cache=True)
         return token_id, launched
 
     def _feed(self, token_id: int, use_cache: bool) -> None:
@@ -322,12 +338,6 @@ class ChatSession(PacedGeneration):
         self._cached_ids.pop()
         if self._cache is not None:
             self._cache.truncate(len(self._cached_ids))
-
-    @staticmethod
-    def _write(written: torch.Tensor, history: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """history [T] (a view of `written`) with `chosen` after it, still on the device."""
-        written[len(history)] = chosen
-        return written[: len(history) + 1]
 
     def _view_batch(self, settings: GenerationSettings, probes: ProbeSettings) -> ViewBatch:
         return ViewBatch(
@@ -357,7 +367,7 @@ class ChatSession(PacedGeneration):
     def _finish(self, batch: ViewBatch, tally: Tally) -> Iterator[Token]:
         """The batch's Tokens, its candidates and statistics worked out together, its time
         shared among them; each counted as it goes out."""
-        clock = HostStopwatch() if self.runs_ahead else stopwatch(self.device)
+        clock = self._step_clock()
         clock.start()
         for token in batch.finish(clock.stop):
             _count(tally, token.index, token.seconds)
@@ -578,6 +588,14 @@ def _count(tally: Tally, index: int, step_s: float) -> None:
     else:
         tally.decode_s += step_s
     tally.generated = index + 1
+
+
+def _draw(
+    sampler: Sampler, forward: Forward, history: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distribution [vocab] the next token is drawn from, and the token (on the device)."""
+    probs = sampler.distribution(forward.logits, history)
+    return probs, sampler.choose(probs)
 
 
 def _not_placed(_seconds: float) -> None:
