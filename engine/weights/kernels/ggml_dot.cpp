@@ -2,7 +2,9 @@
 // llama.cpp's integer arithmetic: the activations are rounded to int8 per block of the
 // weight's type (32 values, or 256 for the K-quants), here in two terms (see Q8), and each
 // block's product is summed in integers with AVX2's u8 x s8 multiply-adds, then scaled once.
-// Built and loaded by engine/ggml_kernel.py; the layouts are in engine/ggml_blocks.py.
+// Built with AVX-512 VNNI (VNNI below), the multiply-adds and the sums they feed are one
+// instruction where AVX2 takes two or three: the same integer sums, so the same results.
+// Built and loaded by engine/weights/ggml_kernel.py; the layouts are in engine/gguf/blocks.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -17,6 +19,12 @@
 #include <vector>
 
 namespace {
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define VNNI 1
+#else
+#define VNNI 0
+#endif
 
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q6_K = 14;
 
@@ -78,7 +86,11 @@ inline float hsum(__m256 v) {
 
 // 32 unsigned bytes times 32 signed ones, summed in fours: 8 int32.
 inline __m256i dot_us8(__m256i u, __m256i s) {
+#if VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
 }
 
 // One row of activations in two int8 terms per block of the weight's type (32 or 256
@@ -193,8 +205,13 @@ inline __m256 bytes_to_floats(const uint8_t* p) {
 // Σ over 32 values of scale·w·x in int32, for each term: pairs of u8 x s8, times the scale.
 inline void scaled(__m256i w, const int8_t* q, const int8_t* r, __m256i scale, __m256i& sum_q,
                    __m256i& sum_r) {
+#if VNNI  // the pairs' products times the scale, added to the sums, in one instruction
+  sum_q = _mm256_dpwssd_epi32(sum_q, _mm256_maddubs_epi16(w, load32(q)), scale);
+  sum_r = _mm256_dpwssd_epi32(sum_r, _mm256_maddubs_epi16(w, load32(r)), scale);
+#else
   sum_q = _mm256_add_epi32(sum_q, _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(q)), scale));
   sum_r = _mm256_add_epi32(sum_r, _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(r)), scale));
+#endif
 }
 
 // Q4_K: w = d·sc·q - dmin·m per 32 values. One activation scale per super-block, so the

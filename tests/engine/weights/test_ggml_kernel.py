@@ -4,7 +4,11 @@ block can change, and a fast model built on them against the exact model."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -209,18 +213,76 @@ def test_a_build_removes_the_libraries_of_older_sources(tmp_path):
     folder = tmp_path / "kernels"
     folder.mkdir()
     older = [
-        folder / "ggml_dot-torch1.0-aaaaaaaaaaaa.so",
+        folder / "ggml_dot-torch1.0-aaaaaaaaaaaa.so",  # named before the kernel sets
         folder / "ggml_dot-torch1.0-aaaaaaaaaaaa.so.lock",
+        folder / "ggml_dot-vnni-torch1.0-aaaaaaaaaaaa.so",
     ]
     for path in older:
         path.write_bytes(b"old")
     other = folder / "notes.txt"  # not ours: kept
     other.write_text("kept")
-    path = ggml_kernel.library_path(tmp_path)  # as a build just made it (not loaded: a second
-    path.write_bytes(b"new")  # library of the same ops would abort the process)
+    other_set = folder / "ggml_dot-avx2-torch1.0-bbbbbbbbbbbb.so"  # a forced AVX2 run's: kept
+    other_set.write_bytes(b"other")
+    path = ggml_kernel.library_path(tmp_path, "vnni")  # as a build just made it (not loaded:
+    path.write_bytes(b"new")  # a second library of the same ops would abort the process)
     ggml_kernel._remove_older(path)
-    assert path.is_file() and other.is_file()
+    assert path.is_file() and other.is_file() and other_set.is_file()
     assert not any(p.exists() for p in older)
+
+
+def test_each_kernel_set_names_its_own_library(tmp_path):
+    avx2, vnni = (ggml_kernel.library_path(tmp_path, k) for k in ggml_kernel.KERNEL_SETS)
+    assert avx2 != vnni and avx2.name.startswith("ggml_dot-avx2-")
+    assert ggml_kernel._kernels_of(vnni) == "vnni"
+    assert set(ggml_kernel.VNNI_FLAGS) <= set(ggml_kernel.flags("vnni"))
+    assert not set(ggml_kernel.VNNI_FLAGS) & set(ggml_kernel.flags("avx2"))
+
+
+@pytest.mark.parametrize(
+    ("capability", "cpu", "expected"),
+    [
+        ("AVX512", ggml_kernel.VNNI_CPU_FLAGS | {"avx2"}, "vnni"),
+        ("AVX2", ggml_kernel.VNNI_CPU_FLAGS | {"avx2"}, "avx2"),  # ATEN_CPU_CAPABILITY=avx2
+        ("AVX512", {"avx512f", "avx512bw", "avx512vl", "avx2"}, "avx2"),  # no VNNI
+    ],
+)
+def test_the_kernel_set_follows_torchs_and_the_cpus(capability, cpu, expected, monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(ggml_kernel, "cpu_flags", lambda: frozenset(cpu))
+    assert ggml_kernel.kernel_set() == expected
+
+
+# Run under ATEN_CPU_CAPABILITY=avx2: the AVX2 form's products of the saved inputs
+AVX2_PRODUCTS = """
+import sys, torch
+from engine.weights import ggml_kernel
+assert ggml_kernel.kernel_set() == "avx2" and ggml_kernel.ensure() is None
+cases = torch.load(sys.argv[1])
+torch.save([torch.ops.glassbox.ggml_mm(x, raw, qtype) for qtype, raw, x in cases], sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(ggml_kernel.kernel_set() != "vnni", reason="no AVX-512 VNNI form here")
+def test_the_vnni_form_gives_the_avx2_forms_products_bit_for_bit(tmp_path):
+    """Its instructions add the same integer products as AVX2's, in the same order."""
+    generator = torch.Generator().manual_seed(7)
+    cases = [
+        (qtype, random_blocks(qtype, 40, 768, seed=qtype), torch.randn(3, 768, generator=generator))
+        for qtype in TYPES
+    ]  # fmt: skip
+    torch.save(cases, tmp_path / "cases.pt")
+    root = str(Path(__file__).parents[3])
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": root}
+    script = [sys.executable, "-c", AVX2_PRODUCTS]
+    subprocess.run(
+        [*script, str(tmp_path / "cases.pt"), str(tmp_path / "avx2.pt")],
+        check=True,
+        env=env,
+        timeout=600,
+    )
+    avx2 = torch.load(tmp_path / "avx2.pt")
+    for (qtype, raw, x), theirs in zip(cases, avx2, strict=True):
+        assert torch.equal(torch.ops.glassbox.ggml_mm(x, raw, qtype), theirs), qtype
 
 
 def test_a_changed_header_names_a_new_library(tmp_path, monkeypatch):
