@@ -101,23 +101,27 @@ def decode_layer(
 
 
 def norm_row(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """float32 [1, dim] -> RMS-normalised and scaled in float32, out in bf16.
-
-    The mean square of one row is one matmul, x·xᵀ/dim + eps: 5 ops where F.rms_norm and a
-    cast run 9, and inductor fuses them into one loop.
-    """
-    inverse_rms = torch.addmm(eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt()
-    return (x * (weight * inverse_rms)).to(torch.bfloat16)
+    """float32 [1, dim] -> RMS-normalised and scaled in float32, out in bf16."""
+    return (x * (weight * inverse_rms(x, eps))).to(torch.bfloat16)
 
 
 def post_norm_row(h: torch.Tensor, weight: torch.Tensor | None, eps: torch.Tensor) -> torch.Tensor:
     """A sublayer's output [1, dim] as it joins the residual stream: as it is, or (Gemma 3)
-    RMS-normalised in float32 and kept in float32, the mean square as norm_row's matmul."""
+    RMS-normalised in float32 and kept in float32."""
     if weight is None:
         return h
     h = h.float()
-    inverse_rms = torch.addmm(eps, h, h.t(), alpha=1 / h.shape[1]).rsqrt()
-    return h * (weight * inverse_rms)
+    return h * (weight * inverse_rms(h, eps))
+
+
+def inverse_rms(x: torch.Tensor, eps: torch.Tensor, matmul: bool | None = None) -> torch.Tensor:
+    """1 / RMS of one row x [1, dim] float32 -> [1, 1]. On the CPU (`matmul`) one matmul,
+    x·xᵀ/dim + eps: 5 ops where F.rms_norm and a cast run 9, and inductor fuses them into one
+    loop. On a GPU a reduction, which inductor fuses with the scaling around it, where the
+    matmul would be a cuBLAS kernel of its own in every norm of every layer."""
+    if matmul if matmul is not None else x.device.type == "cpu":
+        return torch.addmm(eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt()
+    return (x.square().mean(-1, keepdim=True) + eps).rsqrt()
 
 
 def qk_norm(qk: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -150,6 +154,12 @@ def glu(gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
 # Up to this many new positions, RoPE is one batched matmul with a rotation matrix per position
 # (3 ops, cheaper than the elementwise form for a decode step); more, and the matrices cost more.
 ROPE_MATRIX_ROWS = 8
+
+
+def rope_matrix_rows(device: torch.device) -> int:
+    """ROPE_MATRIX_ROWS on the CPU; none on a GPU, where the elementwise form fuses with its
+    neighbours inside the compiled step and a matrix product is a kernel of its own."""
+    return ROPE_MATRIX_ROWS if device.type == "cpu" else 0
 
 
 class Rope:

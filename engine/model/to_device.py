@@ -25,6 +25,7 @@ import torch
 
 from engine.gguf import blocks, torch_blocks
 from engine.gguf.blocks import BLOCK_BYTES
+from engine.model.layer import rope_matrix_rows
 from engine.model.llama import Block, GGUFLlama
 from engine.weights.ggml_linear import GGMLLinear
 from engine.weights.linear import BLOCK, DenseLinear, Int4Linear, Linear, Part, PartsLinear
@@ -160,6 +161,7 @@ def to_device(model: GGUFLlama, device: torch.device) -> GGUFLlama:
     head.bulk = device_linear(head.bulk, device, int4)  # type: ignore[assignment]
     head.lookup, head.rows = rows, rows.raw  # type: ignore[assignment]
     model.embedding.lookup, model.embedding.rows = table, table.raw  # type: ignore[assignment]
+    model.rope_matrix_rows = min(model.rope_matrix_rows, rope_matrix_rows(device))
     model.to(device)
     log.info("GGUF weights on %s: %s", device, "int4 (CUDA kernel) where 4-bit, else bf16"
              if int4 else "bf16 (CUDA's int4 path waits for a GPU measurement)")  # fmt: skip

@@ -11,6 +11,7 @@ from engine.gguf import blocks
 from engine.gguf.reader import GGUFFile
 from engine.model.fast_builder import build_fast
 from engine.model.gguf_shape import raw_rows, read_shape
+from engine.model.layer import rope_matrix_rows
 from engine.model.to_device import to_device
 from engine.weights.ggml_linear import GGMLLinear
 from tests.engine.measure.test_accelerator import DEVICES
@@ -65,6 +66,8 @@ def test_every_weight_is_the_reference_dequantised_once_to_bf16(tmp_path, device
     assert "output.weight" in file.tensors  # untied: the head's exact rows a table of its own
     assert torch.equal(model.output.rows, dequantized(file, "output.weight"))
     assert torch.equal(model.output.bulk.weight, model.output.rows.to(torch.bfloat16))
+    # a GPU's one-token passes rotate elementwise, fused into the compiled step's kernels
+    assert model.rope_matrix_rows == rope_matrix_rows(torch.device(device))
 
 
 def test_a_head_of_a_type_without_blocks_is_its_rows_in_bf16(tmp_path):

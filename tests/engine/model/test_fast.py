@@ -155,6 +155,29 @@ def test_rope_equals_the_rotate_half_formula(n):
     torch.testing.assert_close(rope(x).float(), expected.float(), rtol=2**-7, atol=1e-6)
 
 
+def test_a_gpu_rotates_elementwise_and_a_cpu_by_matrices_for_short_passes():
+    """On a GPU the rotation fuses into the compiled step's own kernels (layer.rope_matrix_rows)."""
+    rows = engine.model.layer.rope_matrix_rows
+    assert rows(torch.device("cpu")) == engine.model.layer.ROPE_MATRIX_ROWS
+    assert rows(torch.device("cuda", 0)) == 0 and rows(torch.device("mps")) == 0
+
+
+def test_the_norms_matmul_and_reduction_give_one_inverse_rms():
+    """layer.inverse_rms: the CPU's x·xᵀ matmul and the GPU's reduction, each within float32's
+    rounding of the float64 value, and the device picks which (the CPU: the matmul)."""
+    torch.manual_seed(0)
+    eps = torch.full((1, 1), 1e-5)
+    for scale in (1e-3, 1.0, 300.0):  # a quiet and a loud residual stream
+        x = torch.randn(1, 576) * scale
+        exact = 1 / (x.double().square().mean() + 1e-5).sqrt()
+        for matmul in (True, False):
+            got = engine.model.layer.inverse_rms(x, eps, matmul)
+            assert got.shape == (1, 1) and got.dtype == torch.float32
+            torch.testing.assert_close(got.double()[0, 0], exact, rtol=1e-6, atol=0)
+        picked = engine.model.layer.inverse_rms(x, eps)
+        assert torch.equal(picked, engine.model.layer.inverse_rms(x, eps, matmul=True))
+
+
 @pytest.mark.parametrize("matrix", [True, False], ids=["matrices", "elementwise"])
 def test_a_decode_steps_rotation_is_its_row_of_a_chunk(matrix):
     """RopeRows: a one-token pass's rotation, made a chunk of positions ahead, rotates as a
