@@ -6,12 +6,16 @@ maximum, then the first maximum in that row, is the same index, found in a fract
 Likewise torch's CPU topk over the whole vector (slow, for the 50 a sampled step keeps, the 10
 candidates the view shows, the 64 logits the fast head recomputes): the k largest values all lie
 in the k rows with the largest maxima, so a topk over those rows finds them.
+Where the GGML kernels are loaded, `top_k_rows` is their C++ op of the same two passes (one
+call, where the torch ops are five, each tens of microseconds between two decode steps).
 Elsewhere (a GPU, a length that is not a multiple of 128) torch's own argmax and topk run.
 """
 
 from __future__ import annotations
 
 import torch
+
+from engine.weights import ggml_kernel
 
 WIDTH = 128
 
@@ -62,9 +66,17 @@ def top_k_rows(values: torch.Tensor, k: int) -> torch.Tensor:
     one pass each way. Each row's choice among equal values is its own, whatever rows come with
     it (torch's topk takes each row alone): the logit lens's last layer is then exactly the
     decode step's own logits."""
-    n, size = values.shape
+    size = values.shape[1]
     if values.device.type != "cpu" or size % WIDTH or k > size // WIDTH:
         return values.topk(k, dim=-1).indices
+    if values.dtype in (torch.float32, torch.bfloat16) and ggml_kernel.ensure() is None:
+        return torch.ops.glassbox.top_k_rows(values, k)  # among equal values the lower index
+    return top_k_rows_torch(values, k)
+
+
+def top_k_rows_torch(values: torch.Tensor, k: int) -> torch.Tensor:
+    """top_k_rows in torch's ops (values [n, V], V a multiple of WIDTH, k <= V / WIDTH)."""
+    n = values.shape[0]
     # Every row of WIDTH holding one of a row's k largest has a maximum at least that entry:
     # k such rows at most, each among the k rows with the largest maxima.
     rows = values.view(n, -1, WIDTH)  # [n, V / WIDTH, WIDTH]

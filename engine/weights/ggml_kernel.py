@@ -206,6 +206,10 @@ def _register_fakes() -> None:
     def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return q.new_empty(q.shape, dtype=torch.float32)
 
+    @torch.library.register_fake("glassbox::top_k_rows")  # type: ignore[untyped-decorator]
+    def _top_k_rows(values: torch.Tensor, k: int) -> torch.Tensor:
+        return values.new_empty(values.shape[0], k, dtype=torch.int64)
+
     @torch.library.register_fake("glassbox::ggml_dequantize")  # type: ignore[untyped-decorator]
     def _dequantize(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:
         return raw.new_empty(raw.shape[0], columns, dtype=torch.bfloat16)

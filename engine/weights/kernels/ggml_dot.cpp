@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -417,6 +419,7 @@ void dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* w) {
 
 #include "ggml_dense.h"  // a prefill's product: dequantised panels, bf16 matmuls
 #include "attend_one.h"  // the decode step's attention
+#include "top_k.h"       // each row's k largest values
 
 }  // namespace
 
@@ -425,6 +428,7 @@ TORCH_LIBRARY(glassbox, lib) {
   lib.def("ggml_dequantize(Tensor raw, int qtype, int columns) -> Tensor");
   lib.def("ggml_dense_mm(Tensor x, Tensor raw, int qtype) -> Tensor");
   lib.def("attend_one(Tensor q, Tensor k, Tensor v) -> Tensor");
+  lib.def("top_k_rows(Tensor values, int k) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
@@ -432,4 +436,5 @@ TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
   lib.impl("ggml_dequantize", ggml_dequantize);
   lib.impl("ggml_dense_mm", ggml_dense_mm);
   lib.impl("attend_one", attend_one);
+  lib.impl("top_k_rows", top_k_rows);
 }

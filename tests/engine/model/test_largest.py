@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from engine.model.largest import argmax, top_k, top_k_rows, top_k_support
+from engine.model.largest import argmax, top_k, top_k_rows, top_k_rows_torch, top_k_support
+from engine.weights import ggml_kernel
 
 
 @pytest.mark.parametrize("size", [49152, 128 * 3, 1000, 7])
@@ -66,3 +67,36 @@ def test_top_k_rows_are_each_rows_topk():
         expected = values.topk(k, dim=-1).values
         assert torch.equal(values.gather(1, got), expected)
         assert all(len(set(row)) == k for row in got.tolist())
+
+
+@pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_top_k_rows_are_the_torch_ways(dtype):
+    """The C++ op (where the GGML kernels load) and the torch ops give each row's same k
+    largest values, largest first; among equal values the op names the lower index first.
+    Rows with many ties, the largest crowded into few blocks, -inf, and k past the blocks."""
+    generator = torch.Generator().manual_seed(3)
+    for size, k in ((128 * 384, 64), (128 * 384, 10), (128 * 4, 4), (128 * 4, 1)):
+        values = torch.randn(6, size, generator=generator).to(dtype)  # bf16: many ties
+        values[1, : size // 2] = -1e9
+        values[2, 5:] = float("-inf")  # fewer finite values than k
+        values[3] = 1.5  # all equal
+        got = torch.ops.glassbox.top_k_rows(values, k)
+        want = top_k_rows_torch(values, k)
+        assert got.shape == want.shape == (6, k) and got.dtype == torch.int64
+        assert torch.equal(values.gather(1, got), values.gather(1, want))
+        assert torch.equal(values.gather(1, got), values.topk(k, dim=-1).values)
+        for row, indices in zip(values, got.tolist(), strict=True):
+            pairs = [(-float(row[i]), i) for i in indices]
+            assert pairs == sorted(pairs)  # equal values: the lower index first
+        assert top_k_rows(values, k).tolist() == got.tolist()  # the op is what runs here
+
+
+@pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
+def test_the_kernels_top_k_rows_refuses_what_it_cannot_rank():
+    with pytest.raises(RuntimeError, match="NaN"):
+        torch.ops.glassbox.top_k_rows(torch.full((1, 256), float("nan")), 3)
+    with pytest.raises(RuntimeError, match="float32 or bf16"):
+        torch.ops.glassbox.top_k_rows(torch.zeros(1, 256, dtype=torch.float64), 3)
+    with pytest.raises(RuntimeError, match="within 1"):
+        torch.ops.glassbox.top_k_rows(torch.zeros(1, 256), 0)
