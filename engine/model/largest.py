@@ -70,7 +70,8 @@ def top_k_rows(values: torch.Tensor, k: int) -> torch.Tensor:
     if values.device.type != "cpu" or size % WIDTH or k > size // WIDTH:
         return values.topk(k, dim=-1).indices
     if values.dtype in (torch.float32, torch.bfloat16) and ggml_kernel.ensure() is None:
-        return torch.ops.glassbox.top_k_rows(values, k)  # among equal values the lower index
+        top: torch.Tensor = torch.ops.glassbox.top_k_rows(values, k)  # ties: the lower index
+        return top
     return top_k_rows_torch(values, k)
 
 

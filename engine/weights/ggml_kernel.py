@@ -49,8 +49,9 @@ _state: dict[str, str | None] = {}  # "reason": why the kernels did not load, on
 
 
 def kernel_set() -> str:
-    """ "vnni" under torch's AVX-512 kernel set on a CPU with AVX-512 VNNI, else "avx2": so
-    ATEN_CPU_CAPABILITY=avx2 runs these kernels as an AVX2-only machine would, too."""
+    """The form the kernels take here: "vnni" under torch's AVX-512 kernel set on a CPU with
+    AVX-512 VNNI, else "avx2" (so ATEN_CPU_CAPABILITY=avx2 runs them as an AVX2-only machine
+    would, too)."""
     avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
     return "vnni" if avx512 and cpu_flags() >= VNNI_CPU_FLAGS else "avx2"
 
@@ -69,6 +70,7 @@ def cpu_flags() -> frozenset[str]:
 
 
 def flags(kernels: str) -> tuple[str, ...]:
+    """The compiler's flags for a kernel set."""
     return FLAGS + VNNI_FLAGS if kernels == "vnni" else FLAGS
 
 
@@ -111,9 +113,14 @@ def ensure() -> str | None:
     per machine and torch). Returns why they cannot be used, or None. Tried once a process."""
     if "reason" not in _state:
         kernels = kernel_set()
-        _state["reason"] = _refusal() or _load(library_path(default_cache_dir(), kernels))
-        if _state["reason"] is not None:
-            log.info("the GGML kernels are off, torch's int4 kernel runs: %s", _state["reason"])
+        reason = _refusal() or _load(library_path(default_cache_dir(), kernels))
+        if reason is not None and kernels == "vnni" and reason.startswith("the kernels did not"):
+            # a compiler without AVX-512 VNNI still builds the AVX2 form
+            log.info("the GGML kernels' VNNI form failed (%s); building the AVX2 form", reason)
+            kernels, reason = "avx2", _load(library_path(default_cache_dir(), "avx2"))
+        _state["reason"] = reason
+        if reason is not None:
+            log.info("the GGML kernels are off, torch's int4 kernel runs: %s", reason)
         else:
             log.info("the GGML kernels run in their %s form", kernels)
     return _state["reason"]

@@ -252,6 +252,22 @@ def test_the_kernel_set_follows_torchs_and_the_cpus(capability, cpu, expected, m
     assert ggml_kernel.kernel_set() == expected
 
 
+def test_a_vnni_build_that_fails_falls_back_to_the_avx2_form(monkeypatch, tmp_path):
+    """A compiler without AVX-512 VNNI: the kernels still run, in their AVX2 form."""
+    tried: list[str] = []
+
+    def load(path):
+        tried.append(ggml_kernel._kernels_of(path))
+        return "the kernels did not build or load: no vnni" if tried[-1] == "vnni" else None
+
+    monkeypatch.setattr(ggml_kernel, "_state", {})
+    monkeypatch.setattr(ggml_kernel, "kernel_set", lambda: "vnni")
+    monkeypatch.setattr(ggml_kernel, "_load", load)
+    monkeypatch.setattr(ggml_kernel, "default_cache_dir", lambda: tmp_path)
+    assert ggml_kernel.ensure() is None
+    assert tried == ["vnni", "avx2"]
+
+
 # Run under ATEN_CPU_CAPABILITY=avx2: the AVX2 form's products of the saved inputs
 AVX2_PRODUCTS = """
 import sys, torch
