@@ -115,15 +115,13 @@ class ViewBatch:
         """Each step's `top_k` likeliest next tokens, from all the batch's logits at once."""
         if self.top_k <= 0:
             return [()] * len(steps)
-        logits = torch.stack([s.logits for s in steps])  # [n, vocab]
-        indices = largest.top_k_rows(logits, self.top_k)  # [n, k], the softmax's order
-        probs = torch.softmax(logits, dim=-1).gather(1, indices)
+        indices, probs = largest.top_k_softmax([s.logits for s in steps], self.top_k)
         ids = indices.tolist()
         if self.greedy:  # all the probability was on the chosen token
             chosen = [step.token.token_id for step in steps]
             sampled = [[float(i == c) for i in row] for row, c in zip(ids, chosen, strict=True)]
         else:
-            sampled = torch.stack([s.probs for s in steps]).gather(1, indices).tolist()
+            sampled = [s.probs[row].tolist() for s, row in zip(steps, indices, strict=True)]
         return [
             tuple(
                 Candidate(token_id=i, text=self.piece(i), prob=p, sampled_prob=q)

@@ -85,3 +85,19 @@ def top_k_rows_torch(values: torch.Tensor, k: int) -> torch.Tensor:
     held = rows.gather(1, best[..., None].expand(n, k, WIDTH)).view(n, k * WIDTH)
     top = held.topk(k, dim=1).indices  # [n, k] among k · WIDTH entries a row
     return best.gather(1, top // WIDTH) * WIDTH + top % WIDTH
+
+
+def top_k_softmax(rows: list[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For rows [V] float32 (a batch of steps' logits): each row's k largest, largest first,
+    as top_k_rows names them ([n, k] int64), and their softmax probabilities over the row
+    ([n, k] float32). Where the GGML kernels load, one C++ call per batch: no stacked copy of
+    the rows, no softmax written over every entry (cold in memory between two decode steps)."""
+    first = rows[0]
+    size = first.shape[-1]
+    usable = first.device.type == "cpu" and first.dtype == torch.float32 and first.dim() == 1
+    if usable and not size % WIDTH and k <= size // WIDTH and ggml_kernel.ensure() is None:
+        indices, probs = torch.ops.glassbox.top_k_softmax(rows, k)
+        return indices, probs
+    logits = torch.stack(rows)  # [n, V]
+    indices = top_k_rows(logits, k)
+    return indices, torch.softmax(logits, dim=-1).gather(1, indices)

@@ -217,6 +217,11 @@ def _register_fakes() -> None:
     def _top_k_rows(values: torch.Tensor, k: int) -> torch.Tensor:
         return values.new_empty(values.shape[0], k, dtype=torch.int64)
 
+    @torch.library.register_fake("glassbox::top_k_softmax")  # type: ignore[untyped-decorator]
+    def _top_k_softmax(rows: list[torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = rows[0]
+        return first.new_empty(len(rows), k, dtype=torch.int64), first.new_empty(len(rows), k)
+
     @torch.library.register_fake("glassbox::ggml_dequantize")  # type: ignore[untyped-decorator]
     def _dequantize(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:
         return raw.new_empty(raw.shape[0], columns, dtype=torch.bfloat16)

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -419,7 +420,7 @@ void dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* w) {
 
 #include "ggml_dense.h"  // a prefill's product: dequantised panels, bf16 matmuls
 #include "attend_one.h"  // the decode step's attention
-#include "top_k.h"       // each row's k largest values
+#include "top_k.h"       // each row's k largest values, and their softmax
 
 }  // namespace
 
@@ -429,6 +430,7 @@ TORCH_LIBRARY(glassbox, lib) {
   lib.def("ggml_dense_mm(Tensor x, Tensor raw, int qtype) -> Tensor");
   lib.def("attend_one(Tensor q, Tensor k, Tensor v) -> Tensor");
   lib.def("top_k_rows(Tensor values, int k) -> Tensor");
+  lib.def("top_k_softmax(Tensor[] rows, int k) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
@@ -437,4 +439,5 @@ TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
   lib.impl("ggml_dense_mm", ggml_dense_mm);
   lib.impl("attend_one", attend_one);
   lib.impl("top_k_rows", top_k_rows);
+  lib.impl("top_k_softmax", top_k_softmax);
 }

@@ -1,9 +1,19 @@
 """The largest logits in two short passes equal torch's argmax and topk."""
 
+import types
+
 import pytest
 import torch
 
-from engine.model.largest import argmax, top_k, top_k_rows, top_k_rows_torch, top_k_support
+from engine.model import largest
+from engine.model.largest import (
+    argmax,
+    top_k,
+    top_k_rows,
+    top_k_rows_torch,
+    top_k_softmax,
+    top_k_support,
+)
 from engine.weights import ggml_kernel
 
 
@@ -100,3 +110,30 @@ def test_the_kernels_top_k_rows_refuses_what_it_cannot_rank():
         torch.ops.glassbox.top_k_rows(torch.zeros(1, 256, dtype=torch.float64), 3)
     with pytest.raises(RuntimeError, match="within 1"):
         torch.ops.glassbox.top_k_rows(torch.zeros(1, 256), 0)
+
+
+@pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
+def test_top_k_softmax_is_the_rows_softmax_at_their_top_k(monkeypatch):
+    """The C++ op (one call for a batch of rows) against float64's softmax: the same indices
+    as top_k_rows, probabilities within float32's rounding; and the torch way where the
+    kernels do not load gives the same."""
+    generator = torch.Generator().manual_seed(4)
+    rows = [torch.randn(128 * 384, generator=generator) * scale for scale in (0.1, 3.0, 30.0)]
+    rows[1][:1000] = float("-inf")  # masked entries weigh nothing
+    got_indices, got_probs = top_k_softmax(rows, 10)
+    assert got_indices.shape == got_probs.shape == (3, 10) and got_probs.dtype == torch.float32
+    stacked = torch.stack(rows)
+    assert torch.equal(got_indices, top_k_rows(stacked, 10))
+    exact = torch.softmax(stacked.double(), dim=-1).gather(1, got_indices)
+    torch.testing.assert_close(got_probs.double(), exact, rtol=2e-6, atol=1e-9)
+    monkeypatch.setattr(largest, "ggml_kernel", types.SimpleNamespace(ensure=lambda: "off"))
+    torch_indices, torch_probs = top_k_softmax(rows, 10)
+    assert torch.equal(torch_indices.gather(1, torch.zeros(3, 1, dtype=torch.long)),
+                       got_indices[:, :1])  # fmt: skip
+    torch.testing.assert_close(torch_probs, got_probs, rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
+def test_top_k_softmax_refuses_a_row_without_a_finite_largest():
+    with pytest.raises(RuntimeError, match="not finite"):
+        torch.ops.glassbox.top_k_softmax([torch.full((256,), float("-inf"))], 3)
