@@ -50,7 +50,8 @@ void top_k_row(const T* x, int64_t size, int64_t k, int64_t* out) {
   for (int64_t b = 0; b < blocks; ++b)
     if (maxima[b] >= threshold) collect(b * TOP_BLOCK, (b + 1) * TOP_BLOCK);
   collect(blocks * TOP_BLOCK, size);  // a tail shorter than a block
-  TORCH_CHECK(static_cast<int64_t>(kept.size()) >= k, "top_k_rows: a row has NaN among its values");
+  TORCH_CHECK(static_cast<int64_t>(kept.size()) >= k,
+              "top_k_rows: NaN among a row's values (logits that are not numbers)");
   std::partial_sort(kept.begin(), kept.begin() + k, kept.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   });
