@@ -7,10 +7,12 @@ of the rows themselves ([heads, keys] per layer, growing with the context).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from engine.events import HeadStatistics, frozen_array
+from engine.weights import ggml_kernel
 
 TINY = torch.finfo(torch.float32).tiny
 
@@ -34,14 +36,25 @@ def batch_statistics(steps: list[dict[int, torch.Tensor]]) -> list[HeadStatistic
     out: list[HeadStatistics] = [{} for _ in steps]
     for layer in sorted({layer for rows in steps for layer in rows}):
         which = [i for i, rows in enumerate(steps) if layer in rows]
-        block = pad_sequence([steps[i][layer].float().T for i in which], batch_first=True)
-        lengths = [max(steps[i][layer].shape[-1], 2) for i in which]
-        most = torch.tensor(lengths, dtype=torch.float32, device=block.device).log_()[:, None]
-        entropy = torch.special.entr(block).sum(dim=1) / most  # [n, heads]
-        host = torch.stack([block.amax(dim=1), entropy], dim=1).cpu().numpy()  # [n, 2, heads]
+        host = _layer_statistics([steps[i][layer] for i in which])
         for row, i in enumerate(which):
             out[i][layer] = frozen_array(host[row])
     return out
+
+
+def _layer_statistics(rows: list[torch.Tensor]) -> np.ndarray:
+    """[n, 2, heads] on the host for rows [heads, keys] of one layer: on the CPU, where the
+    GGML kernels load, one C++ call (each small torch op below costs tens of microseconds
+    between two decode steps); else the rows padded into one block."""
+    on_cpu = all(row.device.type == "cpu" and row.dtype == torch.float32 for row in rows)
+    if on_cpu and ggml_kernel.ensure() is None:
+        statistics: torch.Tensor = torch.ops.glassbox.head_statistics(rows)
+        return statistics.numpy()
+    block = pad_sequence([row.float().T for row in rows], batch_first=True)  # [n, keys, heads]
+    lengths = [max(row.shape[-1], 2) for row in rows]
+    most = torch.tensor(lengths, dtype=torch.float32, device=block.device).log_()[:, None]
+    entropy = torch.special.entr(block).sum(dim=1) / most  # [n, heads]
+    return torch.stack([block.amax(dim=1), entropy], dim=1).cpu().numpy()
 
 
 def prefill_statistics(blocks: dict[int, torch.Tensor]) -> HeadStatistics:

@@ -222,6 +222,10 @@ def _register_fakes() -> None:
         first = rows[0]
         return first.new_empty(len(rows), k, dtype=torch.int64), first.new_empty(len(rows), k)
 
+    @torch.library.register_fake("glassbox::head_statistics")  # type: ignore[untyped-decorator]
+    def _head_statistics(rows: list[torch.Tensor]) -> torch.Tensor:
+        return rows[0].new_empty(len(rows), 2, rows[0].shape[0], dtype=torch.float32)
+
     @torch.library.register_fake("glassbox::ggml_dequantize")  # type: ignore[untyped-decorator]
     def _dequantize(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:
         return raw.new_empty(raw.shape[0], columns, dtype=torch.bfloat16)

@@ -4,6 +4,7 @@ the events carried them, within its byte cap; the trace keeps every step's rows.
 
 from __future__ import annotations
 
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -11,11 +12,13 @@ import pytest
 import torch
 
 from engine.events import PrefillDone, Token
+from engine.generate import head_stats
 from engine.generate.head_stats import batch_statistics, prefill_statistics
 from engine.generate.session import ChatSession
 from engine.generate.trace import TraceRecorder
 from engine.model.step_ring import ATTENTION, StepRing, host_rows
 from engine.settings import GenerationSettings, Message, ProbeSettings
+from engine.weights import ggml_kernel
 from tests.models import make_tiny
 from ui.panels.state.attention import row_stats
 
@@ -64,6 +67,27 @@ def test_head_statistics_equal_the_window_computation_on_random_rows():
         np.testing.assert_allclose(stats[3], full, rtol=1e-5, atol=1e-6)
         sliding = window_stats(block[:, query : query + 1, :20].numpy())[:, :, 0]
         np.testing.assert_allclose(stats[5], sliding, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
+def test_the_kernels_head_statistics_are_the_torch_ways(monkeypatch):
+    """The C++ op (where the GGML kernels load) and the rows padded into one block in torch:
+    rows of many lengths (under eight keys too), strided views, one-hot and even rows."""
+    generator = torch.Generator().manual_seed(1)
+    rows = [
+        torch.softmax(torch.randn(9, keys, generator=generator) * 3, -1) for keys in (1, 5, 8, 301)
+    ]
+    even, one_hot = torch.full((9, 40), 1 / 40), torch.zeros(9, 40)
+    one_hot[:, 7] = 1.0
+    strided = torch.softmax(torch.randn(40, 9, generator=generator), 0).T  # keys not contiguous
+    steps = [{3: row} for row in (*rows, even, one_hot, strided)]
+    ours = batch_statistics(steps)
+    monkeypatch.setattr(head_stats, "ggml_kernel", types.SimpleNamespace(ensure=lambda: "off"))
+    theirs = batch_statistics(steps)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a[3], b[3], rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(ours[4][3][1], 1.0, rtol=1e-6)  # even: the largest entropy
+    np.testing.assert_allclose(ours[5][3], [[1.0] * 9, [0.0] * 9], atol=1e-7)  # one-hot
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])  # gemma3: sliding-window layers
