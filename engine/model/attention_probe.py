@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from engine.weights import ggml_kernel
+
 ATTN_IMPLEMENTATION = "glassbox"
 PROBE_KWARG = "glassbox_probe"
 
@@ -48,6 +50,11 @@ def attention_weights(
     kv_heads, k_len, head_dim = key.shape[1], key.shape[2], key.shape[3]
     heads, q_len = query.shape[1], query.shape[2]
     rows = min(rows, q_len)
+    if mask is None and _one_call(query, key, rows):
+        # a decode batch's few rows on the CPU: one C++ call, where the ops below are ten,
+        # each tens of microseconds between two decode steps, and widen every key to float32
+        weights: torch.Tensor = torch.ops.glassbox.causal_rows(query, key, scaling, rows)
+        return weights
     # Each key head serves `heads // kv_heads` query heads in a row: one batched product per
     # key head, its query heads' rows stacked, instead of copying the keys once per query head
     # (at 1,000 keys that copy, and a broadcast matmul, were most of a decode step's probe).
@@ -97,3 +104,14 @@ def register() -> str:
     AttentionInterface.register(ATTN_IMPLEMENTATION, glassbox_attention)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
     return ATTN_IMPLEMENTATION
+
+
+BATCH_ROWS = 32  # the most rows the C++ op weighs (a decode batch's; a prompt's go to torch)
+
+
+def _one_call(query: torch.Tensor, key: torch.Tensor, rows: int) -> bool:
+    """Whether the GGML kernels' causal_rows can weigh these rows (see attention_weights)."""
+    cpu = query.device.type == "cpu" and key.device.type == "cpu"
+    fits = rows <= BATCH_ROWS and query.shape[-1] % 8 == 0 and rows <= key.shape[2]
+    floats = key.dtype in (torch.bfloat16, torch.float32) and query.dtype.is_floating_point
+    return cpu and fits and floats and ggml_kernel.ensure() is None

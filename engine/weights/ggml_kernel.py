@@ -226,6 +226,12 @@ def _register_fakes() -> None:
     def _head_statistics(rows: list[torch.Tensor]) -> torch.Tensor:
         return rows[0].new_empty(len(rows), 2, rows[0].shape[0], dtype=torch.float32)
 
+    @torch.library.register_fake("glassbox::causal_rows")  # type: ignore[untyped-decorator]
+    def _causal_rows(
+        query: torch.Tensor, key: torch.Tensor, scaling: float, rows: int
+    ) -> torch.Tensor:
+        return query.new_empty(query.shape[1], rows, key.shape[2], dtype=torch.float32)
+
     @torch.library.register_fake("glassbox::ggml_dequantize")  # type: ignore[untyped-decorator]
     def _dequantize(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:
         return raw.new_empty(raw.shape[0], columns, dtype=torch.bfloat16)

@@ -421,7 +421,7 @@ void dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* w) {
 #include "ggml_dense.h"  // a prefill's product: dequantised panels, bf16 matmuls
 #include "attend_one.h"  // the decode step's attention
 #include "top_k.h"       // each row's k largest values, and their softmax
-#include "head_statistics.h"  // attention rows' per-head largest weight and entropy
+#include "head_statistics.h"  // attention rows: a batch's, and their per-head statistics
 
 }  // namespace
 
@@ -433,6 +433,7 @@ TORCH_LIBRARY(glassbox, lib) {
   lib.def("top_k_rows(Tensor values, int k) -> Tensor");
   lib.def("top_k_softmax(Tensor[] rows, int k) -> (Tensor, Tensor)");
   lib.def("head_statistics(Tensor[] rows) -> Tensor");
+  lib.def("causal_rows(Tensor query, Tensor key, float scaling, int rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
@@ -443,4 +444,5 @@ TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
   lib.impl("top_k_rows", top_k_rows);
   lib.impl("top_k_softmax", top_k_softmax);
   lib.impl("head_statistics", head_statistics);
+  lib.impl("causal_rows", causal_rows);
 }

@@ -70,3 +70,58 @@ at::Tensor head_statistics(at::TensorList rows) {
   }
   return out;
 }
+
+// -- a batch's watched attention rows (the view's weigh) ---------------------------------------
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) { return bf16x8(p); }
+
+// Scores of one query row q [d] (float) over keys [visible, d] (row stride `stride`), times
+// `scale`, softmaxed into w[0, visible).
+template <typename K>
+void softmax_row(const float* q, const K* keys, int64_t stride, int64_t d, int64_t visible,
+                 float scale, float* w) {
+  float largest = -INFINITY;
+  for (int64_t t = 0; t < visible; ++t) {
+    const K* k = keys + t * stride;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), acc);
+    w[t] = hsum(acc) * scale;
+    largest = std::max(largest, w[t]);
+  }
+  double total = 0.0;
+  for (int64_t t = 0; t < visible; ++t) total += (w[t] = std::exp(w[t] - largest));
+  const float inverse = static_cast<float>(1.0 / total);
+  for (int64_t t = 0; t < visible; ++t) w[t] *= inverse;
+}
+
+// softmax(q·kᵀ·scale) of the last `rows` queries of query [1, heads, q_len, d] over key
+// [1, kv_heads, keys, d], causally (query j of them sits at position keys - rows + j):
+// [heads, rows, keys] float32, zero past each query. d a multiple of 8.
+at::Tensor causal_rows(const at::Tensor& query, const at::Tensor& key, double scaling, int64_t rows) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4, "causal_rows: query and key must be 4-D");
+  const int64_t heads = query.size(1), q_len = query.size(2), d = query.size(3);
+  const int64_t kv_heads = key.size(1), keys = key.size(2);
+  TORCH_CHECK(key.size(3) == d && d % 8 == 0 && heads % kv_heads == 0, "causal_rows: shapes");
+  TORCH_CHECK(rows >= 1 && rows <= q_len && rows <= keys, "causal_rows: rows");
+  TORCH_CHECK(key.scalar_type() == at::kBFloat16 || key.scalar_type() == at::kFloat,
+              "causal_rows: keys must be bf16 or float32");
+  const at::Tensor q = query[0].narrow(1, q_len - rows, rows).to(at::kFloat).contiguous();
+  const at::Tensor k = key[0].stride(2) == 1 ? key[0] : key[0].contiguous();
+  at::Tensor out = at::zeros({heads, rows, keys}, query.options().dtype(at::kFloat));
+  const int64_t group = heads / kv_heads;
+  const float scale = static_cast<float>(scaling);
+  at::parallel_for(0, heads * rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task / rows, j = task % rows, visible = keys - rows + j + 1;
+      const float* qrow = q.data_ptr<float>() + (h * rows + j) * d;
+      float* w = out.data_ptr<float>() + (h * rows + j) * keys;
+      const int64_t kv = h / group;
+      if (k.scalar_type() == at::kBFloat16)
+        softmax_row(qrow, k.data_ptr<at::BFloat16>() + kv * k.stride(0), k.stride(1), d, visible, scale, w);
+      else
+        softmax_row(qrow, k.data_ptr<float>() + kv * k.stride(0), k.stride(1), d, visible, scale, w);
+    }
+  });
+  return out;
+}

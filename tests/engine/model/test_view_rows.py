@@ -186,3 +186,31 @@ def test_a_small_ring_ages_steps_out(tokenizer, kind):
     kept = session.steps.steps()
     assert kept and kept[-1] == 5 and 1 not in kept
     assert host_rows(session.steps, 1) is None
+
+
+@pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
+@pytest.mark.parametrize("key_dtype", [torch.bfloat16, torch.float32])
+def test_the_kernels_causal_rows_are_the_torch_ways(monkeypatch, key_dtype):
+    """A decode batch's rows weighed by the C++ op (where the GGML kernels load) and by the
+    torch ops: grouped query heads, each query seeing the keys up to its own position, zero
+    past it; both against float64."""
+    from engine.model import attention_probe
+
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(1, 9, 6, 64, generator=generator).bfloat16()  # 9 heads, 6 positions
+    key = (torch.randn(1, 3, 40, 64, generator=generator) * 2).to(key_dtype)  # 3 key heads
+    for rows in (1, 4):
+        ours = attention_probe.attention_weights(query, key, None, 0.125, rows)
+        q = query[0, :, -rows:].double()
+        k = key[0].double().repeat_interleave(3, dim=0)
+        scores = (q @ k.transpose(1, 2)) * 0.125
+        visible = torch.arange(40)[None, :] <= torch.arange(40 - rows, 40)[:, None]
+        exact = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        torch.testing.assert_close(ours.double(), exact, rtol=1e-5, atol=1e-7)
+        assert ours.shape == (9, rows, 40) and (ours[:, 0, 40 - rows + 1 :] == 0).all()
+        with monkeypatch.context() as patched:
+            patched.setattr(
+                attention_probe, "ggml_kernel", types.SimpleNamespace(ensure=lambda: "off")
+            )
+            theirs = attention_probe.attention_weights(query, key, None, 0.125, rows)
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
