@@ -119,7 +119,9 @@ def inverse_rms(x: torch.Tensor, eps: torch.Tensor, matmul: bool | None = None) 
     x·xᵀ/dim + eps: 5 ops where F.rms_norm and a cast run 9, and inductor fuses them into one
     loop. On a GPU a reduction, which inductor fuses with the scaling around it, where the
     matmul would be a cuBLAS kernel of its own in every norm of every layer."""
-    if matmul if matmul is not None else x.device.type == "cpu":
+    if matmul is None:
+        matmul = x.device.type == "cpu"
+    if matmul:
         return torch.addmm(eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt()
     return (x.square().mean(-1, keepdim=True) + eps).rsqrt()
 

@@ -1,4 +1,5 @@
-// Part of ggml_dot.cpp, included inside its namespace after attend_one.h and top_k.h (hmax).
+// Part of ggml_dot.cpp, included inside its namespace after attend_one.h and top_k.h (hmax,
+// load8).
 #pragma once
 
 // -- per-head statistics of attention rows (the view's overview) -----------------------------
@@ -72,9 +73,6 @@ at::Tensor head_statistics(at::TensorList rows) {
 }
 
 // -- a batch's watched attention rows (the view's weigh) ---------------------------------------
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::BFloat16* p) { return bf16x8(p); }
 
 // Scores of one query row q [d] (float) over keys [visible, d] (row stride `stride`), times
 // `scale`, softmaxed into w[0, visible).

@@ -15,15 +15,14 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-inline float block_max(const float* p) {
-  __m256 m = _mm256_loadu_ps(p);
-  for (int64_t i = 8; i < TOP_BLOCK; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(p + i));
-  return hmax(m);
-}
+// 8 values as 8 floats, float32 or bf16.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) { return bf16x8(p); }
 
-inline float block_max(const at::BFloat16* p) {
-  __m256 m = bf16x8(p);
-  for (int64_t i = 8; i < TOP_BLOCK; i += 8) m = _mm256_max_ps(m, bf16x8(p + i));
+template <typename T>
+float block_max(const T* p) {
+  __m256 m = load8(p);
+  for (int64_t i = 8; i < TOP_BLOCK; i += 8) m = _mm256_max_ps(m, load8(p + i));
   return hmax(m);
 }
 
