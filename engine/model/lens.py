@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from engine.events import LayerLens
-from engine.model.llama import GGUFLlama, rms_norm
+from engine.model.llama import GGUFLlama, final_norm_rows
 from engine.model.step_ring import RESIDUALS, StepRing
 
 RING_BYTES = 32 * 2**20  # residuals kept for past steps, at most
@@ -126,7 +126,7 @@ class LensHead:
             # Row by row as the model norms its one last position, so the last layer's logits
             # are the pass's own; then one batched product through the Head.
             eps = model.shape.eps
-            normed = torch.cat([rms_norm(row[None], model.norm, eps) for row in residuals])
+            normed = final_norm_rows(residuals, model.norm, eps)
             return model.output.forward(normed)
         _, norm, head = transformers_parts(model)
         weight = next(head.parameters())

@@ -39,6 +39,7 @@ from engine.model.layer import (
     post_norm_row,
     qk_norm,
 )
+from engine.weights import ggml_kernel
 from engine.weights.linear import Linear, RowReader
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.shape[0] == 1:
         return norm_row(x, weight, eps_tensor(eps, x.device))
     return F.rms_norm(x, weight.shape, weight, eps).to(torch.bfloat16)
+
+
+def final_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The norm before the head, float32 [n, dim] -> bf16. Where the GGML kernels load, their
+    `norm_rows` (one call where torch runs five ops; each row alone, so a batch's rows equal
+    one position's); elsewhere rms_norm."""
+    if _norm_in_kernels(x, weight):
+        normed: torch.Tensor = torch.ops.glassbox.norm_rows(x, weight, eps)
+        return normed
+    return rms_norm(x, weight, eps)
+
+
+def final_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """final_norm of each row [n, dim] as a one-position pass norms it (the logit lens's layers,
+    whose last must be the pass's own)."""
+    if _norm_in_kernels(x, weight):
+        return final_norm(x, weight, eps)
+    return torch.cat([rms_norm(row[None], weight, eps) for row in x])
+
+
+def _norm_in_kernels(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    on_cpu = x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+    return on_cpu and ggml_kernel.ensure() is None
 
 
 def post_norm(h: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -361,10 +385,28 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, dim] (bf16) -> logits [n, vocab] float32."""
         logits = self.bulk.forward(x)
+        if self._in_kernels(logits):  # the same steps in one C++ call, the dots in double
+            exact: torch.Tensor = torch.ops.glassbox.exact_head(
+                logits, self.rows, self.lookup.qtype, x, self.candidates
+            )
+            return exact
         top = largest.top_k_rows(logits, self.candidates)  # [n, c]
         weights = self.lookup(top.reshape(-1)).view(*top.shape, -1)  # [n, c, dim]
         exact = (weights @ x.float()[..., None])[..., 0]  # [n, c]
         return logits.float().scatter_(-1, top, exact)
+
+    def _in_kernels(self, logits: torch.Tensor) -> bool:
+        """Whether the kernels' exact_head takes this product: on the CPU, rows of a type
+        they dequantise, and a top k that top_k_rows would take the same way."""
+        vocab = logits.shape[-1]
+        return (
+            logits.device.type == "cpu"
+            and isinstance(self.lookup, RowReader)
+            and self.lookup.qtype in ggml_kernel.ROW_TYPES
+            and vocab % largest.WIDTH == 0
+            and self.candidates <= vocab // largest.WIDTH
+            and ggml_kernel.ensure() is None
+        )
 
 
 ROPE_CHUNK = 16  # positions whose rotations a decode step's RopeRows makes at once
@@ -454,7 +496,7 @@ class GGUFLlama(nn.Module):
             x = x[-1:]
         if self.read_in is not None:
             self.read_in(self.shape.layers)
-        logits = self.output.forward(rms_norm(x, self.norm, self.shape.eps))
+        logits = self.output.forward(final_norm(x, self.norm, self.shape.eps))
         return logits if every_position else logits[-1]
 
     def frequencies(self) -> tuple[torch.Tensor, ...]:

@@ -44,6 +44,7 @@ VNNI_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 VNNI_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 KERNEL_SETS = ("avx2", "vnni")  # a library's name says which it was built for
 TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)  # the ggml types the kernels read
+ROW_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # those whose rows they dequantise as gguf does
 
 _state: dict[str, str | None] = {}  # "reason": why the kernels did not load, once tried
 
@@ -231,6 +232,24 @@ def _register_fakes() -> None:
         query: torch.Tensor, key: torch.Tensor, scaling: float, rows: int
     ) -> torch.Tensor:
         return query.new_empty(query.shape[1], rows, key.shape[2], dtype=torch.float32)
+
+    @torch.library.register_fake("glassbox::first_largest")  # type: ignore[untyped-decorator]
+    def _first_largest(values: torch.Tensor) -> torch.Tensor:
+        return values.new_empty((), dtype=torch.int64)
+
+    @torch.library.register_fake("glassbox::exact_head")  # type: ignore[untyped-decorator]
+    def _exact_head(
+        bulk: torch.Tensor, raw: torch.Tensor, qtype: int, x: torch.Tensor, k: int
+    ) -> torch.Tensor:
+        return bulk.new_empty(bulk.shape, dtype=torch.float32)
+
+    @torch.library.register_fake("glassbox::ggml_rows")  # type: ignore[untyped-decorator]
+    def _rows(raw: torch.Tensor, index: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:
+        return raw.new_empty(index.shape[0], columns, dtype=torch.float32)
+
+    @torch.library.register_fake("glassbox::norm_rows")  # type: ignore[untyped-decorator]
+    def _norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return x.new_empty(x.shape, dtype=torch.bfloat16)
 
     @torch.library.register_fake("glassbox::ggml_dequantize")  # type: ignore[untyped-decorator]
     def _dequantize(raw: torch.Tensor, qtype: int, columns: int) -> torch.Tensor:

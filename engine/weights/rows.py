@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.gguf.blocks import BLOCK_BYTES, Q8_0, dequantize
+from engine.weights import ggml_kernel
 
 F32, F16, BF16 = 0, 1, 30
 
@@ -13,10 +14,11 @@ F32, F16, BF16 = 0, 1, 30
 class RowReader:
     """Rows of a stored tensor (uint8 [rows, row_bytes], any GGUF type) by index, in float32.
 
-    The embedding reads a row a token and the lm_head 64 a step (llama.Head). Q8_0 rows are
-    read through strided views of their int8 values and f16 scales: four ops, where unpacking
-    through numpy takes a dozen. The other block types go through ggml_blocks' numpy unpack,
-    faster than gguf's dequantize and than a torch version of the same bit work.
+    The embedding reads a row a token and the lm_head 64 a step (llama.Head). Where the GGML
+    kernels load, the 32-value types' rows are their `ggml_rows` (one call). Elsewhere Q8_0 rows
+    are read through strided views of their int8 values and f16 scales: four ops, where
+    unpacking through numpy takes a dozen. The other block types go through ggml_blocks' numpy
+    unpack, faster than gguf's dequantize and than a torch version of the same bit work.
     """
 
     def __init__(self, raw: torch.Tensor, qtype: int, columns: int) -> None:
@@ -28,10 +30,24 @@ class RowReader:
 
     def __call__(self, index: torch.Tensor) -> torch.Tensor:
         """index [n] (int64) -> float32 [n, columns]."""
+        if self._in_kernels(index):
+            rows: torch.Tensor = torch.ops.glassbox.ggml_rows(
+                self.raw, index, self.qtype, self.columns
+            )
+            return rows
         if self.qtype == Q8_0:
             weights = self._values[index].float().mul_(self._scales[index])
             return weights.view(-1, self.columns)
         return dense(self.raw[index], self.qtype, self.columns)
+
+    def _in_kernels(self, index: torch.Tensor) -> bool:
+        """Whether the kernels read these rows: one call where the torch way is four ops."""
+        return (
+            index.device.type == "cpu"
+            and self.raw.device.type == "cpu"
+            and self.qtype in ggml_kernel.ROW_TYPES
+            and ggml_kernel.ensure() is None
+        )
 
     def all(self) -> torch.Tensor:
         """Every row, in float32 [rows, columns]."""

@@ -422,6 +422,7 @@ void dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* w) {
 #include "attend_one.h"  // the decode step's attention
 #include "top_k.h"       // each row's k largest values, and their softmax
 #include "head_statistics.h"  // attention rows: a batch's, and their per-head statistics
+#include "head.h"  // the fast head: its final norm, its exact top logits, greedy's argmax
 
 }  // namespace
 
@@ -434,6 +435,10 @@ TORCH_LIBRARY(glassbox, lib) {
   lib.def("top_k_softmax(Tensor[] rows, int k) -> (Tensor, Tensor)");
   lib.def("head_statistics(Tensor[] rows) -> Tensor");
   lib.def("causal_rows(Tensor query, Tensor key, float scaling, int rows) -> Tensor");
+  lib.def("first_largest(Tensor values) -> Tensor");
+  lib.def("exact_head(Tensor bulk, Tensor raw, int qtype, Tensor x, int k) -> Tensor");
+  lib.def("ggml_rows(Tensor raw, Tensor index, int qtype, int columns) -> Tensor");
+  lib.def("norm_rows(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
@@ -445,4 +450,8 @@ TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
   lib.impl("top_k_softmax", top_k_softmax);
   lib.impl("head_statistics", head_statistics);
   lib.impl("causal_rows", causal_rows);
+  lib.impl("first_largest", first_largest_of);
+  lib.impl("exact_head", exact_head);
+  lib.impl("ggml_rows", ggml_rows);
+  lib.impl("norm_rows", norm_rows);
 }
