@@ -76,39 +76,51 @@ at::Tensor top_k_rows(const at::Tensor& values, int64_t k) {
   return out;
 }
 
+// Row r's k largest (into indices[r]) and their softmax probabilities over the whole row (into
+// probs[r]). row: float32 [size].
+void softmax_top_k(const at::Tensor& row, int64_t k, at::Tensor& indices, at::Tensor& probs,
+                   int64_t r) {
+  const int64_t size = row.size(0);
+  const float* x = row.data_ptr<float>();
+  int64_t* top = indices.data_ptr<int64_t>() + r * k;
+  top_k_row(x, size, k, top);
+  const float largest = x[top[0]];
+  TORCH_CHECK(std::isfinite(largest), "top_k_softmax: a row's largest value is not finite");
+  // Σ e^(x - largest): eight lanes over each block, the blocks' sums added in double (a
+  // float sum of a whole vocabulary drifts by ~1e-6 of it); the tail one by one
+  const __m256 shift = _mm256_set1_ps(largest);
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + TOP_BLOCK <= size; i += TOP_BLOCK) {
+    __m256 sums = _mm256_setzero_ps();
+    for (int64_t j = i; j < i + TOP_BLOCK; j += 8)
+      sums = _mm256_add_ps(sums, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + j), shift)));
+    total += hsum(sums);
+  }
+  for (; i < size; ++i) total += std::exp(static_cast<double>(x[i]) - largest);
+  const double log_total = largest + std::log(total);
+  float* p = probs.data_ptr<float>() + r * k;
+  for (int64_t j = 0; j < k; ++j) p[j] = static_cast<float>(std::exp(x[top[j]] - log_total));
+}
+
 // Each row's k largest (indices [n, k] int64, largest first) and their softmax probabilities
 // over the whole row (float32 [n, k]): the view's candidates, without a copy of the rows into
-// one tensor or a softmax written over every entry. rows: float32 [size] each.
+// one tensor or a softmax written over every entry. rows: float32 [size] each, shared among
+// torch's threads (idle between two decode steps, when a batch's candidates are worked out).
 std::tuple<at::Tensor, at::Tensor> top_k_softmax(at::TensorList rows, int64_t k) {
   const int64_t n = static_cast<int64_t>(rows.size());
   TORCH_CHECK(n >= 1, "top_k_softmax: no rows");
   at::Tensor indices = at::empty({n, k}, rows[0].options().dtype(at::kLong));
   at::Tensor probs = at::empty({n, k}, rows[0].options().dtype(at::kFloat));
-  for (int64_t r = 0; r < n; ++r) {
-    const at::Tensor row = rows[r].contiguous();
+  std::vector<at::Tensor> kept;
+  for (const at::Tensor& row : rows) {
     TORCH_CHECK(row.dim() == 1 && row.scalar_type() == at::kFloat, "rows must be float32 1-D");
-    const int64_t size = row.size(0);
-    TORCH_CHECK(k >= 1 && k <= size, "k must be within 1 and the row's length");
-    const float* x = row.data_ptr<float>();
-    int64_t* top = indices.data_ptr<int64_t>() + r * k;
-    top_k_row(x, size, k, top);
-    const float largest = x[top[0]];
-    TORCH_CHECK(std::isfinite(largest), "top_k_softmax: a row's largest value is not finite");
-    // Σ e^(x - largest): eight lanes over each block, the blocks' sums added in double (a
-    // float sum of a whole vocabulary drifts by ~1e-6 of it); the tail one by one
-    const __m256 shift = _mm256_set1_ps(largest);
-    double total = 0.0;
-    int64_t i = 0;
-    for (; i + TOP_BLOCK <= size; i += TOP_BLOCK) {
-      __m256 sums = _mm256_setzero_ps();
-      for (int64_t j = i; j < i + TOP_BLOCK; j += 8)
-        sums = _mm256_add_ps(sums, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + j), shift)));
-      total += hsum(sums);
-    }
-    for (; i < size; ++i) total += std::exp(static_cast<double>(x[i]) - largest);
-    const double log_total = largest + std::log(total);
-    float* p = probs.data_ptr<float>() + r * k;
-    for (int64_t j = 0; j < k; ++j) p[j] = static_cast<float>(std::exp(x[top[j]] - log_total));
+    TORCH_CHECK(k >= 1 && k <= row.size(0), "k must be within 1 and the row's length");
+    kept.push_back(row.contiguous());
   }
+  // a check that fails in a thread is rethrown here by parallel_for
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) softmax_top_k(kept[r], k, indices, probs, r);
+  });
   return {indices, probs};
 }
