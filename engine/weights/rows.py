@@ -15,9 +15,9 @@ class RowReader:
     """Rows of a stored tensor (uint8 [rows, row_bytes], any GGUF type) by index, in float32.
 
     The embedding reads a row a token and the lm_head 64 a step (llama.Head). Where the GGML
-    kernels load, the 32-value types' rows are their `ggml_rows` (one call). Elsewhere Q8_0 rows
-    are read through strided views of their int8 values and f16 scales: four ops, where
-    unpacking through numpy takes a dozen. The other block types go through ggml_blocks' numpy
+    kernels load, the rows of every type they read are their `ggml_rows` (one call). Elsewhere
+    Q8_0 rows are read through strided views of their int8 values and f16 scales: four ops,
+    where unpacking through numpy takes a dozen. The other block types go through ggml_blocks' numpy
     unpack, faster than gguf's dequantize and than a torch version of the same bit work.
     """
 

@@ -394,14 +394,51 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   return out.to(x.scalar_type());
 }
 
-// One row of a 32-value type as floats, exactly as gguf's dequantize computes them (the
-// K-quants: q4_k_bf16, q6_k_bf16).
+// One Q4_K super-block (layout at dot_q4_k) as floats: q·(d·sc) - dmin·m per 32 values, in
+// gguf's order (both products exact in float32, one rounding in the sum).
+void q4_k_floats(const uint8_t* block, float* v) {
+  const float d = f16(block), dmin = f16(block + 2);
+  const uint8_t* s = block + 4;
+  for (int j = 0; j < 8; ++j) {
+    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    const float scale = d * static_cast<float>(sc), offset = -(dmin * static_cast<float>(m));
+    const uint8_t* qs = block + 16 + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) {
+      const int q = j % 2 ? qs[l] >> 4 : qs[l] & 15;
+      v[32 * j + l] = static_cast<float>(q) * scale + offset;
+    }
+  }
+}
+
+// One Q6_K super-block (layout at dot_q6_k) as floats: (q - 32)·(d·sc) per 16 values.
+void q6_k_floats(const uint8_t* block, float* v) {
+  const float d = f16(block + 208);
+  const auto* sc = reinterpret_cast<const int8_t*>(block + 192);
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* low = block + 64 * h;
+    const uint8_t* high = block + 128 + 32 * h;
+    for (int l = 0; l < 32; ++l)
+      for (int t = 0; t < 4; ++t) {  // value 32·t + l of this half
+        const int nibble = (low[l + 32 * (t & 1)] >> (4 * (t >> 1))) & 15;
+        const int q = (nibble | (((high[l] >> (2 * t)) & 3) << 4)) - 32;
+        const int at = 128 * h + 32 * t + l;
+        v[at] = static_cast<float>(q) * (d * static_cast<float>(sc[at / 16]));
+      }
+  }
+}
+
+// One row of any type the kernels read as floats, exactly as gguf's dequantize computes them.
 void dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* w) {
   const int64_t size = block_bytes(qtype);
   for (int64_t i = 0; i < k / block_values(qtype); ++i) {
     const uint8_t* block = row + i * size;
     float* v = w + i * block_values(qtype);
-    if (qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1) {
+    if (qtype == Q4_K) {
+      q4_k_floats(block, v);
+    } else if (qtype == Q6_K) {
+      q6_k_floats(block, v);
+    } else if (qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1) {
       const float d = f16(block);
       const float m = qtype == Q4_1 || qtype == Q5_1 ? f16(block + 2) : (qtype == Q4_0 ? -8.f : -16.f) * d;
       uint32_t high = 0;

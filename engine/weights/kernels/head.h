@@ -61,14 +61,14 @@ double dot_double(const float* w, const float* x, int64_t size) {
 
 // The fast head's logits [n, V] float32: each row of `bulk` [n, V] (the 4-bit product's,
 // float32 or bf16) with its k largest replaced by their exact products, the rows of `raw`
-// ([V, row bytes], a 32-value type, dequantised as gguf does) each times x [n, dim] in double.
+// ([V, row bytes], any type the kernels read, dequantised as gguf does) each times x [n, dim]
+// in double.
 // One call where the torch way is the top k, a gather, a dequantisation, a batched product, a
 // copy to float32 and a scatter; each row is worked out alone (a batch's rows equal one's).
 at::Tensor exact_head(const at::Tensor& bulk, const at::Tensor& raw, int64_t qtype,
                       const at::Tensor& x, int64_t k) {
   TORCH_CHECK(bulk.dim() == 2 && x.dim() == 2 && bulk.size(0) == x.size(0),
               "bulk [n, V] and x [n, dim] must have the same rows");
-  TORCH_CHECK(!k_quant(qtype), "exact_head reads the 32-value types");
   const int64_t n = bulk.size(0), vocab = bulk.size(1), dim = x.size(1);
   TORCH_CHECK(raw.size(0) == vocab, "raw must hold one row a logit");
   TORCH_CHECK(k >= 1 && k <= vocab, "k must be within 1 and the vocabulary");
@@ -94,11 +94,10 @@ at::Tensor exact_head(const at::Tensor& bulk, const at::Tensor& raw, int64_t qty
   return out;
 }
 
-// Rows `index` [n] (int64) of `raw` ([rows, row bytes], a 32-value type) as float32 [n, columns],
-// the values gguf's dequantize computes: the embedding's lookups, in one call.
+// Rows `index` [n] (int64) of `raw` ([rows, row bytes], any type the kernels read) as float32
+// [n, columns], the values gguf's dequantize computes: the embedding's lookups, in one call.
 at::Tensor ggml_rows(const at::Tensor& raw, const at::Tensor& index, int64_t qtype,
                      int64_t columns) {
-  TORCH_CHECK(!k_quant(qtype), "ggml_rows reads the 32-value types");
   TORCH_CHECK(index.dim() == 1 && index.scalar_type() == at::kLong, "index must be 1-D int64");
   check(raw, qtype, columns);
   const at::Tensor rows = raw.contiguous(), ids = index.contiguous();
