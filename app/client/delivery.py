@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
+from app.client import full_collections
 from app.server.jobs import event_weight
 from engine.events import Event, PrefillDone, StepRows, Token
 
@@ -93,12 +94,15 @@ class Delivery(QObject):
         return self._timer.interval()
 
     def start(self) -> None:
-        """Drain on the timer (while jobs are under way)."""
+        """Drain on the timer (while jobs are under way), with no full garbage collection in
+        the meantime (app.client.full_collections)."""
         if not self._closed:
             self._timer.start()
+            full_collections.hold(self)
 
     def pause(self) -> None:
         self._timer.stop()
+        full_collections.release(self)
 
     def end_at(self, pushed: int, job: int) -> None:
         """`job` ended once `pushed` events were pushed: `reached(job)` once they are out."""
@@ -114,6 +118,7 @@ class Delivery(QObject):
         self._timer.stop()
         self._again.stop()
         self._ends.clear()
+        full_collections.release(self)
 
     @Slot()
     def drain(self) -> None:
