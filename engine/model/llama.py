@@ -396,16 +396,15 @@ class Head(nn.Module):
         return logits.float().scatter_(-1, top, exact)
 
     def _in_kernels(self, logits: torch.Tensor) -> bool:
-        """Whether the kernels' exact_head takes this product: on the CPU, rows of a type
-        they dequantise, and a top k that top_k_rows would take the same way."""
+        """Whether the kernels' exact_head takes this product: on the CPU, rows the kernels
+        read, and a top k that top_k_rows would take the same way."""
         vocab = logits.shape[-1]
         return (
             logits.device.type == "cpu"
             and isinstance(self.lookup, RowReader)
-            and self.lookup.qtype in ggml_kernel.ROW_TYPES
+            and self.lookup.in_kernels
             and vocab % largest.WIDTH == 0
             and self.candidates <= vocab // largest.WIDTH
-            and ggml_kernel.ensure() is None
         )
 
 

@@ -43,8 +43,8 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-shared"
 VNNI_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 VNNI_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 KERNEL_SETS = ("avx2", "vnni")  # a library's name says which it was built for
-TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)  # the ggml types the kernels read
-ROW_TYPES = TYPES  # those whose rows they dequantise to float32 as gguf does (ggml_rows)
+# the ggml types the kernels read (multiply, and dequantise rows of as gguf does: ggml_rows)
+TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)
 
 _state: dict[str, str | None] = {}  # "reason": why the kernels did not load, once tried
 

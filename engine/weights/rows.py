@@ -30,7 +30,7 @@ class RowReader:
 
     def __call__(self, index: torch.Tensor) -> torch.Tensor:
         """index [n] (int64) -> float32 [n, columns]."""
-        if self._in_kernels(index):
+        if self.in_kernels and index.device.type == "cpu":
             rows: torch.Tensor = torch.ops.glassbox.ggml_rows(
                 self.raw, index, self.qtype, self.columns
             )
@@ -40,12 +40,13 @@ class RowReader:
             return weights.view(-1, self.columns)
         return dense(self.raw[index], self.qtype, self.columns)
 
-    def _in_kernels(self, index: torch.Tensor) -> bool:
-        """Whether the kernels read these rows: one call where the torch way is four ops."""
+    @property
+    def in_kernels(self) -> bool:
+        """Whether the GGML kernels read these rows (one call where the torch way is four ops;
+        llama.Head's exact_head reads them too)."""
         return (
-            index.device.type == "cpu"
-            and self.raw.device.type == "cpu"
-            and self.qtype in ggml_kernel.ROW_TYPES
+            self.raw.device.type == "cpu"
+            and self.qtype in ggml_kernel.TYPES
             and ggml_kernel.ensure() is None
         )
 

@@ -398,11 +398,12 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
 // gguf's order (both products exact in float32, one rounding in the sum).
 void q4_k_floats(const uint8_t* block, float* v) {
   const float d = f16(block), dmin = f16(block + 2);
-  const uint8_t* s = block + 4;
+  uint32_t packed[4];
+  scales_mins(block + 4, packed);
+  const auto* sc = reinterpret_cast<const uint8_t*>(packed);  // scales 0-7, then mins
   for (int j = 0; j < 8; ++j) {
-    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    const float scale = d * static_cast<float>(sc), offset = -(dmin * static_cast<float>(m));
+    const float scale = d * static_cast<float>(sc[j]);
+    const float offset = -(dmin * static_cast<float>(sc[8 + j]));
     const uint8_t* qs = block + 16 + 32 * (j / 2);
     for (int l = 0; l < 32; ++l) {
       const int q = j % 2 ? qs[l] >> 4 : qs[l] & 15;

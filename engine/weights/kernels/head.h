@@ -73,7 +73,8 @@ at::Tensor exact_head(const at::Tensor& bulk, const at::Tensor& raw, int64_t qty
   TORCH_CHECK(raw.size(0) == vocab, "raw must hold one row a logit");
   TORCH_CHECK(k >= 1 && k <= vocab, "k must be within 1 and the vocabulary");
   check(raw, qtype, dim);
-  const at::Tensor out = bulk.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({n, vocab}, bulk.options().dtype(at::kFloat));
+  out.copy_(bulk);  // a copy even of float32: the caller's product is not written into
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const at::Tensor rows = raw.contiguous();
   float* o = out.data_ptr<float>();

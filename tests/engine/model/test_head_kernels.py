@@ -18,10 +18,10 @@ pytestmark = pytest.mark.skipif(
     ggml_kernel.ensure() is not None, reason=f"no GGML kernels here: {ggml_kernel.ensure()}"
 )
 
-ROW_TYPES = list(ggml_kernel.ROW_TYPES)
+TYPES = list(ggml_kernel.TYPES)
 
 
-@pytest.mark.parametrize("qtype", ROW_TYPES)
+@pytest.mark.parametrize("qtype", TYPES)
 def test_ggml_rows_are_gguf_dequantize(qtype):
     """The same values (a zero may carry the other sign: q·d - 8·d where gguf has d·(q - 8))."""
     raw = random_blocks(qtype, 48, 512, seed=qtype)
@@ -32,9 +32,9 @@ def test_ggml_rows_are_gguf_dequantize(qtype):
 
 
 def test_ggml_rows_refuses_an_index_out_of_range():
-    raw = random_blocks(ggml_kernel.ROW_TYPES[0], 4, 64)
+    raw = random_blocks(ggml_kernel.TYPES[0], 4, 64)
     with pytest.raises(RuntimeError, match="out of range"):
-        torch.ops.glassbox.ggml_rows(raw, torch.tensor([4]), ggml_kernel.ROW_TYPES[0], 64)
+        torch.ops.glassbox.ggml_rows(raw, torch.tensor([4]), ggml_kernel.TYPES[0], 64)
 
 
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 1000, 49152])
@@ -64,7 +64,7 @@ def _bulk_and_rows(qtype: int, n: int = 3, vocab: int = 1024, dim: int = 256):
     return bulk, raw, x
 
 
-@pytest.mark.parametrize("qtype", ROW_TYPES)
+@pytest.mark.parametrize("qtype", TYPES)
 def test_exact_head_replaces_each_rows_top_k_by_its_float64_product(qtype):
     bulk, raw, x = _bulk_and_rows(qtype)
     k = 8
@@ -78,9 +78,17 @@ def test_exact_head_replaces_each_rows_top_k_by_its_float64_product(qtype):
     assert (error <= exact.abs() * 2**-24 + 1e-30).all()  # float64, rounded once to float32
 
 
+def test_exact_head_leaves_a_float32_product_as_it_was():
+    bulk, raw, x = _bulk_and_rows(ggml_kernel.TYPES[-1])
+    product = bulk.float()
+    kept = product.clone()
+    out = torch.ops.glassbox.exact_head(product, raw, ggml_kernel.TYPES[-1], x, 8)
+    assert torch.equal(product, kept) and not torch.equal(out, kept)
+
+
 def test_exact_head_takes_each_row_alone():
     """A batch's rows (the logit lens's layers) equal the same rows one at a time."""
-    qtype = ggml_kernel.ROW_TYPES[-1]
+    qtype = ggml_kernel.TYPES[-1]
     bulk, raw, x = _bulk_and_rows(qtype, n=5)
     batch = torch.ops.glassbox.exact_head(bulk, raw, qtype, x, 8)
     for i in range(5):
@@ -99,7 +107,7 @@ class _Bulk(torch.nn.Module):
         return self.logits
 
 
-@pytest.mark.parametrize("qtype", ROW_TYPES)
+@pytest.mark.parametrize("qtype", TYPES)
 def test_the_heads_kernel_way_is_its_torch_way_within_float32(qtype, monkeypatch):
     bulk, raw, x = _bulk_and_rows(qtype)
     head = Head(
@@ -111,7 +119,7 @@ def test_the_heads_kernel_way_is_its_torch_way_within_float32(qtype, monkeypatch
     )
     ours = head.forward(x)
     monkeypatch.setattr(Head, "_in_kernels", lambda self, logits: False)
-    monkeypatch.setattr(RowReader, "_in_kernels", lambda self, index: False)
+    monkeypatch.setattr(RowReader, "in_kernels", False)
     torch_way = head.forward(x)
     assert torch.allclose(ours, torch_way, rtol=1e-5, atol=1e-6)
     assert torch.equal(ours.topk(8).indices, torch_way.topk(8).indices)
