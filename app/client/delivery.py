@@ -33,9 +33,11 @@ from engine.events import Event, PrefillDone, StepRows, Token
 log = logging.getLogger(__name__)
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz: one GUI update per frame whatever the token rate
-# The longest interval `set_interval` takes: 10 deliveries a second, as often as the chat view
-# draws streamed text (ui.chat_view.STREAM_FRAME_MS).
-SLOWEST_DRAIN_MS = 100
+# The longest interval `set_interval` takes: 4 deliveries a second, as often as the chat view
+# draws streamed text at its slowest (ui.chat_view.SLOWEST_STREAM_FRAME_MS). A window over its
+# CPU budget draws no more often than that, and each delivery has a cost of its own (the
+# engine's message, the receiving thread's wake-up, the listeners' calls) beside its tokens'.
+SLOWEST_DRAIN_MS = 250
 # Wall time one drain may spend delivering before the event loop runs again. Twice this, a busy
 # machine stretched a drain and the frame queued behind it into long stalls; at this budget
 # the stream is as fast and the stalls shorter.

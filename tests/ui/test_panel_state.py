@@ -177,3 +177,48 @@ def test_a_tokens_layers_are_summarised_in_one_pass_as_each_on_its_own():
         np.testing.assert_allclose(stats[layer].max_weight, alone.max_weight, rtol=1e-6)
         np.testing.assert_allclose(stats[layer].entropy, alone.entropy, rtol=1e-6)
         assert stats[layer].rows == 1
+
+
+def _pulled(event, rng):
+    """`event` as the window receives it when it pulls rows: no rows, the engine's per-head
+    statistics of them instead ([2, heads] a layer)."""
+    stats = {
+        layer: np.stack([row.max(axis=1), rng.random(row.shape[0])]).astype(np.float32)
+        for layer, row in event.attention.items()
+    }
+    return replace(event, attention={}, head_stats=stats)
+
+
+def test_a_batch_of_events_leaves_the_state_as_one_event_at_a_time():
+    """ingest_many sums a run of tokens' statistics at once: the same means, rows, cache
+    points and candidates as ingest, with a token that carries rows (a teacher's step)
+    breaking the run, and a second reply."""
+    rng = np.random.default_rng(21)
+    events = [prefill(rng)]
+    events += [_pulled(token(rng, i), rng) for i in range(5)]
+    events += [token(rng, 5)]  # rows, not statistics: summed from them
+    events += [_pulled(token(rng, i), rng) for i in range(6, 9)]
+    events += [finished(events[1:]), prefill(rng, prompt=PROMPT + 12, reused=PROMPT)]
+    events += [_pulled(token(rng, i, prompt=PROMPT + 12), rng) for i in range(4)]
+    one, batched = InternalsState(), InternalsState()
+    for state in (one, batched):
+        state.set_model(model_info())
+    for event in events:
+        one.ingest(event)
+    batched.ingest_many(events[:3])
+    batched.ingest_many(events[3:])
+    for state in (one, batched):
+        state.settle()
+    assert set(batched.head_stats) == set(one.head_stats) == {0, 1}
+    for layer, stats in one.head_stats.items():
+        assert batched.head_stats[layer].rows == stats.rows == PROMPT + 9 + 12 + 4
+        for measure in ("max", "entropy"):
+            np.testing.assert_allclose(
+                batched.head_stats[layer].mean(measure), stats.mean(measure), rtol=1e-12
+            )
+    np.testing.assert_array_equal(batched.kv_tokens.view(), one.kv_tokens.view())
+    np.testing.assert_array_equal(batched.kv_bytes.view(), one.kv_bytes.view())
+    assert batched.kv_layers is not None and one.kv_layers is not None
+    np.testing.assert_array_equal(batched.kv_layers.view(), one.kv_layers.view())
+    assert batched.top_k == one.top_k and batched.chosen == one.chosen
+    assert batched.token_texts == one.token_texts and len(batched.replies) == 2

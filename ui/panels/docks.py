@@ -202,8 +202,7 @@ class InternalsView(QObject):
 
     def ingest_many(self, events: Iterable[Event]) -> None:
         """A batch of events in order (e.g. MainWindow.events_received)."""
-        for event in events:
-            self.state.ingest(event)
+        self.state.ingest_many(events)
         if not self._batches_in_window:  # events again: the idle time before (a prefill's wait)
             self._restart_window()  # says nothing of what streaming frames cost
         self._batches_in_window += 1

@@ -8,7 +8,7 @@ compare those counters on a timer and redraw what changed.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -156,6 +156,31 @@ class InternalsState:
                 self.reply.error = event.message
             self._bump(TIMING)
 
+    def ingest_many(self, events: Iterable[Event]) -> None:
+        """`ingest` each event in order, the per-head statistics of consecutive tokens without
+        rows summed once per layer for the run (a delivered batch is mostly such a run)."""
+        run: list[Token] = []
+        for event in events:
+            if isinstance(event, Token) and not event.attention:
+                self._on_token(event, with_stats=False)
+                run.append(event)
+                continue
+            self._add_token_stats(run)
+            run = []
+            self.ingest(event)
+        self._add_token_stats(run)
+
+    def _add_token_stats(self, tokens: Sequence[Token]) -> None:
+        """The engine's per-head statistics of `tokens`, [2, heads] a layer each: one
+        [2, heads, n] block per layer."""
+        blocks: dict[int, list[np.ndarray]] = {}
+        for token in tokens:
+            for layer, statistics in token.head_stats.items():
+                blocks.setdefault(layer, []).append(statistics)
+        for layer, arrays in blocks.items():
+            block = np.stack(arrays, axis=2)
+            self._stats(layer, block.shape[1]).add_stats(head_row_stats(block))
+
     def _begin_reply(self) -> ReplyTiming:
         if self.replies:
             self.previous = self.replies[-1]
@@ -218,7 +243,9 @@ class InternalsState:
         for key in (TIMING, KV, ATTENTION, NEXT_TOKEN, ROOFLINE, TOKENS):
             self._bump(key)
 
-    def _on_token(self, event: Token) -> None:
+    def _on_token(self, event: Token, with_stats: bool = True) -> None:
+        """One token; `with_stats=False` leaves its per-head statistics to the caller
+        (`_add_token_stats`)."""
         reply = self.reply if self._open and self.reply else self._begin_reply()
         reply.add_token(event)
         if event.roofline is not None:  # None for token 0: the prefill pass made its logits
@@ -242,7 +269,7 @@ class InternalsState:
             if not self._attention_rows(layer, row.shape[0]).append_row(row):
                 repeated.add(layer)
         for layer, statistics in event.head_stats.items():  # worked out by the engine
-            if layer not in repeated:
+            if with_stats and layer not in repeated:
                 self._stats(layer, statistics.shape[1]).add_stats(head_row_stats(statistics))
         for layer, row in event.attention.items():
             if layer in repeated or layer in event.head_stats:
@@ -292,7 +319,8 @@ class InternalsState:
     def _add_kv_point(
         self, tokens: int, total: int, per_layer: Sequence[int], scale: float = 1.0
     ) -> None:
-        values = np.asarray(per_layer, dtype=np.float64) * scale
+        # A token's own bytes go in as they are; only the prefill's reused share is scaled.
+        values = per_layer if scale == 1.0 else np.round(np.asarray(per_layer, np.float64) * scale)
         if len(per_layer) and self.kv_layers is None:
             self.kv_layers = GrowableArray(np.int64, width=len(per_layer))
             for _ in range(len(self.kv_tokens)):  # keep one row per point
@@ -301,13 +329,13 @@ class InternalsState:
             # Same cache length as the previous point (the first token after prefill).
             self.kv_bytes.set_last(total)
             if self.kv_layers is not None and len(per_layer) == self.kv_layers.width:
-                self.kv_layers.set_last(np.round(values))
+                self.kv_layers.set_last(values)
             return
         self.kv_tokens.append(tokens)
         self.kv_bytes.append(total)
         if self.kv_layers is not None:
             fits = len(per_layer) == self.kv_layers.width
-            self.kv_layers.append(np.round(values) if fits else 0)
+            self.kv_layers.append(values if fits else 0)
 
     def _attention_rows(self, layer: int, heads: int) -> AttentionRows:
         rows = self.attention.get(layer)
