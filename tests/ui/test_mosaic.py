@@ -305,3 +305,32 @@ def test_max_pooling_keys_takes_the_largest_of_each_run(rng, factor):
     block = rng.random((3, 5, 4 * factor)).astype(np.float32)
     expected = block.reshape(3, 5, 4, factor).max(axis=3)
     np.testing.assert_array_equal(pooled_rows.max_pool_keys(block, factor), expected)
+
+
+def test_the_mosaic_is_painted_from_32_bit_pixels_equal_to_its_colour_table(view, rng):
+    """Qt paints an Indexed8 image by converting it at every paint (in its thread pool, beside
+    the model): the mosaic converts once per new image, and each pixel is still the colour
+    table's entry for its weight."""
+    from PySide6.QtGui import QImage
+
+    from ui.panels.mosaic import MOSAIC_LEVELS
+
+    panel = view.attention
+    panel.heads_view.resize(640, 360)
+    run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    panel.mosaic.render()
+    image = panel.mosaic.qimage
+    assert image.format() == QImage.Format.Format_RGB32
+    height, width = panel.mosaic.image.shape
+    assert (image.width(), image.height()) == (width, height)
+    pixels = np.frombuffer(image.constBits(), np.uint32, height * image.bytesPerLine() // 4)
+    pixels = pixels.reshape(height, -1)[:, :width]
+    # pyqtgraph's own mapping of weights to table entries (levels, then 256 colours)
+    low, high = MOSAIC_LEVELS
+    scaled = (panel.mosaic.image - low) * (256 / (high - low))
+    entries = np.clip(scaled, 0, 255).astype(np.uint8)
+    table = panel.mosaic.lut
+    expected = (0xFF << 24) | (table[:, 0].astype(np.uint32) << 16)
+    expected = expected | (table[:, 1].astype(np.uint32) << 8) | table[:, 2]
+    np.testing.assert_array_equal(pixels, expected[entries])

@@ -29,6 +29,7 @@ from ui.panels.attention_tiles import (
     row_path,
     tile_aspect,
 )
+from ui.panels.colour_image import ColourTableImage
 from ui.panels.empty import EmptyState
 from ui.panels.head_overview import HeadOverview
 from ui.panels.mosaic import (
@@ -158,7 +159,7 @@ class AttentionPanel(StatePanel):
             axis.setStyle(tickFont=self.font(), autoReduceTextSpace=True)
             axis.setVisible(False)
         self._token_ticks: tuple[object, ...] = ()
-        self.mosaic = pg.ImageItem(axisOrder="row-major")
+        self.mosaic = ColourTableImage(axisOrder="row-major")
         self.mosaic.setLookupTable(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
         self.heads_view.addItem(self.mosaic)
         self.head_labels: list[TileLabel] = []

@@ -12,6 +12,7 @@ from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
 from PySide6.QtCore import QPointF, QRectF, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
+from ui.panels.colour_image import ColourTableImage
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import Throttle
 from ui.panels.state import InternalsState
@@ -56,7 +57,7 @@ class HeadOverview(QWidget):
         self.measure_choice.currentIndexChanged.connect(lambda _index: self.changed.emit())
         self.plot = pg.PlotWidget()
         self.plot.setMinimumHeight(90)
-        self.image = pg.ImageItem(axisOrder="row-major")
+        self.image = ColourTableImage(axisOrder="row-major")
         self.image.setLookupTable(lut)
         self.caption = QLabel("")
         self.caption.setWordWrap(True)
