@@ -307,6 +307,14 @@ def test_max_pooling_keys_takes_the_largest_of_each_run(rng, factor):
     np.testing.assert_array_equal(pooled_rows.max_pool_keys(block, factor), expected)
 
 
+@pytest.mark.parametrize(("rows", "factor"), [(8, 1), (8, 2), (9, 2), (7, 4), (5, 8)])
+def test_max_pooling_rows_takes_the_largest_of_each_run_the_last_maybe_short(rng, rows, factor):
+    block = rng.random((3, rows, 6)).astype(np.float32)
+    starts = np.arange(0, rows, factor)
+    expected = np.maximum.reduceat(block, starts, axis=1)
+    np.testing.assert_array_equal(pooled_rows.max_pool_rows(block, factor), expected)
+
+
 def test_the_mosaic_is_painted_from_32_bit_pixels_equal_to_its_colour_table(view, rng):
     """Qt paints an Indexed8 image by converting it at every paint (in its thread pool, beside
     the model): the mosaic converts once per new image, and each pixel is still the colour

@@ -509,8 +509,8 @@ def test_rows_arriving_between_frames_are_pooled_with_their_batch(qtbot, docked,
     pooled_rows: list[int] = []
     padded = AttentionRows.padded
 
-    def counted(self, first_row, keys, end_row=None):
-        block = padded(self, first_row, keys, end_row)
+    def counted(self, first_row, keys, end_row=None, scratch=None):
+        block = padded(self, first_row, keys, end_row, scratch)
         pooled_rows.append(block.shape[1])
         return block
 

@@ -70,10 +70,24 @@ class AttentionRows:
         """A dense copy [heads, rows - first_row, keys] of the filled part."""
         return self.padded(first_row, self.keys)
 
-    def padded(self, first_row: int, keys: int, end_row: int | None = None) -> np.ndarray:
-        """Rows `first_row` to `end_row` as a dense [heads, n, keys] copy, zeros past each row."""
+    def padded(
+        self,
+        first_row: int,
+        keys: int,
+        end_row: int | None = None,
+        scratch: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Rows `first_row` to `end_row` as a dense [heads, n, keys] copy, zeros past each row;
+        written into `scratch` (a float32 buffer the caller keeps) where it is large enough:
+        a fresh block of a few MB each time cost the kernel a page fault every 4 KB."""
         rows = self._rows[first_row:end_row]
-        out = np.zeros((self.heads, len(rows), keys), dtype=np.float32)
+        shape = (self.heads, len(rows), keys)
+        size = shape[0] * shape[1] * shape[2]
+        if scratch is not None and scratch.size >= size:
+            out = scratch[:size].reshape(shape)
+            out.fill(0.0)
+        else:
+            out = np.zeros(shape, dtype=np.float32)
         for index, row in enumerate(rows):
             width = min(row.shape[1], keys)
             out[:, index, :width] = row[:, :width]
