@@ -109,6 +109,11 @@ class TimingPanel(StatePanel):
         self._timeline_throttle = Throttle()
         # Ranges set when the data outgrows them (auto-range would re-measure every frame).
         self._timeline_x, self._steps_x, self._steps_y = AxisLimit(), AxisLimit(), AxisLimit()
+        # The turns chart's prompt and TTFT axes, and its turn labels, as drawn: a new chat's
+        # first turn like the last chat's keeps its axes (a changed axis lays out and paints
+        # its ticks and labels again, the chart's dearest part).
+        self._turns_y, self._ttft_y = AxisLimit(), AxisLimit()
+        self._turn_ticks: list[tuple[int, str]] | None = None
         self.numbers = QLabel(summary_html(None))
         self.numbers.setTextFormat(Qt.TextFormat.RichText)
         self.numbers.setWordWrap(True)
@@ -239,6 +244,8 @@ class TimingPanel(StatePanel):
 
     def _draw_timeline(self) -> None:
         replies = self._state.replies[-TIMELINE_REPLIES:]
+        if not replies and self.pages.empty:  # a new chat: hidden until its first reply
+            return
         phases = np.array([phase_seconds(r) for r in replies], dtype=np.float64).reshape(-1, 4)
         starts = np.cumsum(phases, axis=1) - phases
         rows = np.arange(len(replies), dtype=np.float64)
@@ -307,6 +314,8 @@ class TimingPanel(StatePanel):
 
     def _draw_turns(self) -> None:
         replies = self._state.replies
+        if not replies and self.pages.empty:  # a new chat: hidden until its first reply
+            return
         # Per-turn numbers change a few times per reply: leave the chart alone in between.
         summary = tuple((r.turn, r.reused_tokens, r.processed_tokens, r.ttft_s) for r in replies)
         if summary == self._turns_drawn:
@@ -323,9 +332,14 @@ class TimingPanel(StatePanel):
         finite = np.isfinite(ttft)  # a reply that failed before its first token has none
         self.ttft_curve.setData(turns[finite], ttft[finite])
         plot = self.turns_plot.getPlotItem()
-        plot.getAxis("bottom").setTicks([turn_ticks(replies)])
-        tallest = float((reused + processed).max()) if len(replies) else 1.0
-        plot.setRange(xRange=(-0.5, max(len(replies), 1) - 0.5), yRange=(0, tallest * 1.1))
+        ticks = turn_ticks(replies)
+        if ticks != self._turn_ticks:
+            self._turn_ticks = ticks
+            plot.getAxis("bottom").setTicks([ticks])
+        self._turns_y.update(float((reused + processed).max()) if len(replies) else 0.0)
+        x_range = (-0.5, max(len(replies), 1) - 0.5)
+        plot.setRange(xRange=x_range, yRange=(0, self._turns_y.limit))  # unchanged: no work
         if finite.any():
-            self.ttft_view.setYRange(0, float(ttft[finite].max()) * 1.15, padding=0)
+            self._ttft_y.update(float(ttft[finite].max()))
+            self.ttft_view.setYRange(0, self._ttft_y.limit, padding=0)
         self._sync_ttft_view()
