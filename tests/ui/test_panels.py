@@ -15,6 +15,7 @@ from engine.events import Candidate, Failed, Finished, ModelInfo, PrefillDone, T
 from engine.kv_formula import formula_bytes as kv_formula_bytes
 from engine.settings import FEWEST_ROWS
 from ui.panels import pooled_rows
+from ui.panels import tokens as tokens_panel
 from ui.panels.docks import InternalsView, build_docks
 from ui.panels.kv_cache import STACKED, formula_text
 from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MOSAIC_LEVELS
@@ -575,6 +576,63 @@ def test_the_token_strip_keeps_the_spaces_between_tokens_across_frames(view, rng
         view.redraw(force=True)  # one frame per token: every piece starts a new fragment
     shown = view.next_token.tokens.toPlainText().replace("\u200b", "")
     assert shown == "".join(pieces)
+
+
+def _chips(panel) -> tuple[str, list[tuple[object, ...]]]:
+    """The Tokens panel's text and each chip's start, colour, tooltip, link and weight."""
+    chips = []
+    for position, start in enumerate(panel._starts):
+        chip = panel.chip_format(position)
+        chips.append((start, chip.background().color().name(), chip.toolTip(),
+                      chip.anchorHref(), chip.fontWeight()))  # fmt: skip
+    return panel.chips.toPlainText(), chips
+
+
+@pytest.mark.parametrize("shared", ["all", "new chat", "some", "none"])
+def test_a_new_replys_token_chips_equal_a_strip_drawn_from_scratch(rng, view, shared):
+    """A new reply keeps the chips its prompt shares with the last strip (re-coloured where a
+    reply token became a reused prompt token) and drops the rest: the strip reads exactly as
+    one drawn for that reply alone."""
+    from dataclasses import replace
+
+    fresh = InternalsView()
+    fresh.timer.stop()  # frames are drawn here
+    fresh.set_model(model_info())
+    kept = view
+    views = [kept, fresh]
+    run_reply(kept, rng, count=3)  # prompt p0..p4, then the reply's t0..t2
+    kept.tokens.redraw()
+    trail = kept.state.trail
+    if shared == "new chat":  # its panels say what they will show, then the same prompt
+        kept.clear()
+        kept.tokens.redraw()
+        assert kept.tokens.pages.empty
+    if shared in ("all", "new chat"):  # the same prompt again (a regenerated reply)
+        ids, labels, reused = trail.ids[:PROMPT], trail.labels[:PROMPT], 0
+    elif shared == "some":  # the next turn: the last prompt and reply reused, two more tokens
+        ids = [*trail.ids, 90, 91]
+        labels, reused = [*trail.labels, "u0", "u1"], len(trail.ids)
+    else:
+        ids, labels, reused = [70, 71, 72], ["a", "b", "c"], 0
+    second = replace(
+        prefill(rng, prompt=len(ids), reused=reused),
+        prompt_token_ids=tuple(ids), token_texts=tuple(labels),
+    )  # fmt: skip
+    tokens = [token(rng, i, prompt=len(ids)) for i in range(2)]
+    for internals in views:
+        for event in (second, tokens[0]):
+            internals.ingest(event)
+        internals.tokens.redraw()
+        internals.ingest(tokens[1])
+        internals.tokens.redraw()
+    assert kept.tokens.shown == fresh.tokens.shown == len(ids) + 2
+    assert _chips(kept.tokens) == _chips(fresh.tokens)
+    kept.state.select(1)  # selecting still re-colours its chip alone
+    kept.tokens.redraw()
+    assert kept.tokens.chip_format(1).background().color() == tokens_panel.SELECTED
+    for dock in fresh.docks.values():
+        dock.close()
+        dock.deleteLater()
 
 
 # -- the view ----------------------------------------------------------------------------------

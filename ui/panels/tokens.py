@@ -36,6 +36,18 @@ BLOCK_CHIPS = 100  # the most chips in one paragraph (see _append)
 VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "⇥"})
 
 
+BACKGROUNDS = {"special": SPECIAL, "reply": REPLY, "reused": REUSED, "prompt": PROMPT}
+
+
+def _kind(trail: TokenTrail, position: int) -> str:
+    """What the chip at `position` is, which sets its colour and tooltip."""
+    if trail.is_special(position):
+        return "special"
+    if position >= trail.prompt_tokens:
+        return "reply"
+    return "reused" if position < trail.reused_tokens else "prompt"
+
+
 def chip_text(label: str) -> str:
     """A token as its chip shows it: spaces and line ends visible, never empty."""
     return label.translate(VISIBLE) or "∅"
@@ -62,6 +74,7 @@ class TokensPanel(StatePanel):
         self._trail: TokenTrail | None = None  # the trail the chips show
         self._starts: list[int] = []  # each chip's first character in the document
         self._in_block = 0  # chips in the document's last paragraph
+        self._in_block_after: list[int] = []  # _in_block right after each chip went in
         self._marked: int | None = None  # the chip drawn as selected
         content = column([self.counts, self.step_line, self.chips, self.hover], grows=self.chips)
         self.pages = fill_with_pages(self, EMPTY_MESSAGE, content)
@@ -82,8 +95,10 @@ class TokensPanel(StatePanel):
         state = self._state
         trail = state.trail
         self.pages.show_content(bool(trail.ids))
-        if trail is not self._trail:
-            self._restart(trail)
+        # A new chat's empty trail is not drawn (its page says what the panel will show): the
+        # chips stay for the next reply to keep what it shares with them.
+        if trail is not self._trail and trail.ids:
+            self._follow(trail)
         self._append(trail)
         self.counts.setText(trail.counts_line() if trail.ids else "")
         self._mark(state.selected_position if state.showing_step else None)
@@ -92,9 +107,42 @@ class TokensPanel(StatePanel):
 
     # -- chips -----------------------------------------------------------------------------
 
-    def _restart(self, trail: TokenTrail) -> None:
-        self._trail, self._starts, self._marked, self._in_block = trail, [], None, 0
-        self.chips.clear()
+    def _follow(self, trail: TokenTrail) -> None:
+        """A new reply's trail. The chips it shares with the one shown stay (a regenerated
+        reply, a new chat with the same prompt, a conversation's earlier turns), re-formatted
+        where their kind changed (last reply's tokens now part of the prompt); the rest go.
+        Inserting a long prompt's chips again was this panel's dearest frame."""
+        old, kept = self._trail, 0
+        if old is not None:
+            for kept, pair in enumerate(zip(old.ids[: self.shown], trail.ids, strict=False)):
+                if pair[0] != pair[1] or old.labels[kept] != trail.labels[kept]:
+                    break
+            else:
+                kept = min(self.shown, len(trail.ids))
+        if kept == 0:
+            self.chips.clear()
+        else:
+            self._keep(old, trail, kept)
+        self._trail, self._marked = trail, None
+        del self._starts[kept:], self._in_block_after[kept:]
+        self._in_block = self._in_block_after[-1] if kept else 0
+
+    def _keep(self, old: TokenTrail | None, trail: TokenTrail, kept: int) -> None:
+        """Drop the chips from `kept` on; give the others the format `trail` gives them."""
+        cursor = QTextCursor(self.chips.document())
+        cursor.beginEditBlock()
+        if kept < self.shown:
+            cursor.setPosition(self._starts[kept])
+            cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+            cursor.removeSelectedText()
+        for position in range(kept):
+            was = _kind(old, position) if old is not None else None
+            if was != _kind(trail, position) or position == self._marked:
+                cursor.setPosition(self._starts[position])
+                end = self._starts[position] + len(chip_text(trail.labels[position]))
+                cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+                cursor.setCharFormat(self._format(trail, position))
+        cursor.endEditBlock()
 
     def _append(self, trail: TokenTrail) -> None:
         if self.shown >= len(trail.ids):
@@ -117,6 +165,7 @@ class TokensPanel(StatePanel):
             if "\n" in label or self._in_block >= BLOCK_CHIPS:
                 cursor.insertBlock()
                 self._in_block = 0
+            self._in_block_after.append(self._in_block)
         cursor.endEditBlock()
         if at_end:
             bar.setValue(bar.maximum())
@@ -127,15 +176,10 @@ class TokensPanel(StatePanel):
         chip.setAnchorHref(f"token:{position}")
         chip.setToolTip(tooltip(trail, position))
         label = trail.labels[position]
-        if trail.is_special(position):
-            background = SPECIAL
+        kind = _kind(trail, position)
+        background = BACKGROUNDS[kind]
+        if kind == "special":
             chip.setFontWeight(QFont.Weight.Bold)
-        elif position >= trail.prompt_tokens:
-            background = REPLY
-        elif position < trail.reused_tokens:
-            background = REUSED
-        else:
-            background = PROMPT
         if label.startswith("<0x"):
             chip.setForeground(BYTES_TEXT)
             chip.setFontItalic(True)
