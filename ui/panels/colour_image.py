@@ -13,8 +13,10 @@ import pyqtgraph as pg
 from PySide6.QtGui import QImage
 
 
-class ColourTableImage(pg.ImageItem):
+class ColourTableImage(pg.ImageItem):  # type: ignore[misc]  # pyqtgraph is untyped
     """A pg.ImageItem whose rendered QImage is 32-bit (see the module docstring)."""
+
+    qimage: QImage | None  # set by pg.ImageItem.render
 
     def render(self) -> None:
         super().render()
