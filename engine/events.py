@@ -8,6 +8,7 @@ A generation always ends with exactly one `Finished`; an error yields `Failed` j
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -359,3 +360,21 @@ class Tally:
 
 
 Event = PrefillDone | Token | StepRows | Failed | Finished
+
+
+def token_runs(
+    events: Iterable[Event], joins: Callable[[Token], bool] = lambda _token: True
+) -> Iterator[list[Token] | Event]:
+    """`events` in order, each longest run of tokens that `joins` accepts as one list (a
+    delivered batch is mostly one run, which a listener takes in one step)."""
+    run: list[Token] = []
+    for event in events:
+        if isinstance(event, Token) and joins(event):
+            run.append(event)
+            continue
+        if run:
+            yield run
+            run = []
+        yield event
+    if run:
+        yield run

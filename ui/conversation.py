@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token
+from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token, token_runs
 from engine.settings import GenerationSettings, Message
 from ui.confidence import plain_confidences
 from ui.reply_stats import finished_stats
@@ -253,15 +253,11 @@ class Conversation:
 
         Events after the reply ended (or when no reply is in progress) are ignored.
         """
-        run: list[Token] = []
-        for event in events:
-            if isinstance(event, Token):
-                run.append(event)
-                continue
-            self._apply_tokens(run)
-            run = []
-            self._apply_other(event)
-        self._apply_tokens(run)
+        for item in token_runs(events):
+            if isinstance(item, list):
+                self._apply_tokens(item)
+            else:
+                self._apply_other(item)
 
     def _apply_tokens(self, tokens: list[Token]) -> None:
         reply = self.reply

@@ -23,6 +23,7 @@ from engine.events import (
     Roofline,
     StepRows,
     Token,
+    token_runs,
 )
 from engine.kv_formula import formula_bytes
 from ui.panels.state.arrays import GrowableArray
@@ -159,16 +160,13 @@ class InternalsState:
     def ingest_many(self, events: Iterable[Event]) -> None:
         """`ingest` each event in order, the per-head statistics of consecutive tokens without
         rows summed once per layer for the run (a delivered batch is mostly such a run)."""
-        run: list[Token] = []
-        for event in events:
-            if isinstance(event, Token) and not event.attention:
-                self._on_token(event, with_stats=False)
-                run.append(event)
+        for item in token_runs(events, lambda token: not token.attention):
+            if not isinstance(item, list):
+                self.ingest(item)
                 continue
-            self._add_token_stats(run)
-            run = []
-            self.ingest(event)
-        self._add_token_stats(run)
+            for token in item:
+                self._on_token(token, with_stats=False)
+            self._add_token_stats(item)
 
     def _add_token_stats(self, tokens: Sequence[Token]) -> None:
         """The engine's per-head statistics of `tokens`, [2, heads] a layer each: one
