@@ -2,7 +2,7 @@
 
 Events are not sent as one queued signal per token: at hundreds of tokens per second that floods
 the GUI event loop. The thread that receives them from the engine appends them to a locked
-buffer instead (`push`), and a GUI-thread QTimer drains it about 30 times a second, handing
+buffer instead (`push`), and a GUI-thread QTimer drains it 4 to 30 times a second, handing
 batches to `deliver`. A job's end is marked with the number of events pushed by then (`end_at`),
 and `reached(job)` is called once that many were delivered: listeners see a reply's Finished
 before they hear that its job ended.
@@ -124,7 +124,7 @@ class Delivery(QObject):
 
     @Slot()
     def drain(self) -> None:
-        """Deliver buffered events; the timer calls this ~30 times a second.
+        """Deliver buffered events; the timer calls this 4 to 30 times a second.
 
         Batches go out until the buffer is empty or DRAIN_BUDGET_S has passed; then the event
         loop gets its turn (paint, input, timers) and the rest follows right after.
