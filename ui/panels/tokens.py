@@ -48,6 +48,14 @@ def _kind(trail: TokenTrail, position: int) -> str:
     return "reused" if position < trail.reused_tokens else "prompt"
 
 
+def _shared(old: TokenTrail, new: TokenTrail, shown: int) -> int:
+    """How many of the first `shown` chips of `old` the trail `new` begins with (same ids and
+    labels)."""
+    limit = min(shown, len(new.ids))
+    differ = (i for i in range(limit) if (old.ids[i], old.labels[i]) != (new.ids[i], new.labels[i]))
+    return next(differ, limit)
+
+
 def chip_text(label: str) -> str:
     """A token as its chip shows it: spaces and line ends visible, never empty."""
     return label.translate(VISIBLE) or "∅"
@@ -112,14 +120,9 @@ class TokensPanel(StatePanel):
         reply, a new chat with the same prompt, a conversation's earlier turns), re-formatted
         where their kind changed (last reply's tokens now part of the prompt); the rest go.
         Inserting a long prompt's chips again was this panel's dearest frame."""
-        old, kept = self._trail, 0
-        if old is not None:
-            for kept, pair in enumerate(zip(old.ids[: self.shown], trail.ids, strict=False)):
-                if pair[0] != pair[1] or old.labels[kept] != trail.labels[kept]:
-                    break
-            else:
-                kept = min(self.shown, len(trail.ids))
-        if kept == 0:
+        old = self._trail
+        kept = 0 if old is None else _shared(old, trail, self.shown)
+        if old is None or kept == 0:
             self.chips.clear()
         else:
             self._keep(old, trail, kept)
@@ -127,7 +130,7 @@ class TokensPanel(StatePanel):
         del self._starts[kept:], self._in_block_after[kept:]
         self._in_block = self._in_block_after[-1] if kept else 0
 
-    def _keep(self, old: TokenTrail | None, trail: TokenTrail, kept: int) -> None:
+    def _keep(self, old: TokenTrail, trail: TokenTrail, kept: int) -> None:
         """Drop the chips from `kept` on; give the others the format `trail` gives them."""
         cursor = QTextCursor(self.chips.document())
         cursor.beginEditBlock()
@@ -136,13 +139,18 @@ class TokensPanel(StatePanel):
             cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
             cursor.removeSelectedText()
         for position in range(kept):
-            was = _kind(old, position) if old is not None else None
-            if was != _kind(trail, position) or position == self._marked:
-                cursor.setPosition(self._starts[position])
-                end = self._starts[position] + len(chip_text(trail.labels[position]))
-                cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
-                cursor.setCharFormat(self._format(trail, position))
+            if _kind(old, position) != _kind(trail, position) or position == self._marked:
+                self._reformat(cursor, trail, position)
         cursor.endEditBlock()
+
+    def _reformat(
+        self, cursor: QTextCursor, trail: TokenTrail, position: int, selected: bool = False
+    ) -> None:
+        """Give the chip at `position` the format `trail` gives it (selected or not)."""
+        cursor.setPosition(self._starts[position])
+        end = self._starts[position] + len(chip_text(trail.labels[position]))
+        cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+        cursor.setCharFormat(self._format(trail, position, selected))
 
     def _append(self, trail: TokenTrail) -> None:
         if self.shown >= len(trail.ids):
@@ -193,11 +201,7 @@ class TokensPanel(StatePanel):
             return
         for chip, selected in ((self._marked, False), (position, True)):
             if chip is not None and chip < self.shown:
-                cursor = QTextCursor(self.chips.document())
-                cursor.setPosition(self._starts[chip])
-                end = len(chip_text(trail.labels[chip]))
-                cursor.setPosition(self._starts[chip] + end, QTextCursor.MoveMode.KeepAnchor)
-                cursor.setCharFormat(self._format(trail, chip, selected))
+                self._reformat(QTextCursor(self.chips.document()), trail, chip, selected)
         self._marked = position
         if position is not None and position < self.shown:
             cursor = QTextCursor(self.chips.document())
