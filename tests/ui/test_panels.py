@@ -578,6 +578,33 @@ def test_the_token_strip_keeps_the_spaces_between_tokens_across_frames(view, rng
     assert shown == "".join(pieces)
 
 
+def test_a_turns_ttft_shows_over_its_prompt_bar(view, rng):
+    """A TTFT point that falls inside its turn's bar is drawn over it, not hidden behind."""
+
+    view.docks["timing"].setFloating(True)
+    view.docks["timing"].resize(700, 700)
+    view.docks["timing"].show()
+    for turn, (prompt, reused) in enumerate([(5, 0), (40, 3)]):
+        first = prefill(rng, prompt=prompt, reused=reused)
+        tokens = [
+            token(rng, i, prompt=prompt, seconds=0.02 if turn and i == 0 else None)
+            for i in range(3)
+        ]
+        for event in (first, *tokens, finished(tokens, reused)):
+            view.ingest(event)
+    panel = view.timing
+    panel.redraw()
+    ttft = view.state.replies[1].ttft_s
+    bar_top = view.state.replies[1].reused_tokens + view.state.replies[1].processed_tokens
+    plot = panel.turns_plot.getPlotItem()
+    point = panel.ttft_view.mapViewToScene(QPointF(1.0, ttft))
+    assert point.y() > plot.vb.mapViewToScene(QPointF(1.0, bar_top)).y()  # inside the bar
+    image = panel.turns_plot.grab().toImage()
+    pixel = panel.turns_plot.mapFromScene(point)
+    colour = image.pixelColor(pixel.x(), pixel.y())
+    assert colour.red() > 150 and colour.blue() < 120, colour.name()  # the red point, not blue
+
+
 def _chips(panel) -> tuple[str, list[tuple[object, ...]]]:
     """The Tokens panel's text and each chip's start, colour, tooltip, link and weight."""
     chips = []

@@ -184,6 +184,11 @@ class TimingPanel(StatePanel):
         self.ttft_view = pg.ViewBox()
         plot.showAxis("right")
         plot.scene().addItem(self.ttft_view)
+        # Over the plot, so the TTFT line shows over the bars, not behind them; it takes no
+        # drag or menu of its own (the chart's axes stay as drawn).
+        self.ttft_view.setZValue(plot.zValue() + 1)
+        self.ttft_view.setMouseEnabled(x=False, y=False)
+        self.ttft_view.setMenuEnabled(False)
         plot.getAxis("right").linkToView(self.ttft_view)
         plot.getAxis("right").setLabel("TTFT", units="s")
         self.ttft_view.setXLink(plot)
