@@ -459,6 +459,17 @@ def test_turn_bars_split_reused_and_prefilled_tokens(view, rng):
     assert (x[0], x[1]) == (3, 5) and y[0] == 3 * PER_TOKEN  # cache kept 3 tokens, then a jump
 
 
+def test_the_turns_ttft_points_keep_one_symbol_however_many_turns(view, rng):
+    """Each turn drawn reuses the TTFT symbol: the points' atlas holds one rendering, not one
+    more per turn (a new pen or brush per setData rendered and packed it again each time)."""
+    for _turn in range(6):
+        run_reply(view, rng, count=2)
+        view.redraw(force=True)
+    _x, ttft = view.timing.ttft_curve.getData()
+    assert len(ttft) == 6
+    assert len(view.timing.ttft_curve.scatter.fragmentAtlas) == 1
+
+
 def test_compare_overlays_the_previous_reply_with_labels(view, rng):
     view.set_next_reply_label(cache_label(False))
     _first, slow = run_reply(view, rng, count=4)

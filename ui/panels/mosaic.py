@@ -196,12 +196,14 @@ class WeightHistogram:
         self.total += counts.sum(axis=1)
         self.per_row[:, first:end] = counts
 
-    def shift(self, rows: int) -> None:
-        """The top `rows` rows left the buffer; the rest moved up."""
+    def shift(self, rows: int, used: int | None = None) -> None:
+        """The top `rows` rows left the buffer; the rest of the `used` ones (default: all)
+        moved up. Rows past `used` hold no counts and stay as they are."""
+        used = self.per_row.shape[1] if used is None else min(used, self.per_row.shape[1])
         self.total -= self.per_row[:, :rows].sum(axis=1)
-        kept = self.per_row.shape[1] - rows
-        self.per_row[:, :kept] = self.per_row[:, rows:].copy()
-        self.per_row[:, kept:] = 0
+        kept = max(used - rows, 0)
+        self.per_row[:, :kept] = self.per_row[:, rows:used]
+        self.per_row[:, kept:used] = 0
 
     def level(self, quantile: float = 0.99) -> np.ndarray:
         """Per head: the `quantile` of its nonzero weights, to one bin (1.0 where none).

@@ -71,6 +71,7 @@ class PooledRows:
         self._grid = (DISPLAY_ROWS, DISPLAY_KEYS)  # the cell bounds of the last update
         self._data = np.zeros((0, 0, 0), dtype=np.float32)
         self._rows = 0
+        self._columns = 0  # the key blocks written since the buffer was cleared
         self._dropped = 0
         self.histogram = WeightHistogram(0, 0)  # of the pooled cells, for the colour levels
         self._scratch = np.empty(0, dtype=np.float32)  # the dense rows of one chunk
@@ -94,11 +95,11 @@ class PooledRows:
         key, shift = self._plan(rows, max_rows, max_keys)
         row_factor, key_factor = key[3], key[4]
         if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
-            self._key, self._rows = key, 0
+            self._key, self._rows, self._columns = key, 0, 0
             self._data = np.zeros((rows.heads, DISPLAY_ROWS, DISPLAY_KEYS), dtype=np.float32)
             self.histogram = WeightHistogram(rows.heads, DISPLAY_ROWS)
         elif shift:
-            self._shift(shift // row_factor)
+            self._shift(shift // row_factor, math.ceil(self._rows / row_factor))
             self._rows -= shift
         self._dropped = rows.dropped
         self._rows = min(self._rows, rows.rows)
@@ -119,6 +120,7 @@ class PooledRows:
             target[...] = pooled
             self.histogram.set_rows(block, target)
         self._rows = max(end, self._rows)
+        self._columns = max(self._columns, columns)
         return self._data[:, :blocks, :columns], row_factor, key_factor
 
     def extend(self, rows: AttentionRows) -> bool:
@@ -164,8 +166,12 @@ class PooledRows:
         """
         return self.histogram.level(quantile)
 
-    def _shift(self, blocks: int) -> None:
-        kept = self._data.shape[1] - blocks
-        self._data[:, :kept] = self._data[:, blocks:].copy()
-        self._data[:, kept:] = 0.0
-        self.histogram.shift(blocks)
+    def _shift(self, blocks: int, used: int) -> None:
+        """Move the pooled blocks up by `blocks`, of the `used` filled ones: only the filled
+        cells move (the rest of the buffer is zero), a fraction of the whole buffer."""
+        used = min(used, self._data.shape[1])
+        kept = max(used - blocks, 0)
+        filled = self._data[:, :, : self._columns]
+        filled[:, :kept] = filled[:, blocks:used]  # numpy copies overlapping views safely
+        filled[:, kept:used] = 0.0
+        self.histogram.shift(blocks, used)

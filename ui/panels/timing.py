@@ -43,6 +43,7 @@ REUSED_BRUSH = (160, 160, 160)
 TIMELINE_INTERVAL_S = 1.0
 
 PROCESSED_BRUSH = (66, 133, 244)
+TTFT_COLOUR = (217, 48, 37)
 
 EMPTY_MESSAGE = (
     "<b>Timing</b><br>Where a reply's time goes. <i>Prefill</i> reads the whole prompt in one "
@@ -192,11 +193,15 @@ class TimingPanel(StatePanel):
         plot.getAxis("right").linkToView(self.ttft_view)
         plot.getAxis("right").setLabel("TTFT", units="s")
         self.ttft_view.setXLink(plot)
+        # The symbol's pen and brush as objects made once: given as colours, each setData
+        # made new ones, and each new one was another entry in the points' symbol atlas,
+        # rendered and packed again (the atlas grew by one symbol per turn drawn).
         self.ttft_curve = pg.PlotDataItem(
-            pen=pg.mkPen((217, 48, 37), width=2),
+            pen=pg.mkPen(TTFT_COLOUR, width=2),
             symbol="o",
             symbolSize=6,
-            symbolBrush=(217, 48, 37),
+            symbolPen=pg.mkPen(TTFT_COLOUR),
+            symbolBrush=pg.mkBrush(TTFT_COLOUR),
             connect="finite",
         )
         self.ttft_view.addItem(self.ttft_curve)
