@@ -247,13 +247,16 @@ class StepRows:
     `step` is the Token index whose query the rows are (step 0: the prompt's last row).
     `latest`: sent because a visible panel draws these layers (at most at its frame rate);
     otherwise asked for (a selected or stepped-to token). `aged_out`: the step has left the
-    ring (or never had rows): `attention` is empty.
+    ring (or never had rows): `attention` is empty. `prompt`: the prompt's matrix
+    [heads, rows, keys] of layers a panel began to draw after the PrefillDone crossed without
+    them (step 0), as the PrefillDone would have carried it.
     """
 
     step: int
     attention: Attention
     latest: bool = False
     aged_out: bool = False
+    prompt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

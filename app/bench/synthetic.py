@@ -36,7 +36,7 @@ from engine.events import (
 )
 from engine.generate.pacing import PacedGeneration
 from engine.kv_formula import formula_bytes
-from engine.model.step_ring import ATTENTION, StepRing
+from engine.model.step_ring import ATTENTION, PROMPT, StepRing
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
 # The bundled SmolLM2-135M's shapes. Its context holds 8,192 tokens; the synthetic one may run
@@ -205,6 +205,8 @@ class SyntheticSession(PacedGeneration):
             weights = self._weights(layer, prompt)[:, None, :] * visible
             attention[layer] = frozen_array(weights / weights.sum(axis=2, keepdims=True))
         self.steps.put(0, ATTENTION, {layer: block[:, -1] for layer, block in attention.items()})
+        if not probes.token_rows:  # as ChatSession: a window pulls its rows
+            self.steps.put(0, PROMPT, attention)
         kv_bytes, per_layer = self._kv(prompt, probes)
         return PrefillDone(
             prompt_tokens=prompt,

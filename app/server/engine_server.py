@@ -217,7 +217,9 @@ class EngineServer:
                 case Pace():
                     self.pace(request)
                 case Watch():
-                    self.rows.watch(request)
+                    with self._lock:
+                        session, job = self.session, self._reply_job
+                    self.rows.watch(request, job, ring_of(session))
                 case Cadence(interval_s=interval_s):
                     self.outbox.set_interval(interval_s)
                 case Fetch():
@@ -412,7 +414,7 @@ class EngineServer:
                     return
             if any(isinstance(e, Failed | Finished) for e in events):
                 self.rows.flush(ring)  # the last step's rows before the reply's end
-            events = self.rows.outgoing(events, pull)
+            events = self.rows.outgoing(events, pull, ring)
             weight = sum(event_weight(event) for event in events)
             self.outbox.put(Events(job, tuple(events)), weight)
             self.rows.after(job, events, ring)

@@ -7,7 +7,9 @@ Per token the engine's events carry the per-head statistics the overview plots
     `interval_s`, and the last step's always before a hold or the reply's end, so a paused or
     finished reply shows its last step;
   - `Fetch(step)`: one step's rows now (a selected token), or StepRows(aged_out=True);
-  - a prompt's matrix crosses with its PrefillDone only for the watched layers.
+  - a prompt's matrix crosses with its PrefillDone only for the watched layers (the layer the
+    attention panel shows); a layer watched later gets its prompt rows from the ring then
+    (StepRows with `prompt`), so the other layers' matrices never cross unless looked at.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from app.server.jobs import event_weight
 from app.server.wire import Events, Fetch, Reply, Watch
 from engine.events import Event, PrefillDone, StepRows, Token
-from engine.model.step_ring import StepRing, host_rows
+from engine.model.step_ring import PROMPT, StepRing, host_rows
 
 Put = Callable[[Reply, int], None]  # (reply, weight): to the outbox
 
@@ -39,25 +41,53 @@ class ViewRows:
         self._unsent: tuple[int, int] | None = None  # (job, step) of rows not yet sent
         self.sent = 0  # StepRows sent as a panel's latest (tests and benchmarks read it)
 
-    def watch(self, request: Watch) -> None:
+    def watch(self, request: Watch, job: int = 0, ring: StepRing | None = None) -> None:
+        """Watch `request.layers` from now on. A layer not watched before gets the prompt's
+        matrix of reply `job` from `ring` first (where it is still there), then the latest
+        step's rows, so a panel that switches layers draws the new one's whole buffer."""
         with self._lock:
+            added = frozenset(request.layers) - self.layers
+            if added and ring is not None and job:
+                self._catch_up(job, added, ring)
             self.layers = frozenset(request.layers)
             self.interval_s = max(request.interval_s, 0.0)
             self._sent_at = -math.inf  # the next token's rows go at once
+
+    def _catch_up(self, job: int, layers: frozenset[int], ring: StepRing) -> None:
+        """The prompt's rows of `layers`, then the latest step's: before any later row of
+        theirs (the caller holds the lock that `after` takes to send one)."""
+        prompt = host_rows(ring, 0, layers, PROMPT)
+        if prompt:
+            self._send(job, StepRows(0, prompt, prompt=True))
+        latest = ring.latest
+        rows = host_rows(ring, latest, layers) if latest else None
+        if rows:
+            self._send(job, StepRows(latest or 0, rows, latest=True))
 
     def start_reply(self) -> None:
         """A new reply: a step still unsent belongs to the last one's numbering."""
         with self._lock:
             self._unsent = None
 
-    def outgoing(self, events: Sequence[Event], pull: bool) -> list[Event]:
+    def outgoing(
+        self, events: Sequence[Event], pull: bool, ring: StepRing | None = None
+    ) -> list[Event]:
         """`events` as they cross. `pull` (the Generate's ProbeSettings.token_rows is False:
-        the client pulls rows): a prompt's matrix only for the watched layers. Otherwise the
+        the client pulls rows): a prompt's matrix only for the watched layers, and, for a
+        layer watched while the prompt was processed, from `ring` just after it. Otherwise the
         events carry every row as the generation made them (the old contract)."""
         if not pull:
             return list(events)
         layers = self.layers
-        return [_only(event, layers) for event in events]
+        out: list[Event] = []
+        for event in events:
+            out.append(_only(event, layers))
+            if isinstance(event, PrefillDone) and ring is not None:
+                late = layers - set(event.attention)
+                prompt = host_rows(ring, 0, late, PROMPT) if late else None
+                if prompt:
+                    out.append(StepRows(0, prompt, prompt=True))
+        return out
 
     def after(self, job: int, events: Sequence[Event], ring: StepRing | None) -> None:
         """Tokens went out: send the latest one's rows if a frame's interval has passed."""

@@ -54,7 +54,7 @@ from engine.measure.roofline import ForwardCost, Meter
 from engine.model.attention_probe import AttentionProbe
 from engine.model.decoder import Cache, decoder_for
 from engine.model.lens import LENS_TOP, LayerLensProbe
-from engine.model.step_ring import StepRing
+from engine.model.step_ring import PROMPT, StepRing
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from engine.text import chat_format
 from engine.text.detokenize import TextStream
@@ -208,6 +208,8 @@ class ChatSession(PacedGeneration):
         clock.start()
         forward = self.prefill(prompt, settings.use_cache, probes)
         tally.prefill_s, tally.reused_tokens = clock.stop(), forward.cached
+        if forward.probe is not None and not probes.token_rows:  # a window pulls its rows
+            self.steps.put(0, PROMPT, dict(forward.probe.weights))
         yield self._prefill_event(prompt, forward, tally, probes, dropped)
         if settings.pause_after_prefill:
             self.pacer.pause()

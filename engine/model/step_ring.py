@@ -18,6 +18,9 @@ import numpy as np
 from engine.events import Attention, frozen_array
 
 ATTENTION = "attention"  # layer -> [heads, keys] rows of the step's query (tensor or array)
+# layer -> [heads, rows, keys] the prompt's matrix (step 0), every watched layer's: a panel that
+# starts drawing a layer mid-reply gets that layer's prompt rows from here
+PROMPT = "prompt"
 RESIDUALS = "residuals"  # ([layers, dim] each layer's output, the token chosen): the lens's
 
 
@@ -89,10 +92,13 @@ class StepRing:
             return list(self._steps)
 
 
-def host_rows(ring: StepRing, step: int, layers: frozenset[int] | None = None) -> Attention | None:
+def host_rows(
+    ring: StepRing, step: int, layers: frozenset[int] | None = None, kind: str = ATTENTION
+) -> Attention | None:
     """Step `step`'s attention rows from `ring` as read-only host arrays (only `layers`, if
-    given), or None when the step is not (or no longer) there."""
-    rows = ring.get(step, ATTENTION)
+    given), or None when the step is not (or no longer) there. `kind` PROMPT: the prompt's
+    matrix (step 0)."""
+    rows = ring.get(step, kind)
     if rows is None:
         return None
     return {

@@ -70,6 +70,32 @@ def test_the_latest_rows_feed_the_attention_rows_at_their_positions():
     np.testing.assert_array_equal(rows.row_at(8 * PROMPT + last.index - 1), last.attention[0])
 
 
+def test_a_layers_prompt_matrix_goes_first_in_its_buffer_and_is_taken_once():
+    """A prompt matrix that comes after the PrefillDone (the panel switched layers) fills the
+    layer's buffer as the PrefillDone would have; a layer whose prompt is in already keeps it."""
+    rng = np.random.default_rng(8)
+    events = reply_events(rng)
+    state = InternalsState()
+    state.set_model(model_info())
+    first = events[0]
+    state.ingest(replace(pulled(first), attention={1: first.attention[1]}))  # layer 1 drawn
+    for event in events[1:]:
+        state.ingest(pulled(event))
+    assert 0 not in state.attention
+    state.ingest(StepRows(0, dict(first.attention), prompt=True))
+    reference = InternalsState()
+    reference.set_model(model_info())
+    reference.ingest(replace(pulled(first), attention=dict(first.attention)))
+    for layer in (0, 1):
+        np.testing.assert_array_equal(
+            state.attention[layer].matrix(), reference.attention[layer].matrix()
+        )
+    last = events[-1]
+    state.ingest(StepRows(last.index, dict(last.attention), latest=True))
+    state.ingest(StepRows(0, dict(first.attention), prompt=True))  # again: nothing added
+    assert state.attention[0].rows == reference.attention[0].rows + 1
+
+
 def test_a_chosen_step_is_fetched_shown_when_it_comes_or_said_to_have_aged_out():
     rng = np.random.default_rng(7)
     events = reply_events(rng)
@@ -98,14 +124,22 @@ def test_a_chosen_step_is_fetched_shown_when_it_comes_or_said_to_have_aged_out()
 
 
 def test_rows_are_wanted_only_while_the_attention_panel_is_on_screen(qtbot):
+    """Only the layer the mosaic draws: the other watched layers' rows (and prompt matrices)
+    stay in the engine until the panel switches to one."""
     docked = Docked(qtbot)
     view = docked.view
     said: list[tuple] = []
     view.rows_wanted.connect(lambda layers, interval: said.append((layers, interval)))
-    qtbot.waitUntil(lambda: view.rows_wanted_now[0] == ((0, 1) if shown(view.attention) else ()))
+    qtbot.waitUntil(lambda: view.rows_wanted_now[0] == ((0,) if shown(view.attention) else ()))
     view.docks["attention"].close()
     qtbot.waitUntil(lambda: bool(said) and said[-1][0] == ())
     view.docks["attention"].show()
     view.docks["attention"].raise_()
-    qtbot.waitUntil(lambda: said[-1][0] == (0, 1))
+    qtbot.waitUntil(lambda: said[-1][0] == (0,))
     assert said[-1][1] == pytest.approx(view.busy_interval / 1000)
+    view.attention.select(1)  # the other watched layer
+    qtbot.waitUntil(lambda: said[-1][0] == (1,))
+    view.set_watched_layers((0,))  # the shown layer no longer watched: none of its rows come
+    qtbot.waitUntil(lambda: said[-1][0] == ())
+    view.set_watched_layers((0, 1))
+    qtbot.waitUntil(lambda: said[-1][0] == (1,))

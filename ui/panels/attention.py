@@ -71,12 +71,15 @@ class AttentionPanel(StatePanel):
 
     # The layers the app should capture from the next reply on (the watched ones plus a pick).
     watched_layers_requested = Signal(tuple)
+    # The layer the mosaic draws changed: only its rows need to cross from the engine.
+    shown_layer_changed = Signal()
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
         super().__init__(state, ATTENTION, parent)
         self._lut = colour_table()
         self._pooled = PooledRows()
         self._choices_key: tuple[object, ...] = ()
+        self._said_layer: int | None = None  # the shown layer shown_layer_changed last told
         # The mosaic as last drawn: its layout, the heads per tile, each tile's colour scale
         # (1 / its level) and the size of an image pixel in buffer units (keys, rows).
         # (it shadows QWidget.layout(), which nothing calls on the panel: the tests read this)
@@ -175,6 +178,22 @@ class AttentionPanel(StatePanel):
     def selected_layer(self) -> int | None:
         data = self.layer_choice.currentData()
         return None if data is None else int(data)
+
+    @property
+    def shown_layer(self) -> int | None:
+        """The layer whose rows the mosaic draws: the one chosen, else the one it will choose
+        (the first watched) before its choices are filled in."""
+        chosen = self.selected_layer
+        if chosen is not None:
+            return chosen
+        state = self._state
+        return (state.watched_layers or tuple(sorted(state.attention)) or (None,))[0]
+
+    def _say_shown_layer(self) -> None:
+        layer = self.shown_layer
+        if layer != self._said_layer:
+            self._said_layer = layer
+            self.shown_layer_changed.emit()
 
     @property
     def selected_head(self) -> int | None:
@@ -286,6 +305,7 @@ class AttentionPanel(StatePanel):
             self.head_choice.addItem(f"head {index}", index)
         self.head_choice.setCurrentIndex(max(self.head_choice.findData(head), 0))
         self.head_choice.blockSignals(False)
+        self._say_shown_layer()
 
     def _on_layer_picked(self, _index: int) -> None:
         layer = self.selected_layer
@@ -293,6 +313,7 @@ class AttentionPanel(StatePanel):
         if layer is not None and layer not in watched:
             self.watched_layers_requested.emit(tuple(sorted({*watched, layer})))
         self.tracker.mark()
+        self._say_shown_layer()
 
     # -- mosaic ----------------------------------------------------------------------------
 

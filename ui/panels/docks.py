@@ -134,6 +134,7 @@ class InternalsView(QObject):
         self.placement = PlacementPanel(self.state)
         self.layers = LayersPanel(self.state)
         self.attention.watched_layers_requested.connect(self.watched_layers_requested)
+        self.attention.shown_layer_changed.connect(self._update_rows_wanted)
         self.docks: dict[str, QDockWidget] = {}
         for name, title, attribute in DOCKS:
             dock = QDockWidget(title)
@@ -231,10 +232,15 @@ class InternalsView(QObject):
         self.wake()
 
     def _update_rows_wanted(self) -> None:
-        """Say which rows the panels on screen draw, and how often, when that changed."""
-        layers = self.state.watched_layers if shown(self.attention) else ()
+        """Say which rows the panels on screen draw, and how often, when that changed: the
+        layer the attention mosaic shows, where it is watched (the others' rows, and their
+        prompt matrices, cross when the panel switches to one)."""
+        layer = self.attention.shown_layer
+        layers: tuple[int, ...] = ()
+        if layer is not None and layer in self.state.watched_layers and shown(self.attention):
+            layers = (layer,)
         interval = FRAME_MS if self.state.explaining else self.busy_interval
-        wanted = (tuple(layers), interval / 1000)
+        wanted = (layers, interval / 1000)
         if wanted != self._rows_wanted:
             self._rows_wanted = wanted
             self.rows_wanted.emit(*wanted)

@@ -12,8 +12,11 @@ import pytest
 
 from app.client.delivery import SLOWEST_DRAIN_MS
 from app.client.engine_client import EngineClient
+from app.server import wire
 from app.server.outbox import TOKEN_INTERVAL_S
+from app.server.view_rows import ViewRows
 from engine.events import PrefillDone, StepRows, Token
+from engine.model.step_ring import PROMPT, StepRing
 from engine.settings import GenerationSettings, LoadRequest, ProbeSettings
 from tests.app.client.test_worker import HELLO, Recorder
 from tests.engines import in_memory
@@ -131,3 +134,53 @@ def test_the_engine_sends_tokens_as_often_as_the_window_takes_them_in(qtbot, wor
     assert worker.drain_interval == SLOWEST_DRAIN_MS
     worker.set_drain_interval(33)  # a teacher stepping: every frame
     qtbot.waitUntil(lambda: outbox.interval_s == 0.033, timeout=5000)
+
+
+def test_a_layer_watched_after_the_prompt_gets_its_prompt_matrix_then_its_rows(
+    qtbot, backend, worker
+):
+    """The PrefillDone carries the shown layer's matrix only; switching to another watched
+    layer (mid-reply or after it) brings that layer's prompt matrix from the engine's ring,
+    as the PrefillDone would have carried it, and then the latest step's rows."""
+    reference = Recorder(worker)
+    reply(qtbot, worker, ProbeSettings(attention_layers=LAYERS, top_k=5))  # rows in events
+    whole = [e for e in reference.events if isinstance(e, PrefillDone)][-1].attention
+    expected = {e.index: e.attention for e in reference.events if isinstance(e, Token)}
+
+    worker.watch((9,), 0.0)
+    reply(qtbot, worker, PULL)  # the same greedy reply, layer 9 drawn
+    rec = Recorder(worker)
+    worker.watch((9, 19), 0.0)  # the panel switched to layer 19 once the reply had ended
+    qtbot.waitUntil(lambda: len(rows_of(rec.events)) == 2, timeout=2000)
+    prompt, latest = rows_of(rec.events)
+    assert prompt.prompt and prompt.step == 0 and set(prompt.attention) == {19}
+    np.testing.assert_array_equal(prompt.attention[19], whole[19])
+    assert latest.latest and latest.step == 29 and set(latest.attention) == {19}
+    np.testing.assert_array_equal(latest.attention[19], expected[29][19])
+    worker.watch((9, 19), 0.5)  # the same layers: nothing crosses again
+    worker.watch((19,), 0.0)
+    worker.fetch(3)  # answered after any catch-up the watches above would have sent
+    qtbot.waitUntil(lambda: len(rows_of(rec.events)) == 3, timeout=2000)
+    assert rows_of(rec.events)[-1].step == 3
+
+
+def test_a_layer_watched_during_the_prefill_gets_its_matrix_right_after_it():
+    """A Watch that arrives while the prompt is processed: the PrefillDone carries the layers
+    watched when the reply began, and the ring the rest right behind it."""
+    rng = np.random.default_rng(0)
+    ring = StepRing(2**20)
+    blocks = {layer: rng.random((2, 3, 5)).astype(np.float32) for layer in (0, 9)}
+    ring.put(0, PROMPT, blocks)
+    rows = ViewRows(lambda reply, weight: None)
+    rows.watch(wire.Watch((0, 9)))
+    prefill = PrefillDone(
+        prompt_tokens=5, reused_tokens=0, processed_tokens=5, tokenize_s=0.0, seconds=0.1,
+        kv_bytes=0, kv_bytes_per_layer=(), prompt_token_ids=tuple(range(5)),
+        token_texts=("a",) * 5, attention={9: blocks[9]},
+    )  # fmt: skip
+    first, late = rows.outgoing([prefill], True, ring)
+    assert first is prefill
+    assert isinstance(late, StepRows) and late.prompt and late.step == 0
+    assert set(late.attention) == {0}
+    np.testing.assert_array_equal(late.attention[0], blocks[0])
+    assert rows.outgoing([prefill], True, None) == [prefill]  # no ring: nothing to add

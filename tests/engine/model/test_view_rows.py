@@ -16,7 +16,7 @@ from engine.generate import head_stats
 from engine.generate.head_stats import batch_statistics, prefill_statistics
 from engine.generate.session import ChatSession
 from engine.generate.trace import TraceRecorder
-from engine.model.step_ring import ATTENTION, StepRing, host_rows
+from engine.model.step_ring import ATTENTION, PROMPT, StepRing, host_rows
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from engine.weights import ggml_kernel
 from tests.models import make_tiny
@@ -144,6 +144,13 @@ def test_a_prompt_matrix_crosses_only_for_the_layers_asked_and_its_statistics_fo
         assert set(prefill.head_stats) == {0, 1}
         for layer in (0, 1):
             np.testing.assert_array_equal(prefill.head_stats[layer], every.head_stats[layer])
+    # Every watched layer's matrix stays in the ring, for a panel that switches to it later.
+    kept = host_rows(session.steps, 0, kind=PROMPT)
+    assert kept is not None and set(kept) == {0, 1}
+    for layer in (0, 1):
+        np.testing.assert_array_equal(kept[layer], every.attention[layer])
+    reply(session, ProbeSettings(attention_layers=(0, 1), top_k=3))  # rows in the events
+    assert host_rows(session.steps, 0, kind=PROMPT) is None  # nothing kept twice
 
 
 def test_the_trace_keeps_every_step_rows_whatever_the_window_pulls(tokenizer):

@@ -288,9 +288,12 @@ class InternalsState:
             self._bump(ATTENTION)
 
     def _on_rows(self, event: StepRows) -> None:
-        """A step's rows from the engine: the latest, for the panels that draw them, or those
-        of a step the user chose (or word that they aged out of the engine's ring)."""
-        if event.latest:
+        """A step's rows from the engine: the latest, for the panels that draw them, those of
+        a step the user chose (or word that they aged out of the engine's ring), or the
+        prompt's matrix of a layer a panel began to draw after the prompt was processed."""
+        if event.prompt:
+            self._on_prompt_rows(event)
+        elif event.latest:
             for layer, row in event.attention.items():
                 self._attention_rows(layer, row.shape[0]).append_row(row)
         else:
@@ -298,6 +301,16 @@ class InternalsState:
         self._bump(ATTENTION)
         if not event.latest:
             self.panel_changed()
+
+    def _on_prompt_rows(self, event: StepRows) -> None:
+        """The prompt's rows go first in a layer's buffer; a layer that holds rows already
+        (its prompt came with the PrefillDone, or an earlier switch brought it) keeps them."""
+        if self.reply is None:
+            return  # a new chat: nothing to add them to
+        for layer, block in event.attention.items():
+            existing = self.attention.get(layer)
+            if existing is None or not existing.rows:
+                self._attention_rows(layer, block.shape[0]).append_block(block)
 
     def _on_finished(self, event: Finished) -> None:
         if self._open and self.reply is not None:
