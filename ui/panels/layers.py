@@ -14,6 +14,8 @@ a teacher's step is asked for at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFontMetrics, QHideEvent, QPainter, QPaintEvent, QShowEvent
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
@@ -57,13 +59,23 @@ class LensGrid(QWidget):
 
     def cell_rect(self, row: int, column: int) -> QRectF:
         """Row 0 is the last layer; column COLUMNS is the chosen token's rank."""
+        return self._cells()(row, column)
+
+    def _cells(self) -> Callable[[int, int], QRectF]:
+        """The grid's geometry for the widget's size and font, worked out once: a paint asks
+        for a few hundred cells, and font metrics per cell were much of its time."""
         lens = self.lens
         layers = lens.layers if lens is not None else 1
-        line = QFontMetrics(self.font()).height()
-        label = QFontMetrics(self.font()).horizontalAdvance("layer 00") + 8
+        metrics = QFontMetrics(self.font())
+        line = metrics.height()
+        label = metrics.horizontalAdvance("layer 00") + 8
         width = (self.width() - label) / (COLUMNS + 1)
         height = max((self.height() - line - 4) / layers, 1.0)
-        return QRectF(label + column * width, line + 4 + row * height, width, height)
+
+        def cell(row: int, column: int) -> QRectF:
+            return QRectF(label + column * width, line + 4 + row * height, width, height)
+
+        return cell
 
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
@@ -75,12 +87,13 @@ class LensGrid(QWidget):
 
     def _paint(self, painter: QPainter, lens: LayerLens) -> None:
         centre = Qt.AlignmentFlag.AlignCenter
-        head = self.cell_rect(0, COLUMNS)
+        cell_rect = self._cells()
+        head = cell_rect(0, COLUMNS)
         painter.setPen(DIM)
         painter.drawText(QRectF(0, 0, self.width(), head.top()), centre, "best guesses →")
         painter.drawText(QRectF(head.left(), 0, head.width(), head.top()), centre, "chosen")
         # Rows lower than a line of text: the guesses' text in a font that fits the row
-        row_height = self.cell_rect(0, 0).height()
+        row_height = cell_rect(0, 0).height()
         small = row_height < QFontMetrics(self.font()).height()
         font = painter.font()
         if small:
@@ -89,14 +102,14 @@ class LensGrid(QWidget):
         texts = row_height >= MIN_TEXT_PX
         for row in range(lens.layers):
             layer = lens.layers - 1 - row
-            first = self.cell_rect(row, 0)
+            first = cell_rect(row, 0)
             if not small or layer % 5 == 4 or layer == lens.layers - 1:
                 painter.setPen(DIM)
                 label = QRectF(0, first.top(), first.left() - 4, first.height())
                 align = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
                 painter.drawText(label, align, f"layer {layer + 1}")
             for column in range(min(COLUMNS, len(lens.token_ids[layer]))):
-                rect = self.cell_rect(row, column).adjusted(1, 1, -1, -1)
+                rect = cell_rect(row, column).adjusted(1, 1, -1, -1)
                 painter.fillRect(rect, cell_colour(lens.probs[layer][column]))
                 if lens.token_ids[layer][column] == lens.token_id:
                     painter.setPen(CHOSEN)
@@ -105,7 +118,7 @@ class LensGrid(QWidget):
                     painter.setPen(TEXT)
                     text = f"{lens.texts[layer][column]!r} {lens.probs[layer][column]:.0%}"
                     painter.drawText(rect, centre, text)
-            rank = self.cell_rect(row, COLUMNS).adjusted(1, 1, -1, -1)
+            rank = cell_rect(row, COLUMNS).adjusted(1, 1, -1, -1)
             painter.fillRect(rank, cell_colour(lens.chosen_probs[layer]))
             painter.setPen(TEXT)
             painter.drawText(rank, centre, f"#{lens.chosen_ranks[layer] + 1}")
