@@ -114,7 +114,11 @@ def test_a_running_reply_asks_for_the_latest_lens_on_an_interval(view, monkeypat
     view.ingest(prefill(rng))
     view.ingest(token(rng, 0))
     view.redraw(force=True)
-    assert asked == [0]  # a new reply: at once
+    assert asked == []  # a new reply: not before it has decoded for an interval
+    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", view.state.reply.decode_s)
+    view.redraw(force=True)
+    assert asked == [0]  # it has: at once
+    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 3600.0)
     panel.asked(1, 0)
     panel.set_lens(1, None)  # answered (the step not kept): the ask is no longer in flight
     for index in range(1, 6):
@@ -188,3 +192,34 @@ def test_following_a_running_reply_shows_the_newest_lens_received(view, monkeypa
     view.redraw(force=True)
     assert panel.shown_step == 0  # the latest is step 5: step 0's lens, named, meanwhile
     assert panel.sentence.text().startswith("Step 0:")
+
+
+def test_a_reply_shorter_than_the_interval_has_its_lens_asked_at_its_end(view, monkeypatch):
+    """Following a short reply, no ask holds its steps up: its last step's lens is asked for
+    once it has ended; a selection is still asked for at once."""
+    import numpy as np
+
+    from tests.ui.test_panels import PROMPT, finished, prefill, token
+    from ui.panels import layers as layers_panel
+
+    rng = np.random.default_rng(5)
+    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 3600.0)
+    panel = view.layers
+    asked: list[int] = []
+    panel.lens_wanted.connect(asked.append)
+    show(view, "layers")
+    view.ingest(prefill(rng))
+    tokens = [token(rng, index) for index in range(4)]
+    for event in tokens:
+        view.ingest(event)
+        view.redraw(force=True)
+    assert asked == []
+    view.state.select(PROMPT + 1)
+    view.redraw(force=True)
+    assert asked == [1]  # a selection: at once, reply running or not
+    panel.asked(1, 1)
+    panel.set_lens(1, None)
+    view.state.select(None)
+    view.ingest(finished(tokens))
+    view.redraw(force=True)
+    assert asked == [1, 3]  # the reply's end: its last step
