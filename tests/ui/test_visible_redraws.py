@@ -498,6 +498,25 @@ def test_rows_pooled_as_they_arrive_equal_a_pooling_from_scratch(rng, budget):
     assert limit == (16 if budget else 48)
 
 
+def test_a_new_replys_pooling_reuses_the_buffer_and_leaves_nothing_of_the_last(rng):
+    """The next reply pools into the same buffer, its old cells cleared: the cells and colour
+    levels equal a pooling from scratch, for a shorter reply after a longer one too."""
+    pooled = pooled_rows.PooledRows()
+    long_rows = AttentionRows(HEADS)
+    long_rows.append_block(causal(rng, 60, 90))
+    pooled.update(long_rows, max_rows=16, max_keys=32)
+    buffer = pooled._data
+    short = AttentionRows(HEADS)
+    short.append_block(causal(rng, 9, 14))
+    cells, *factors = pooled.update(short, max_rows=16, max_keys=32)
+    fresh = pooled_rows.PooledRows()
+    expected, *fresh_factors = fresh.update(short, max_rows=16, max_keys=32)
+    assert pooled._data is buffer and factors == fresh_factors
+    np.testing.assert_array_equal(cells, expected)
+    np.testing.assert_array_equal(pooled.levels(), fresh.levels())
+    assert not buffer[:, cells.shape[1] :].any() and not buffer[:, :, cells.shape[2] :].any()
+
+
 def test_rows_arriving_between_frames_are_pooled_with_their_batch(qtbot, docked, rng, monkeypatch):
     """A frame after many tokens pools at most the last block of rows: the rest was pooled as
     each batch arrived, so no single frame takes the whole backlog at once."""
