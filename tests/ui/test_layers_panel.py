@@ -97,21 +97,31 @@ def test_selecting_a_step_shows_its_lens_quickly(qtbot, build, tiny_loader):
     assert time.perf_counter() - started < 1.0  # a loaded CI machine; docs/lens.md: ~ms
 
 
-def test_a_running_reply_asks_for_the_latest_lens_on_an_interval(view, monkeypatch):
-    """Each ask is a product through the output head in the engine: while the latest step
-    changes, the panel asks at most once an interval; a selected step is asked for at once."""
+def follow_a_reply(view, monkeypatch, seed: int):
+    """The Layers panel on screen, following a reply whose prompt is in, with a long follow
+    interval; returns the panel, the steps it asked for, and the reply's random source."""
     import numpy as np
 
-    from tests.ui.test_panels import PROMPT, prefill, token
+    from tests.ui.test_panels import prefill
     from ui.panels import layers as layers_panel
 
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 3600.0)
     panel = view.layers
     asked: list[int] = []
     panel.lens_wanted.connect(asked.append)
     show(view, "layers")
     view.ingest(prefill(rng))
+    return panel, asked, rng
+
+
+def test_a_running_reply_asks_for_the_latest_lens_on_an_interval(view, monkeypatch):
+    """Each ask is a product through the output head in the engine: while the latest step
+    changes, the panel asks at most once an interval; a selected step is asked for at once."""
+    from tests.ui.test_panels import PROMPT, token
+    from ui.panels import layers as layers_panel
+
+    panel, asked, rng = follow_a_reply(view, monkeypatch, seed=3)
     view.ingest(token(rng, 0))
     view.redraw(force=True)
     assert asked == []  # a new reply: not before it has decoded for an interval
@@ -197,18 +207,9 @@ def test_following_a_running_reply_shows_the_newest_lens_received(view, monkeypa
 def test_a_reply_shorter_than_the_interval_has_its_lens_asked_at_its_end(view, monkeypatch):
     """Following a short reply, no ask holds its steps up: its last step's lens is asked for
     once it has ended; a selection is still asked for at once."""
-    import numpy as np
+    from tests.ui.test_panels import PROMPT, finished, token
 
-    from tests.ui.test_panels import PROMPT, finished, prefill, token
-    from ui.panels import layers as layers_panel
-
-    rng = np.random.default_rng(5)
-    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 3600.0)
-    panel = view.layers
-    asked: list[int] = []
-    panel.lens_wanted.connect(asked.append)
-    show(view, "layers")
-    view.ingest(prefill(rng))
+    panel, asked, rng = follow_a_reply(view, monkeypatch, seed=5)
     tokens = [token(rng, index) for index in range(4)]
     for event in tokens:
         view.ingest(event)
