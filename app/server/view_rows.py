@@ -60,9 +60,10 @@ class ViewRows:
         if prompt:
             self._send(job, StepRows(0, prompt, prompt=True))
         latest = ring.latest
-        rows = host_rows(ring, latest, layers) if latest else None
-        if rows:
-            self._send(job, StepRows(latest or 0, rows, latest=True))
+        if latest:  # step 0's row is the prompt's last: in the matrix already
+            rows = host_rows(ring, latest, layers)
+            if rows:
+                self._send(job, StepRows(latest, rows, latest=True))
 
     def start_reply(self) -> None:
         """A new reply: a step still unsent belongs to the last one's numbering."""
