@@ -130,6 +130,7 @@ class ReplyTokens:
 
     tokens: tuple[Token, ...]
     reply: Reply
+    confidences: tuple[list[Any], ...] = ()  # the tokens' (ui.confidence), as the reply keeps
 
     @property
     def text(self) -> str:
@@ -264,8 +265,9 @@ class Conversation:
         if not tokens or reply is None or not self.replying:
             return
         reply.parts.extend(token.text for token in tokens)
-        reply.confidence.extend(plain_confidences(tokens))
-        self._announce(ReplyTokens(tuple(tokens), reply))
+        confidences = plain_confidences(tokens)
+        reply.confidence.extend(confidences)
+        self._announce(ReplyTokens(tuple(tokens), reply, tuple(confidences)))
 
     def _apply_other(self, event: Event) -> None:
         reply = self.reply

@@ -89,11 +89,16 @@ class ConversationRecorder:
         if self._saver is not None:
             self._saver.append(text)
 
-    def record_tokens(self, tokens: Sequence[Token]) -> None:
-        """The streaming reply's next tokens: their text, and how sure the model was of each."""
+    def record_tokens(
+        self, tokens: Sequence[Token], confidences: Sequence[list[Any]] | None = None
+    ) -> None:
+        """The streaming reply's next tokens: their text, and how sure the model was of each
+        (`confidences`, where the caller worked them out already; else from the tokens)."""
         self.record_text("".join(token.text for token in tokens))
         if self._saver is not None:
-            self._confidence.extend(plain_confidences(tokens))
+            self._confidence.extend(
+                plain_confidences(tokens) if confidences is None else confidences
+            )
 
     def interrupted(self) -> None:
         """Save what streamed so far now; the reply stays incomplete (quit, switch, Ctrl+C)."""

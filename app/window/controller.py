@@ -131,7 +131,7 @@ class ConversationController(QObject):
         elif isinstance(change, Truncated):  # the last reply is regenerated
             self.recorder.truncate(len(change.entries))
         elif isinstance(change, ReplyTokens):  # tokens delivered together: saved as one piece
-            self.recorder.record_tokens(change.tokens)
+            self.recorder.record_tokens(change.tokens, change.confidences)
         elif isinstance(change, ReplyEvent):
             reply = change.reply
             self.recorder.record(change.event, model=reply.model, settings=reply.settings)

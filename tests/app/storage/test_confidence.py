@@ -17,7 +17,7 @@ from engine.generate.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
 from tests.models import make_tiny
 from ui.confidence import confidences, describe, plain_confidences, tint
-from ui.conversation import Conversation
+from ui.conversation import Conversation, ReplyEvent, ReplyTokens
 from ui.reply_stats import finished_stats
 
 FIXED = Peaks(1e11, 1e10, "float32", "cpu", "fixed for the test")
@@ -72,6 +72,31 @@ def test_the_window_conversation_keeps_the_same_confidences(reply):
     entry = conversation.entries[-1]
     tokens = [e for e in reply if isinstance(e, Token)]
     assert [k.prob for k in confidences(entry.confidence)] == [expected(t) for t in tokens]
+
+
+def test_the_window_stores_the_confidences_its_conversation_worked_out(tmp_path, reply):
+    """The window's recorder takes each run's confidences from the conversation's change (not
+    worked out twice): the store keeps what the terminal's recorder keeps from the tokens."""
+    with ConversationStore(tmp_path / "c.sqlite3") as store:
+        recorder = ConversationRecorder(store)
+        recorder.add_user("Hi", model="m", system_prompt="", settings=SETTINGS)
+        conversation = Conversation()
+        runs: list[ReplyTokens] = []
+
+        def record(change) -> None:  # as the window's controller does
+            if isinstance(change, ReplyTokens):
+                runs.append(change)
+                recorder.record_tokens(change.tokens, change.confidences)
+            elif isinstance(change, ReplyEvent):
+                recorder.record(change.event, model="m", settings=SETTINGS)
+
+        conversation.subscribe(record)
+        conversation.add_user("Hi", SETTINGS, "m")
+        conversation.start_reply(SETTINGS, "m")
+        conversation.apply_many(reply)
+        _user, answer = store.messages(recorder.conversation_id)
+    assert runs and all(run.confidences for run in runs)
+    assert answer.confidence == plain_confidences(t for t in reply if isinstance(t, Token))
 
 
 def test_a_token_from_outside_the_candidates_has_no_probability(reply):
