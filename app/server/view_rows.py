@@ -56,9 +56,9 @@ class ViewRows:
     def _catch_up(self, job: int, layers: frozenset[int], ring: StepRing) -> None:
         """The prompt's rows of `layers`, then the latest step's: before any later row of
         theirs (the caller holds the lock that `after` takes to send one)."""
-        prompt = host_rows(ring, 0, layers, PROMPT)
-        if prompt:
-            self._send(job, StepRows(0, prompt, prompt=True))
+        prompt = _prompt_rows(ring, layers)
+        if prompt is not None:
+            self._send(job, prompt)
         latest = ring.latest
         if latest:  # step 0's row is the prompt's last: in the matrix already
             rows = host_rows(ring, latest, layers)
@@ -85,9 +85,9 @@ class ViewRows:
             out.append(_only(event, layers))
             if isinstance(event, PrefillDone) and ring is not None:
                 late = layers - set(event.attention)
-                prompt = host_rows(ring, 0, late, PROMPT) if late else None
-                if prompt:
-                    out.append(StepRows(0, prompt, prompt=True))
+                prompt = _prompt_rows(ring, late) if late else None
+                if prompt is not None:
+                    out.append(prompt)
         return out
 
     def after(self, job: int, events: Sequence[Event], ring: StepRing | None) -> None:
@@ -129,6 +129,12 @@ class ViewRows:
 
     def _send(self, job: int, rows: StepRows) -> None:
         self._put(Events(job, (rows,), time.monotonic()), event_weight(rows))
+
+
+def _prompt_rows(ring: StepRing, layers: frozenset[int]) -> StepRows | None:
+    """The prompt's matrix of `layers` from `ring`, as it crosses (None: not kept)."""
+    prompt = host_rows(ring, 0, layers, PROMPT)
+    return StepRows(0, prompt, prompt=True) if prompt else None
 
 
 def _only(event: Event, layers: frozenset[int]) -> Event:

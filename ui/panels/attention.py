@@ -287,15 +287,14 @@ class AttentionPanel(StatePanel):
         if key == self._choices_key:
             return
         self._choices_key = key
-        current = self.selected_layer
+        shown = self.shown_layer  # the choice kept, else the first watched (or recorded) layer
         self.layer_choice.blockSignals(True)
         self.layer_choice.clear()
         for layer in sorted(set(range(layers)) | set(recorded) | set(state.watched_layers)):
             watched = layer in state.watched_layers or layer in recorded
             suffix = "" if watched else " (watch from the next reply)"
             self.layer_choice.addItem(f"layer {layer}{suffix}", layer)
-        default = current if current is not None else (state.watched_layers or recorded or (0,))[0]
-        self.layer_choice.setCurrentIndex(max(self.layer_choice.findData(default), 0))
+        self.layer_choice.setCurrentIndex(max(self.layer_choice.findData(shown), 0))
         self.layer_choice.blockSignals(False)
         head = self.selected_head
         self.head_choice.blockSignals(True)

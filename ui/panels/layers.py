@@ -58,13 +58,10 @@ class LensGrid(QWidget):
             self.lens = lens
             self.update()
 
-    def cell_rect(self, row: int, column: int) -> QRectF:
-        """Row 0 is the last layer; column COLUMNS is the chosen token's rank."""
-        return self._cells()(row, column)
-
     def _cells(self) -> Callable[[int, int], QRectF]:
-        """The grid's geometry for the widget's size and font, worked out once: a paint asks
-        for a few hundred cells, and font metrics per cell were much of its time."""
+        """(row, column) -> the cell's rectangle: row 0 is the last layer, column COLUMNS the
+        chosen token's rank. The geometry for the widget's size and font is worked out once:
+        a paint asks for a few hundred cells, and font metrics per cell were much of its time."""
         lens = self.lens
         layers = lens.layers if lens is not None else 1
         metrics = QFontMetrics(self.font())

@@ -196,10 +196,10 @@ class WeightHistogram:
         self.total += counts.sum(axis=1)
         self.per_row[:, first:end] = counts
 
-    def shift(self, rows: int, used: int | None = None) -> None:
-        """The top `rows` rows left the buffer; the rest of the `used` ones (default: all)
-        moved up. Rows past `used` hold no counts and stay as they are."""
-        used = self.per_row.shape[1] if used is None else min(used, self.per_row.shape[1])
+    def shift(self, rows: int, used: int) -> None:
+        """The top `rows` rows left the buffer; the rest of the `used` ones moved up. Rows past
+        `used` hold no counts and stay as they are."""
+        used = min(used, self.per_row.shape[1])
         self.total -= self.per_row[:, :rows].sum(axis=1)
         kept = max(used - rows, 0)
         self.per_row[:, :kept] = self.per_row[:, rows:used]
