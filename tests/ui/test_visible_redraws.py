@@ -932,3 +932,46 @@ def test_a_line_chart_draws_its_axes_again_only_when_they_change(qtbot):
     image = chart.grab().toImage()
     point = chart.point_at(20, 0.03).toPoint()
     assert image.pixelColor(point).green() > 100
+
+
+class RangePanel(QWidget):
+    """A panel whose every redraw moves its plot's range, as a growing timeline does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plot = pg.PlotWidget()
+        self.plot.getPlotItem().disableAutoRange()
+        self.curve = self.plot.plot([0.0], [0.0])
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.plot)
+        self.limit = 1.0
+        self.paints = 0
+        self.plot.viewport().installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Paint:
+            self.paints += 1
+        return False
+
+    def redraw(self) -> None:
+        self.limit += 1.0
+        self.curve.setData(np.arange(self.limit), np.ones(int(self.limit)))
+        self.plot.setXRange(0, self.limit, padding=0)
+
+
+def test_a_redraw_that_moves_a_range_paints_its_plot_once(qtbot):
+    """pyqtgraph moves a view's items to a new range while it paints, which marks the scene
+    changed again; drawn through the frame, the plot is settled first and paints once."""
+    panel = RangePanel()
+    qtbot.addWidget(panel)
+    panel.resize(400, 300)
+    panel.show()
+    qtbot.waitExposed(panel)
+    qtbot.waitUntil(lambda: panel.paints > 0)
+    for _ in range(3):
+        panel.paints = 0
+        docks.draw(panel)  # type: ignore[arg-type]  # a QWidget with redraw, as panels are
+        qtbot.waitUntil(lambda: panel.paints > 0)
+        for _ in range(5):  # a second paint would be queued behind the first
+            QApplication.processEvents()
+        assert panel.paints == 1

@@ -339,7 +339,7 @@ class InternalsView(QObject):
         while self._queued:
             panel = self._queued.pop(0)
             if panel.needs_redraw() and shown(panel):
-                panel.redraw()
+                draw(panel)
                 self._drawn(1)
                 if not self._frame_counted:
                     self.frames += 1
@@ -403,8 +403,21 @@ class InternalsView(QObject):
             self.state.settle()
         for panel in self.panels:
             if panel.needs_redraw() and (force or shown(panel)):
-                panel.redraw()
+                draw(panel)
                 self._drawn(1)
+
+
+def draw(panel: Panel) -> None:
+    """Redraw a panel and settle its plots before they paint.
+
+    A pyqtgraph view moves its items to a new range while it paints (the scene's
+    prepareForPaint), which marks the scene changed again: every frame that moved a range
+    painted that plot twice. Settled here, the paint that follows is the only one.
+    """
+    panel.redraw()
+    if isinstance(panel, QWidget):
+        for view in panel.findChildren(pg.GraphicsView):
+            view.scene().prepareForPaint()
 
 
 def cache_axes(widget: QWidget) -> None:
