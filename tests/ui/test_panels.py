@@ -673,6 +673,26 @@ def test_a_new_replys_token_chips_equal_a_strip_drawn_from_scratch(rng, view, sh
         dock.deleteLater()
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_chips_whose_kind_changed_are_the_ones_a_look_at_every_chip_finds(seed):
+    """Only the ranges between the two trails' prompt ends and reused ends are looked at; the
+    positions found equal a comparison of every shared chip, special tokens included."""
+    from ui.panels.state.tokens import TokenTrail
+
+    rng = np.random.default_rng(seed)
+    ids = [int(i) for i in rng.integers(0, 6, 40)]
+    trails = []
+    for _ in range(2):
+        prompt = int(rng.integers(0, 41))
+        reused = int(rng.integers(0, prompt + 1))
+        special = frozenset({0, 1}) if seed % 3 else frozenset({int(rng.integers(0, 6))})
+        trails.append(TokenTrail(ids, [str(i) for i in ids], special, prompt, reused))
+    old, new = trails
+    kept = int(rng.integers(0, 41))
+    every = [p for p in range(kept) if tokens_panel._kind(old, p) != tokens_panel._kind(new, p)]
+    assert tokens_panel._kind_changes(old, new, kept) == every
+
+
 # -- the view ----------------------------------------------------------------------------------
 
 

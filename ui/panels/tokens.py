@@ -8,6 +8,8 @@ step in every panel (InternalsState.select).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QLabel, QTextBrowser, QWidget
@@ -54,6 +56,18 @@ def _shared(old: TokenTrail, new: TokenTrail, shown: int) -> int:
     limit = min(shown, len(new.ids))
     differ = (i for i in range(limit) if (old.ids[i], old.labels[i]) != (new.ids[i], new.labels[i]))
     return next(differ, limit)
+
+
+def _kind_changes(old: TokenTrail, new: TokenTrail, kept: int) -> list[int]:
+    """The positions below `kept` (chips both trails share) whose kind differs. With the same
+    special ids, only positions between the two prompt ends or the two reused ends can: the
+    rest are not looked at (a long prompt's every chip was, twice, at each new reply)."""
+    if old.special != new.special:
+        candidates: Iterable[int] = range(kept)
+    else:
+        bounds = ((old.prompt_tokens, new.prompt_tokens), (old.reused_tokens, new.reused_tokens))
+        candidates = sorted({p for a, b in bounds for p in range(min(a, b), min(max(a, b), kept))})
+    return [p for p in candidates if _kind(old, p) != _kind(new, p)]
 
 
 def chip_text(label: str) -> str:
@@ -138,9 +152,11 @@ class TokensPanel(StatePanel):
             cursor.setPosition(self._starts[kept])
             cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
             cursor.removeSelectedText()
-        for position in range(kept):
-            if _kind(old, position) != _kind(trail, position) or position == self._marked:
-                self._reformat(cursor, trail, position)
+        changed = set(_kind_changes(old, trail, kept))
+        if self._marked is not None and self._marked < kept:
+            changed.add(self._marked)
+        for position in sorted(changed):
+            self._reformat(cursor, trail, position)
         cursor.endEditBlock()
 
     def _reformat(
