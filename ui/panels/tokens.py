@@ -8,6 +8,7 @@ step in every panel (InternalsState.select).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from PySide6.QtCore import QUrl
@@ -56,6 +57,21 @@ def _shared(old: TokenTrail, new: TokenTrail, shown: int) -> int:
     limit = min(shown, len(new.ids))
     differ = (i for i in range(limit) if (old.ids[i], old.labels[i]) != (new.ids[i], new.labels[i]))
     return next(differ, limit)
+
+
+@functools.cache
+def _base_format(kind: str, raw_bytes: bool, selected: bool) -> QTextCharFormat:
+    """What every chip of a kind shares (made once: a chip of a long reply streaming at
+    thousands of tokens a second set each property of its own format again)."""
+    chip = QTextCharFormat()
+    chip.setAnchor(True)
+    if kind == "special":
+        chip.setFontWeight(QFont.Weight.Bold)
+    if raw_bytes:
+        chip.setForeground(BYTES_TEXT)
+        chip.setFontItalic(True)
+    chip.setBackground(SELECTED if selected else BACKGROUNDS[kind])
+    return chip
 
 
 def _kind_changes(old: TokenTrail, new: TokenTrail, kept: int) -> list[int]:
@@ -195,19 +211,11 @@ class TokensPanel(StatePanel):
             bar.setValue(bar.maximum())
 
     def _format(self, trail: TokenTrail, position: int, selected: bool = False) -> QTextCharFormat:
-        chip = QTextCharFormat()
-        chip.setAnchor(True)
+        label = trail.labels[position]
+        base = _base_format(_kind(trail, position), label.startswith("<0x"), selected)
+        chip = QTextCharFormat(base)  # a copy: only the link and the tooltip are the chip's own
         chip.setAnchorHref(f"token:{position}")
         chip.setToolTip(tooltip(trail, position))
-        label = trail.labels[position]
-        kind = _kind(trail, position)
-        background = BACKGROUNDS[kind]
-        if kind == "special":
-            chip.setFontWeight(QFont.Weight.Bold)
-        if label.startswith("<0x"):
-            chip.setForeground(BYTES_TEXT)
-            chip.setFontItalic(True)
-        chip.setBackground(SELECTED if selected else background)
         return chip
 
     def _mark(self, position: int | None) -> None:
