@@ -693,6 +693,36 @@ def test_the_chips_whose_kind_changed_are_the_ones_a_look_at_every_chip_finds(se
     assert tokens_panel._kind_changes(old, new, kept) == every
 
 
+def test_a_long_prompts_chips_come_a_slice_at_a_time_and_all_arrive(qtbot, rng):
+    """One redraw adds CHIPS_PER_REDRAW chips and leaves the rest to the frame's next slices
+    (the frame draws the panel again until it is done); a chip selected before it arrived
+    comes in selected; a forced redraw adds every chip at once."""
+    prompt = 3 * tokens_panel.CHIPS_PER_REDRAW + 17
+    views = [InternalsView(), InternalsView()]
+    for view in views:
+        for dock in view.docks.values():
+            qtbot.addWidget(dock)
+        view.set_model(model_info())
+        view.ingest(prefill(rng, prompt=prompt, layers=(0,)))
+        view.state.select(prompt - 5)
+    sliced, forced = views
+    forced.timer.stop()
+    forced.redraw(force=True)
+    assert forced.tokens.shown == prompt and not forced.tokens.unfinished
+    panel = sliced.tokens
+    sliced.timer.stop()  # no ticks: the frame a shown dock starts finishes the chips alone
+    panel.redraw()
+    assert panel.shown == tokens_panel.CHIPS_PER_REDRAW
+    assert panel.unfinished and panel.needs_redraw()
+    sliced.docks["tokens"].show()
+    qtbot.waitUntil(lambda: panel.shown == prompt, timeout=10_000)
+    assert not panel.unfinished
+    for view in views:
+        chip = view.tokens.chip_format(prompt - 5)
+        assert chip.background().color() == tokens_panel.SELECTED
+    assert _chips(panel) == _chips(forced.tokens)
+
+
 # -- the view ----------------------------------------------------------------------------------
 
 

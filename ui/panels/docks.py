@@ -86,6 +86,8 @@ DOCKS = (
 
 
 class Panel(Protocol):
+    unfinished: bool  # the last redraw left work for the frame's next slice
+
     def needs_redraw(self) -> bool: ...
 
     def redraw(self) -> None: ...
@@ -341,6 +343,8 @@ class InternalsView(QObject):
             if panel.needs_redraw() and shown(panel):
                 draw(panel)
                 self._drawn(1)
+                if panel.unfinished:
+                    self._queued.append(panel)
                 if not self._frame_counted:
                     self.frames += 1
                     self._frame_counted = True
@@ -404,6 +408,8 @@ class InternalsView(QObject):
         for panel in self.panels:
             if panel.needs_redraw() and (force or shown(panel)):
                 draw(panel)
+                while panel.unfinished:  # all of it now, not a slice at a time
+                    draw(panel)
                 self._drawn(1)
 
 

@@ -47,9 +47,12 @@ class StatePanel(QWidget):
         super().__init__(parent)
         self._state = state
         self.tracker = RedrawTracker(state, key)
+        # A redraw that stopped at its share of a frame sets this: the frame draws the panel
+        # again in its next slice, after the event loop has had its turn.
+        self.unfinished = False
 
     def needs_redraw(self) -> bool:
-        return self.tracker.stale
+        return self.unfinished or self.tracker.stale
 
     def redraw(self) -> None:
         raise NotImplementedError

@@ -36,6 +36,10 @@ REPLY = QColor(206, 236, 211)
 SELECTED = QColor(255, 200, 40)
 BYTES_TEXT = QColor(190, 90, 0)
 BLOCK_CHIPS = 100  # the most chips in one paragraph (see _append)
+# The most chips one redraw adds: a model streaming thousands of tokens a second left hundreds
+# to add at each frame, one pass of the event loop long past a frame's budget. The rest are
+# added in the frame's next slices (`unfinished`).
+CHIPS_PER_REDRAW = 200
 VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "⇥"})
 
 
@@ -138,6 +142,7 @@ class TokensPanel(StatePanel):
         if trail is not self._trail and trail.ids:
             self._follow(trail)
         self._append(trail)
+        self.unfinished = self.shown < len(trail.ids)
         self.counts.setText(trail.counts_line() if trail.ids else "")
         self._mark(state.selected_position if state.showing_step else None)
         self.step_line.say(tokens_line(state), state.showing_step)
@@ -193,10 +198,11 @@ class TokensPanel(StatePanel):
         cursor.movePosition(QTextCursor.MoveOperation.End)
         gap = QTextCharFormat()
         cursor.beginEditBlock()  # the document is laid out once, not after every chip
-        for position in range(self.shown, len(trail.ids)):
+        for position in range(self.shown, min(len(trail.ids), self.shown + CHIPS_PER_REDRAW)):
             self._starts.append(cursor.position())
             label = trail.labels[position]
-            cursor.insertText(chip_text(label), self._format(trail, position))
+            chip = self._format(trail, position, selected=position == self._marked)
+            cursor.insertText(chip_text(label), chip)
             cursor.insertText(" ", gap)
             self._in_block += 1
             # A paragraph is laid out whole each time it grows: chips of a long reply in one
