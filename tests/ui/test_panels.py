@@ -696,7 +696,7 @@ def test_the_chips_whose_kind_changed_are_the_ones_a_look_at_every_chip_finds(se
 def test_a_long_prompts_chips_come_a_slice_at_a_time_and_all_arrive(qtbot, rng):
     """One redraw adds CHIPS_PER_REDRAW chips and leaves the rest to the frame's next slices
     (the frame draws the panel again until it is done); a chip selected before it arrived
-    comes in selected; a forced redraw adds every chip at once."""
+    comes in selected and is scrolled to; a forced redraw adds every chip at once."""
     prompt = 3 * tokens_panel.CHIPS_PER_REDRAW + 17
     views = [InternalsView(), InternalsView()]
     for view in views:
@@ -720,6 +720,8 @@ def test_a_long_prompts_chips_come_a_slice_at_a_time_and_all_arrive(qtbot, rng):
     for view in views:
         chip = view.tokens.chip_format(prompt - 5)
         assert chip.background().color() == tokens_panel.SELECTED
+        # and the strip went to it, as to a chip selected once it was there
+        assert view.tokens.chips.textCursor().position() == view.tokens._starts[prompt - 5]
     assert _chips(panel) == _chips(forced.tokens)
 
 

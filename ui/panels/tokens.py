@@ -194,6 +194,7 @@ class TokensPanel(StatePanel):
             return
         bar = self.chips.verticalScrollBar()
         at_end = bar.value() >= bar.maximum() - 4
+        first = self.shown
         cursor = QTextCursor(self.chips.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         gap = QTextCharFormat()
@@ -213,7 +214,9 @@ class TokensPanel(StatePanel):
                 self._in_block = 0
             self._in_block_after.append(self._in_block)
         cursor.endEditBlock()
-        if at_end:
+        if self._marked is not None and first <= self._marked < self.shown:
+            self._show_chip(self._marked)  # selected before it arrived
+        elif at_end:
             bar.setValue(bar.maximum())
 
     def _format(self, trail: TokenTrail, position: int, selected: bool = False) -> QTextCharFormat:
@@ -234,10 +237,13 @@ class TokensPanel(StatePanel):
                 self._reformat(QTextCursor(self.chips.document()), trail, chip, selected)
         self._marked = position
         if position is not None and position < self.shown:
-            cursor = QTextCursor(self.chips.document())
-            cursor.setPosition(self._starts[position])
-            self.chips.setTextCursor(cursor)
-            self.chips.ensureCursorVisible()
+            self._show_chip(position)
+
+    def _show_chip(self, position: int) -> None:
+        cursor = QTextCursor(self.chips.document())
+        cursor.setPosition(self._starts[position])
+        self.chips.setTextCursor(cursor)
+        self.chips.ensureCursorVisible()
 
     def _on_clicked(self, url: QUrl) -> None:
         self._state.select(int(url.toString().removeprefix("token:")))
