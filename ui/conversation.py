@@ -130,7 +130,7 @@ class ReplyTokens:
 
     tokens: tuple[Token, ...]
     reply: Reply
-    confidences: tuple[list[Any], ...] = ()  # the tokens' (ui.confidence), as the reply keeps
+    confidences: tuple[list[Any], ...]  # the tokens' (ui.confidence), as the reply keeps
 
     @property
     def text(self) -> str:
