@@ -42,6 +42,8 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-shared"
 # CPU that has these; the integer sums are the same, fewer instructions make them
 VNNI_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 VNNI_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+# A CPU with these multiplies bf16 natively (else torch widens it to float32 first)
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 KERNEL_SETS = ("avx2", "vnni")  # a library's name says which it was built for
 # the ggml types the kernels read (multiply, and dequantise rows of as gguf does: ggml_rows)
 TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)
@@ -55,6 +57,14 @@ def kernel_set() -> str:
     would, too)."""
     avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
     return "vnni" if avx512 and cpu_flags() >= VNNI_CPU_FLAGS else "avx2"
+
+
+@functools.cache
+def dense_dtype() -> torch.dtype:
+    """The dtype of a prefill's dequantised panels (ggml_dense_mm): bf16 on a CPU with bf16 dot
+    products (AVX-512 BF16, AMX), float32 elsewhere, where torch multiplies bf16 by widening
+    it, at a third of float32's rate or less."""
+    return torch.bfloat16 if cpu_flags() & BF16_CPU_FLAGS else torch.float32
 
 
 @functools.cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.gguf.blocks import Q4_1, Q4_K, quantize_q4_1, quantize_q4_k
+from engine.weights import ggml_kernel
 
 # From this many rows the GGML kernels' products (one row of weights at a time, so their cost
 # grows with the rows) lose to dequantising panels of the weights for bf16 matmuls.
@@ -15,9 +16,10 @@ GGML_DENSE_ROWS = 16
 class GGMLLinear(torch.nn.Module):
     """y = x·Wᵀ with W the file's own blocks of one type, multiplied by the GGML kernels
     (engine/weights/ggml_kernel.py: activations rounded to int8 in two terms per block); held at the
-    file's size. From GGML_DENSE_ROWS rows (a prefill) the kernels dequantise the blocks to
-    bf16 exactly as gguf dequantizes them, a cache-sized panel of rows at a time, each
-    multiplied as it is made (ggml_dense_mm): no bf16 copy of the whole tensor is written."""
+    file's size. From GGML_DENSE_ROWS rows (a prefill) the kernels dequantise the blocks as
+    gguf dequantizes them, a cache-sized panel of rows at a time, each multiplied as it is made
+    (ggml_dense_mm): no dense copy of the whole tensor is written. The panels are bf16 where the
+    CPU has bf16 dot products, else float32 (`ggml_kernel.dense_dtype`)."""
 
     raw: torch.Tensor  # a buffer, declared for the type checker
 
@@ -51,7 +53,8 @@ class GGMLLinear(torch.nn.Module):
         x = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         y: torch.Tensor
         if x.shape[0] >= GGML_DENSE_ROWS:
-            y = torch.ops.glassbox.ggml_dense_mm(x, self.raw, self.qtype)
+            panels = x.to(ggml_kernel.dense_dtype())  # bf16 only where the CPU multiplies it
+            y = torch.ops.glassbox.ggml_dense_mm(panels, self.raw, self.qtype).to(x.dtype)
         else:
             y = torch.ops.glassbox.ggml_mm(x, self.raw, self.qtype)
         return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)

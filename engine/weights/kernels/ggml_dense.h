@@ -93,43 +93,59 @@ at::Tensor ggml_dequantize(const at::Tensor& raw, int64_t qtype, int64_t columns
   return out;
 }
 
-// Bytes of bf16 weights a thread dequantises before multiplying them: a panel small enough
+// Bytes of weights a thread dequantises before multiplying them: a panel small enough
 // to be read back from the cache, large enough that at::mm's cost per call stays small (the
 // sweep behind it: docs/benchmarks.md, "Measurements behind the code").
 constexpr int64_t PANEL_BYTES = 2 << 20;
 
-// A thread's panel of bf16 weights, kept for its next product: a fresh buffer each time
-// would fault its pages in again.
-at::Tensor panel_buffer(int64_t values) {
+// A thread's panel of weights, kept for its next product: a fresh buffer each time would
+// fault its pages in again.
+at::Tensor panel_buffer(int64_t values, at::ScalarType dtype) {
   thread_local at::Tensor buffer;
-  if (!buffer.defined() || buffer.numel() < values) buffer = at::empty({values}, at::kBFloat16);
-  return buffer.narrow(0, 0, values);
+  if (!buffer.defined() || buffer.numel() * buffer.element_size() < values * 4)
+    buffer = at::empty({values * 2}, at::kBFloat16);  // room for float32 too
+  return buffer.view(dtype).narrow(0, 0, values);
 }
 
-// x [m, k] · Wᵀ through bf16, for a prefill: each thread dequantises panels of W's rows into
-// its own buffer and multiplies each with at::mm (on that thread alone: it runs inside the
-// parallel region). [m, n] in x's dtype.
+// Rows first..first+count of `raw` dequantised into `panel` [count, k], in its dtype.
+void dequantize_panel(int64_t qtype, const uint8_t* rows, int64_t row_bytes, int64_t k,
+                      at::Tensor& panel) {
+  const int64_t count = panel.size(0);
+  if (panel.scalar_type() == at::kFloat) {  // gguf's own values, unrounded
+    auto* o = panel.data_ptr<float>();
+    for (int64_t j = 0; j < count; ++j) dequantize_row(qtype, rows + j * row_bytes, k, o + j * k);
+    return;
+  }
+  auto* o = panel.data_ptr<at::BFloat16>();
+  std::vector<float> values(k);
+  for (int64_t j = 0; j < count; ++j)
+    row_bf16(qtype, rows + j * row_bytes, k, values.data(), o + j * k);
+}
+
+// x [m, k] · Wᵀ for a prefill: each thread dequantises panels of W's rows into its own buffer
+// and multiplies each with at::mm (on that thread alone: it runs inside the parallel region).
+// The panels are bf16 for bf16 x, float32 for float32 x: a CPU without bf16 dot products
+// multiplies bf16 at a fraction of float32's rate. [m, n] in x's dtype.
 at::Tensor ggml_dense_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
   const int64_t m = x.size(0), k = x.size(1), n = raw.size(0);
   check(raw, qtype, k);
-  const at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  const at::ScalarType dtype = x.scalar_type() == at::kFloat ? at::kFloat : at::kBFloat16;
+  const at::Tensor xs = x.to(dtype).contiguous();
   const at::Tensor w = raw.contiguous();
+  const int64_t value_bytes = dtype == at::kFloat ? 4 : 2;
   // at least one panel a thread, so a small tensor is shared too
   const int64_t shared = (n + at::get_num_threads() - 1) / at::get_num_threads();
-  const int64_t panel = std::max<int64_t>(16, std::min(PANEL_BYTES / (2 * k), shared));
+  const int64_t panel = std::max<int64_t>(16, std::min(PANEL_BYTES / (value_bytes * k), shared));
   const int64_t row_bytes = w.size(1);
-  at::Tensor out = at::empty({m, n}, at::kBFloat16);  // a panel's product: columns of it
+  at::Tensor out = at::empty({m, n}, dtype);  // a panel's product: columns of it
   const uint8_t* rows = w.data_ptr<uint8_t>();
   share(n, panel, [&](int64_t first, int64_t end) {
     const int64_t count = end - first;
-    at::Tensor weights = panel_buffer(count * k).view({count, k});
-    auto* o = weights.data_ptr<at::BFloat16>();
-    std::vector<float> values(k);
-    for (int64_t j = 0; j < count; ++j)
-      row_bf16(qtype, rows + (first + j) * row_bytes, k, values.data(), o + j * k);
+    at::Tensor weights = panel_buffer(count * k, dtype).view({count, k});
+    dequantize_panel(qtype, rows + first * row_bytes, row_bytes, k, weights);
     at::Tensor part = out.narrow(1, first, count);  // strided: at::mm writes it in place
-    at::mm_out(part, xb, weights.t());
+    at::mm_out(part, xs, weights.t());
   });
   return out.to(x.scalar_type());
 }

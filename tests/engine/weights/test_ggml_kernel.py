@@ -96,6 +96,50 @@ def test_the_dense_product_is_the_dequantised_matmul_panel_by_panel(qtype):
     assert torch.ops.glassbox.ggml_dense_mm(x.float(), raw, qtype).dtype == torch.float32
 
 
+@pytest.mark.parametrize("qtype", [quant.Q4_K, quant.Q6_K, quant.Q8_0])
+def test_float_activations_multiply_float_panels_of_gguf_values(qtype):
+    """Float32 x takes float32 panels (a CPU without bf16 dot products): gguf's dequantised
+    values unrounded, so the product is x·Wᵀ to float32's precision, not bf16's; 601 rows make
+    float32 panels of at most 128 rows, the last one partial."""
+    raw = random_blocks(qtype, 601, 4096, seed=qtype + 11)
+    x = torch.randn(20, 4096, generator=torch.Generator().manual_seed(qtype))
+    exact = x.double() @ reference(raw, qtype).double().T
+    ours = torch.ops.glassbox.ggml_dense_mm(x, raw, qtype)
+    assert ours.dtype == torch.float32 and ours.shape == (20, 601)
+    assert ((ours.double() - exact).norm() / exact.norm()).item() < 1e-6
+    in_bf16 = torch.ops.glassbox.ggml_dense_mm(x.bfloat16(), raw, qtype).double()
+    assert ((in_bf16 - exact).norm() / exact.norm()).item() > 1e-4  # what float32 panels spare
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [
+        ({"avx2", "avx512f", "avx512_bf16"}, torch.bfloat16),
+        ({"avx2", "amx_bf16"}, torch.bfloat16),
+        ({"avx2", "avx512f", "avx512_vnni"}, torch.float32),
+        (set(), torch.float32),
+    ],
+)
+def test_a_prefill_takes_bf16_panels_only_where_the_cpu_multiplies_bf16(monkeypatch, flags, dtype):
+    monkeypatch.setattr(ggml_kernel, "cpu_flags", lambda: frozenset(flags))
+    ggml_kernel.dense_dtype.cache_clear()
+    try:
+        assert ggml_kernel.dense_dtype() == dtype
+        raw = random_blocks(quant.Q4_K, 32, 256, seed=5)
+        seen: list[torch.dtype] = []
+        real = torch.ops.glassbox.ggml_dense_mm
+
+        def spy(x: torch.Tensor, *rest: object) -> torch.Tensor:
+            seen.append(x.dtype)
+            return real(x, *rest)
+
+        monkeypatch.setattr(torch.ops.glassbox, "ggml_dense_mm", spy)
+        y = quant.GGMLLinear(raw, quant.Q4_K, 256)(torch.randn(quant.GGML_DENSE_ROWS, 256))
+        assert seen == [dtype] and y.dtype == torch.bfloat16  # the model's dtype either way
+    finally:
+        ggml_kernel.dense_dtype.cache_clear()
+
+
 def test_bf16_activations_give_bf16_and_float_give_float():
     raw = random_blocks(quant.Q4_K, 16, 256)
     x = torch.randn(2, 256)
