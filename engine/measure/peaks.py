@@ -25,9 +25,10 @@ import torch
 from engine.disk.cache_folder import default_cache_dir
 from engine.events import Peaks
 from engine.measure.device import synchronize
+from engine.weights import ggml_kernel
 
 CACHE_FILE = "peaks.json"
-PROBE_VERSION = 2  # part of the cache key: peaks from an older probe are measured again
+PROBE_VERSION = 3  # part of the cache key: peaks from an older probe are measured again
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +112,14 @@ def measure(device: torch.device, dtype: torch.dtype, size: ProbeSize | None = N
     bandwidth ceiling.
     """
     size = size or (FULL_CPU if device.type == "cpu" else FULL_GPU)
-    n = _matmul_side(size.matmul, device, dtype)
-    matmul_s = _matmul_seconds(n, device, dtype, size.seconds)
+    arithmetic = arithmetic_dtype(device, dtype)
+    n = _matmul_side(size.matmul, device, arithmetic)
+    matmul_s = _matmul_seconds(n, device, arithmetic, size.seconds)
     copy_rate, read_rate = _bandwidths(size.copy_bytes, device, size.seconds)
     name = _dtype_name(dtype)
     method = (
-        f"best of repeated {n}x{n} {name} matmuls (2·n³ FLOP); memory: the faster of a"
+        f"best of repeated {n}x{n} {_dtype_name(arithmetic)} matmuls (2·n³ FLOP); memory:"
+        " the faster of a"
         f" {size.copy_bytes >> 20} MiB copy (read + write: {copy_rate / 1e9:.3g} GB/s) and a"
         f" matrix-vector read of it ({read_rate / 1e9:.3g} GB/s); on {_device_name(device)},"
         f" {torch.get_num_threads()} threads, torch {torch.__version__}"
@@ -128,6 +131,16 @@ def measure(device: torch.device, dtype: torch.dtype, size: ProbeSize | None = N
         device=str(device),
         method=method,
     )
+
+
+def arithmetic_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype whose matmul is the compute roof for a model in `dtype`: float32 for bf16 on a
+    CPU without bf16 dot products, where torch widens bf16 to float32 before multiplying (its
+    bf16 rate is a conversion's, not the machine's ceiling) and the fast model multiplies a
+    prompt in float32 (ggml_kernel.dense_dtype); `dtype` itself elsewhere."""
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        return ggml_kernel.dense_dtype()
+    return dtype
 
 
 def machine_key(device: torch.device, dtype: torch.dtype) -> str:

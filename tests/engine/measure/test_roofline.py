@@ -253,3 +253,34 @@ def test_a_first_load_measures_the_peaks_as_a_stage_before_ready(tiny_folder, mo
     assert len(measured) == 1  # the second load finds them in memory
     assert stages.count("Measuring this machine's peak speeds (once)") == 1
     assert stages.index("Measuring this machine's peak speeds (once)") < stages.index("Ready")
+
+
+@pytest.mark.parametrize(
+    ("flags", "arithmetic"),
+    [({"avx512f", "avx512_vnni"}, torch.float32), ({"avx512f", "avx512_bf16"}, torch.bfloat16)],
+)
+def test_a_bf16_roof_is_float32s_where_the_cpu_widens_bf16(monkeypatch, flags, arithmetic):
+    """Without bf16 dot products torch widens bf16 to float32 to multiply it, so bf16's rate
+    there is a conversion's, under the machine's ceiling: the roof is float32's matmul (the
+    fast model's prompt multiplies in float32 there too). With them, bf16's own."""
+    from engine.weights import ggml_kernel
+
+    monkeypatch.setattr(ggml_kernel, "cpu_flags", lambda: frozenset(flags))
+    ggml_kernel.dense_dtype.cache_clear()
+    timed: list[torch.dtype] = []
+    real = peaks_module._matmul_seconds
+
+    def spy(n: int, device: torch.device, dtype: torch.dtype, at_least_s: float) -> float:
+        timed.append(dtype)
+        return real(n, device, dtype, at_least_s)
+
+    monkeypatch.setattr(peaks_module, "_matmul_seconds", spy)
+    try:
+        measured = peaks_module.measure(torch.device("cpu"), torch.bfloat16, peaks_module.QUICK)
+        assert timed == [arithmetic] and measured.dtype == "bfloat16"
+        assert f"{str(arithmetic).removeprefix('torch.')} matmuls" in measured.method
+        timed.clear()
+        peaks_module.measure(torch.device("cpu"), torch.float32, peaks_module.QUICK)
+        assert timed == [torch.float32]
+    finally:
+        ggml_kernel.dense_dtype.cache_clear()
