@@ -101,10 +101,10 @@ constexpr int64_t PANEL_BYTES = 2 << 20;
 // A thread's panel of weights, kept for its next product: a fresh buffer each time would
 // fault its pages in again.
 at::Tensor panel_buffer(int64_t values, at::ScalarType dtype) {
-  thread_local at::Tensor buffer;
-  if (!buffer.defined() || buffer.numel() * buffer.element_size() < values * 4)
-    buffer = at::empty({values * 2}, at::kBFloat16);  // room for float32 too
-  return buffer.view(dtype).narrow(0, 0, values);
+  thread_local at::Tensor buffer;  // bytes, viewed as either dtype
+  const int64_t bytes = values * static_cast<int64_t>(c10::elementSize(dtype));
+  if (!buffer.defined() || buffer.numel() < bytes) buffer = at::empty({bytes}, at::kByte);
+  return buffer.narrow(0, 0, bytes).view(dtype);
 }
 
 // Rows first..first+count of `raw` dequantised into `panel` [count, k], in its dtype.
@@ -133,10 +133,9 @@ at::Tensor ggml_dense_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qty
   const at::ScalarType dtype = x.scalar_type() == at::kFloat ? at::kFloat : at::kBFloat16;
   const at::Tensor xs = x.to(dtype).contiguous();
   const at::Tensor w = raw.contiguous();
-  const int64_t value_bytes = dtype == at::kFloat ? 4 : 2;
   // at least one panel a thread, so a small tensor is shared too
   const int64_t shared = (n + at::get_num_threads() - 1) / at::get_num_threads();
-  const int64_t panel = std::max<int64_t>(16, std::min(PANEL_BYTES / (value_bytes * k), shared));
+  const int64_t panel = std::max<int64_t>(16, std::min(PANEL_BYTES / (xs.element_size() * k), shared));
   const int64_t row_bytes = w.size(1);
   at::Tensor out = at::empty({m, n}, dtype);  // a panel's product: columns of it
   const uint8_t* rows = w.data_ptr<uint8_t>();

@@ -16,6 +16,7 @@ from engine.measure import peaks as peaks_module
 from engine.measure.roofline import ForwardCost, _pairs
 from engine.serialize import event_to_dict
 from engine.settings import GenerationSettings, Message, ProbeSettings
+from engine.weights import ggml_kernel
 from tests.gguf_files import Q4_1, write_gguf
 from tests.models import make_tiny
 
@@ -263,8 +264,6 @@ def test_a_bf16_roof_is_float32s_where_the_cpu_widens_bf16(monkeypatch, flags, a
     """Without bf16 dot products torch widens bf16 to float32 to multiply it, so bf16's rate
     there is a conversion's, under the machine's ceiling: the roof is float32's matmul (the
     fast model's prompt multiplies in float32 there too). With them, bf16's own."""
-    from engine.weights import ggml_kernel
-
     monkeypatch.setattr(ggml_kernel, "cpu_flags", lambda: frozenset(flags))
     ggml_kernel.dense_dtype.cache_clear()
     timed: list[torch.dtype] = []
