@@ -8,15 +8,21 @@ import torch
 from engine.gguf.blocks import Q4_1, Q4_K, quantize_q4_1, quantize_q4_k
 from engine.weights import ggml_kernel
 
-# From this many rows the GGML kernels' products (one row of weights at a time, so their cost
-# grows with the rows) lose to dequantising panels of the weights for bf16 matmuls.
-GGML_DENSE_ROWS = 16
+# From this many rows the GGML kernels' products (each block of weights unpacked for four rows
+# at a time, so their cost grows with the rows) lose to dequantising panels of the weights for
+# torch's matmuls: bf16 panels where the CPU multiplies bf16, float32 ones (slower) elsewhere.
+GGML_DENSE_ROWS = {torch.bfloat16: 16, torch.float32: 32}
+
+
+def dense_rows() -> int:
+    """The rows from which a product takes dequantised panels on this CPU."""
+    return GGML_DENSE_ROWS[ggml_kernel.dense_dtype()]
 
 
 class GGMLLinear(torch.nn.Module):
     """y = x·Wᵀ with W the file's own blocks of one type, multiplied by the GGML kernels
     (engine/weights/ggml_kernel.py: activations rounded to int8 in two terms per block); held at the
-    file's size. From GGML_DENSE_ROWS rows (a prefill) the kernels dequantise the blocks as
+    file's size. From `dense_rows()` rows (a prefill) the kernels dequantise the blocks as
     gguf dequantizes them, a cache-sized panel of rows at a time, each multiplied as it is made
     (ggml_dense_mm): no dense copy of the whole tensor is written. The panels are bf16 where the
     CPU has bf16 dot products, else float32 (`ggml_kernel.dense_dtype`)."""
@@ -52,7 +58,7 @@ class GGMLLinear(torch.nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         y: torch.Tensor
-        if x.shape[0] >= GGML_DENSE_ROWS:
+        if x.shape[0] >= dense_rows():
             panels = x.to(ggml_kernel.dense_dtype())  # bf16 only where the CPU multiplies it
             y = torch.ops.glassbox.ggml_dense_mm(panels, self.raw, self.qtype).to(x.dtype)
         else:

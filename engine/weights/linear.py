@@ -28,7 +28,7 @@ from engine.gguf.blocks import (  # the block layouts, re-exported for the kerne
     dequantize,
     unpack,
 )
-from engine.weights.ggml_linear import GGML_DENSE_ROWS, GGMLLinear
+from engine.weights.ggml_linear import GGML_DENSE_ROWS, GGMLLinear, dense_rows
 from engine.weights.int4_linear import (
     DENSE_ROWS,
     PLAIN,
@@ -66,6 +66,7 @@ __all__ = [
     "Q6KLinear",
     "RowReader",
     "dense",
+    "dense_rows",
     "dequantize",
     "interleave_q6",
     "kernel_block_rows",

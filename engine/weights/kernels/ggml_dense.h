@@ -13,25 +13,32 @@ inline void store_bf16(at::BFloat16* out, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
 }
 
-// 32 weights scale·q - offset (q the 32 unsigned bytes of `q`) as bf16: the products and the
-// difference rounded as dequantize_row rounds them (no fused multiply-add).
-inline void scaled_bf16(__m256i q, float scale, float offset, at::BFloat16* out) {
+// 8 floats stored as they are.
+inline void store8(float* out, __m256 v) { _mm256_storeu_ps(out, v); }
+inline void store8(at::BFloat16* out, __m256 v) { store_bf16(out, v); }
+
+// 32 weights scale·q - offset (q the 32 unsigned bytes of `q`) as floats or bf16: the product
+// and the difference rounded as gguf's dequantize rounds them (no fused multiply-add).
+template <typename Out>
+inline void scaled_values(__m256i q, float scale, float offset, Out* out) {
   alignas(32) uint8_t bytes[32];
   _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), q);
   const __m256 by = _mm256_set1_ps(scale), minus = _mm256_set1_ps(offset);
   for (int i = 0; i < 4; ++i)
-    store_bf16(out + 8 * i, _mm256_sub_ps(_mm256_mul_ps(bytes_to_floats(bytes + 8 * i), by), minus));
+    store8(out + 8 * i, _mm256_sub_ps(_mm256_mul_ps(bytes_to_floats(bytes + 8 * i), by), minus));
 }
 
-// 16 weights scale·q (q 16 signed bytes) as bf16.
-inline void signed_bf16(__m128i q, float scale, at::BFloat16* out) {
+// 16 weights scale·q (q 16 signed bytes) as floats or bf16.
+template <typename Out>
+inline void signed_values(__m128i q, float scale, Out* out) {
   const __m256 by = _mm256_set1_ps(scale);
-  store_bf16(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), by));
-  store_bf16(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), by));
+  store8(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), by));
+  store8(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), by));
 }
 
-// One Q4_K row as bf16, the values dequantize_row computes, eight at a time.
-void q4_k_bf16(const uint8_t* row, int64_t supers, at::BFloat16* out) {
+// One Q4_K row as floats or bf16, gguf's values, eight at a time.
+template <typename Out>
+void q4_k_values(const uint8_t* row, int64_t supers, Out* out) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   uint32_t packed[4];
   for (int64_t i = 0; i < supers; ++i, out += 256) {
@@ -41,15 +48,16 @@ void q4_k_bf16(const uint8_t* row, int64_t supers, at::BFloat16* out) {
     const float d = f16(block), dmin = f16(block + 2);
     for (int j = 0; j < 4; ++j) {
       const __m256i w = load32(block + 16 + 32 * j);
-      scaled_bf16(_mm256_and_si256(w, low), d * sc[2 * j], dmin * sc[8 + 2 * j], out + 64 * j);
-      scaled_bf16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), d * sc[2 * j + 1],
-                  dmin * sc[8 + 2 * j + 1], out + 64 * j + 32);
+      scaled_values(_mm256_and_si256(w, low), d * sc[2 * j], dmin * sc[8 + 2 * j], out + 64 * j);
+      scaled_values(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), d * sc[2 * j + 1],
+                    dmin * sc[8 + 2 * j + 1], out + 64 * j + 32);
     }
   }
 }
 
-// One Q6_K row as bf16 (layout at dot_q6_k): 32 values of q - 32 at a time.
-void q6_k_bf16(const uint8_t* row, int64_t supers, at::BFloat16* out) {
+// One Q6_K row as floats or bf16 (layout at dot_q6_k): 32 values of q - 32 at a time.
+template <typename Out>
+void q6_k_values(const uint8_t* row, int64_t supers, Out* out) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03);
   for (int64_t i = 0; i < supers; ++i, out += 256) {
     const uint8_t* block = row + i * 210;
@@ -62,19 +70,26 @@ void q6_k_bf16(const uint8_t* row, int64_t supers, at::BFloat16* out) {
         const __m256i high = _mm256_and_si256(_mm256_srli_epi16(load32(block + 128 + 32 * h), 2 * t), low2);
         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles, _mm256_slli_epi16(high, 4)),
                                           _mm256_set1_epi8(32));
-        at::BFloat16* v = out + 128 * h + 32 * t;
-        signed_bf16(_mm256_castsi256_si128(q), d * sc[8 * h + 2 * t], v);
-        signed_bf16(_mm256_extracti128_si256(q, 1), d * sc[8 * h + 2 * t + 1], v + 16);
+        Out* v = out + 128 * h + 32 * t;
+        signed_values(_mm256_castsi256_si128(q), d * sc[8 * h + 2 * t], v);
+        signed_values(_mm256_extracti128_si256(q, 1), d * sc[8 * h + 2 * t + 1], v + 16);
       }
   }
 }
 
 // One row of any type as bf16: the K-quants directly, the others through floats.
 void row_bf16(int64_t qtype, const uint8_t* row, int64_t columns, float* scratch, at::BFloat16* out) {
-  if (qtype == Q4_K) return q4_k_bf16(row, columns / 256, out);
-  if (qtype == Q6_K) return q6_k_bf16(row, columns / 256, out);
+  if (qtype == Q4_K) return q4_k_values(row, columns / 256, out);
+  if (qtype == Q6_K) return q6_k_values(row, columns / 256, out);
   dequantize_row(qtype, row, columns, scratch);
   for (int64_t c = 0; c < columns; c += 8) store_bf16(out + c, _mm256_loadu_ps(scratch + c));
+}
+
+// One row of any type as floats: the K-quants eight at a time, the others value by value.
+void row_floats(int64_t qtype, const uint8_t* row, int64_t columns, float* out) {
+  if (qtype == Q4_K) return q4_k_values(row, columns / 256, out);
+  if (qtype == Q6_K) return q6_k_values(row, columns / 256, out);
+  dequantize_row(qtype, row, columns, out);
 }
 
 // The rows of `raw` as bf16 weights [n, columns], for a prefill's dense matmul.
@@ -113,7 +128,7 @@ void dequantize_panel(int64_t qtype, const uint8_t* rows, int64_t row_bytes, int
   const int64_t count = panel.size(0);
   if (panel.scalar_type() == at::kFloat) {  // gguf's own values, unrounded
     auto* o = panel.data_ptr<float>();
-    for (int64_t j = 0; j < count; ++j) dequantize_row(qtype, rows + j * row_bytes, k, o + j * k);
+    for (int64_t j = 0; j < count; ++j) row_floats(qtype, rows + j * row_bytes, k, o + j * k);
     return;
   }
   auto* o = panel.data_ptr<at::BFloat16>();

@@ -142,38 +142,51 @@ inline __m256i fifth_bits(const uint8_t* p) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
+// The kernels below multiply one row of weights by R rows of activations (R = 1 for a decode
+// step, more for a prompt): each block of weights is unpacked once for all R. Each row's sums
+// are made in the same order whatever R, so a prompt's product equals its rows' decode products.
+
 // The 32-value 4- and 5-bit types: [d][m (Q4_1, Q5_1)][fifth bits (Q5_0, Q5_1)][16 B nibbles].
 // Q4_0: w = d·(q - 8); Q5_0: w = d·(q - 16); Q4_1, Q5_1: w = d·q + m.
-float dot_small(int64_t qtype, const uint8_t* row, const Q8& x, int64_t blocks) {
+template <int R>
+void dot_small(int64_t qtype, const uint8_t* row, const Q8* x, int64_t blocks, float* out) {
   const int64_t size = block_bytes(qtype);
   const bool with_min = qtype == Q4_1 || qtype == Q5_1, five = qtype == Q5_0 || qtype == Q5_1;
   const float bias = qtype == Q4_0 ? -8.f : -16.f;
-  __m256 acc = _mm256_setzero_ps();
-  float offsets = 0.f;
+  __m256 acc[R];
+  float offsets[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = row + b * size;
     prefetch(block, 1);
-    const float d = f16(block);
+    const float d = f16(block), offset = with_min ? f16(block + 2) : bias * d;
     __m256i q = nibbles32(block + size - 16);
     if (five) q = _mm256_or_si256(q, fifth_bits(block + size - 20));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[b]), dot32(q, x, b * 32), acc);
-    offsets += (with_min ? f16(block + 2) : bias * d) * x.sum32[b];
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[b]), dot32(q, x[r], b * 32), acc[r]);
+      offsets[r] += offset * x[r].sum32[b];
+    }
   }
-  return hsum(acc) + offsets;
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + offsets[r];
 }
 
 // Q8_0: w = d·q, q signed: |q| times the activations with q's sign, as u8 x s8.
-float dot_q8_0(const uint8_t* row, const Q8& x, int64_t blocks) {
-  __m256 acc = _mm256_setzero_ps();
+template <int R>
+void dot_q8_0(const uint8_t* row, const Q8* x, int64_t blocks, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = row + b * 34;
     prefetch(block, 1);
-    __m256i w = load32(block + 2), magnitude = _mm256_sign_epi8(w, w);
-    __m256 p = terms(dot_us8(magnitude, _mm256_sign_epi8(load32(x.q + b * 32), w)),
-                     dot_us8(magnitude, _mm256_sign_epi8(load32(x.r + b * 32), w)));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(block) * x.d[b]), p, acc);
+    const __m256i w = load32(block + 2), magnitude = _mm256_sign_epi8(w, w);
+    const float d = f16(block);
+    for (int r = 0; r < R; ++r) {
+      __m256 p = terms(dot_us8(magnitude, _mm256_sign_epi8(load32(x[r].q + b * 32), w)),
+                       dot_us8(magnitude, _mm256_sign_epi8(load32(x[r].r + b * 32), w)));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[b]), p, acc[r]);
+    }
   }
-  return hsum(acc);
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
 // Q4_K's eight 6-bit scales and mins of a super-block from its 12 bytes, as bytes 0-7 and
@@ -219,8 +232,10 @@ inline void scaled(__m256i w, const int8_t* q, const int8_t* r, __m256i scale, _
 
 // Q4_K: w = d·sc·q - dmin·m per 32 values. One activation scale per super-block, so the
 // eight sub-blocks' products add in int32, times their integer scales, before one multiply.
-float dot_q4_k(const uint8_t* row, const Q8& x, int64_t supers) {
-  __m256 acc = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
+template <int R>
+void dot_q4_k(const uint8_t* row, const Q8* x, int64_t supers, float* out) {
+  __m256 acc[R], offsets[R];
+  for (int r = 0; r < R; ++r) acc[r] = offsets[r] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0F);
   uint32_t packed[4];
   for (int64_t i = 0; i < supers; ++i) {
@@ -232,34 +247,46 @@ float dot_q4_k(const uint8_t* row, const Q8& x, int64_t supers) {
         _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
     const uint8_t* qs = block + 16;
     const int64_t at = i * 256;
-    __m256i sum_q = _mm256_setzero_si256(), sum_r = _mm256_setzero_si256();
+    __m256i sum_q[R], sum_r[R];
+    for (int r = 0; r < R; ++r) sum_q[r] = sum_r[r] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {  // 64 values: 32 low nibbles, then the same bytes' high
-      __m256i w = load32(qs + 32 * j);
+      const __m256i w = load32(qs + 32 * j);
+      const __m256i first = _mm256_and_si256(w, low);
+      const __m256i second = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+      const __m256i first_scale = pick(scales, 2 * j, 2 * j);
+      const __m256i second_scale = pick(scales, 2 * j + 1, 2 * j + 1);
       const int64_t lo = at + 64 * j, hi = lo + 32;
-      scaled(_mm256_and_si256(w, low), x.q + lo, x.r + lo, pick(scales, 2 * j, 2 * j), sum_q,
-             sum_r);
-      scaled(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), x.q + hi, x.r + hi,
-             pick(scales, 2 * j + 1, 2 * j + 1), sum_q, sum_r);
+      for (int r = 0; r < R; ++r) {
+        scaled(first, x[r].q + lo, x[r].r + lo, first_scale, sum_q[r], sum_r[r]);
+        scaled(second, x[r].q + hi, x[r].r + hi, second_scale, sum_q[r], sum_r[r]);
+      }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(block) * x.d[i]), terms(sum_q, sum_r), acc);
-    __m256 mins = _mm256_mul_ps(bytes_to_floats(sc + 8), _mm256_loadu_ps(x.sum32 + 8 * i));
-    offsets = _mm256_fmadd_ps(_mm256_set1_ps(f16(block + 2)), mins, offsets);
+    const float d = f16(block), dmin = f16(block + 2);
+    const __m256 mins = bytes_to_floats(sc + 8);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), terms(sum_q[r], sum_r[r]), acc[r]);
+      offsets[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
+                                   _mm256_mul_ps(mins, _mm256_loadu_ps(x[r].sum32 + 8 * i)), offsets[r]);
+    }
   }
-  return hsum(_mm256_sub_ps(acc, offsets));
+  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_sub_ps(acc[r], offsets[r]));
 }
 
 // Q6_K: w = d·sc·(q - 32) per 16 values, q = 4 low bits | 2 high bits << 4. Each 128
 // values: ql[64] low nibbles (values l and l + 64 in byte l, l + 32 and l + 96 in byte
 // l + 32), qh[32] the high bits of l, l + 32, l + 64, l + 96 in bits 0, 2, 4, 6 of byte l.
-float dot_q6_k(const uint8_t* row, const Q8& x, int64_t supers) {
-  __m256 acc = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
+template <int R>
+void dot_q6_k(const uint8_t* row, const Q8* x, int64_t supers, float* out) {
+  __m256 acc[R], offsets[R];
+  for (int r = 0; r < R; ++r) acc[r] = offsets[r] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03);
   for (int64_t i = 0; i < supers; ++i) {
     const uint8_t* block = row + i * 210;
     prefetch(block, 4);
     const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
     const int64_t at = i * 256;
-    __m256i sum_q = _mm256_setzero_si256(), sum_r = _mm256_setzero_si256();
+    __m256i sum_q[R], sum_r[R];
+    for (int r = 0; r < R; ++r) sum_q[r] = sum_r[r] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i half = _mm256_broadcastsi128_si256(
           _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * h))));
@@ -271,39 +298,55 @@ float dot_q6_k(const uint8_t* row, const Q8& x, int64_t supers) {
         __m256i w = _mm256_or_si256(_mm256_and_si256(q[k], low4), _mm256_slli_epi16(high, 4));
         const __m256i s = pick(half, 2 * k, 2 * k + 1);  // values 0-15, then 16-31
         const int64_t from = at + 128 * h + 32 * k;
-        scaled(w, x.q + from, x.r + from, s, sum_q, sum_r);
+        for (int r = 0; r < R; ++r) scaled(w, x[r].q + from, x[r].r + from, s, sum_q[r], sum_r[r]);
       }
     }
     const float d = f16(block + 208);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d[i]), terms(sum_q, sum_r), acc);
     // Σ sc·Σx per 16: what the 32 in q - 32 takes off
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
-    __m256 first = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-    __m256 second = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
-    const float* s16 = x.sum16 + i * 16;
-    __m256 shift = _mm256_fmadd_ps(second, _mm256_loadu_ps(s16 + 8),
-                                   _mm256_mul_ps(first, _mm256_loadu_ps(s16)));
-    offsets = _mm256_fmadd_ps(_mm256_set1_ps(32.f * d), shift, offsets);
+    const __m256 first = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    const __m256 second = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), terms(sum_q[r], sum_r[r]), acc[r]);
+      const float* s16 = x[r].sum16 + i * 16;
+      const __m256 shift = _mm256_fmadd_ps(second, _mm256_loadu_ps(s16 + 8),
+                                           _mm256_mul_ps(first, _mm256_loadu_ps(s16)));
+      offsets[r] = _mm256_fmadd_ps(_mm256_set1_ps(32.f * d), shift, offsets[r]);
+    }
   }
-  return hsum(_mm256_sub_ps(acc, offsets));
+  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_sub_ps(acc[r], offsets[r]));
 }
 
-float dot(int64_t qtype, const uint8_t* row, const Q8& x, int64_t blocks) {
+// out[r] = Σ row·x[r] for R rows of activations.
+template <int R>
+void dot(int64_t qtype, const uint8_t* row, const Q8* x, int64_t blocks, float* out) {
   switch (qtype) {
     case Q4_0:
     case Q4_1:
     case Q5_0:
-    case Q5_1: return dot_small(qtype, row, x, blocks);
-    case Q8_0: return dot_q8_0(row, x, blocks);
-    case Q4_K: return dot_q4_k(row, x, blocks);
-    default: return dot_q6_k(row, x, blocks);
+    case Q5_1: return dot_small<R>(qtype, row, x, blocks, out);
+    case Q8_0: return dot_q8_0<R>(row, x, blocks, out);
+    case Q4_K: return dot_q4_k<R>(row, x, blocks, out);
+    default: return dot_q6_k<R>(row, x, blocks, out);
   }
 }
+
+// int8 values at a cache line's start: a 32-byte load across two lines costs two.
+struct AlignedBytes {
+  std::vector<int8_t> bytes;
+  int8_t* start;
+  explicit AlignedBytes(int64_t size) : bytes(size + 63) {
+    const auto address = reinterpret_cast<uintptr_t>(bytes.data());
+    start = bytes.data() + ((64 - address % 64) % 64);
+  }
+  int8_t* data() { return start; }
+  const int8_t* data() const { return start; }
+};
 
 // Activations in blocks of `size` values: q = rint(x/d), d = max|x|/127, then the rounding
 // left, r = rint((x - d·q)·254/d) (|x - d·q| ≤ d/2, so |r| ≤ 127).
 struct Quantized {
-  std::vector<int8_t> q, r;
+  AlignedBytes q, r;
   std::vector<float> d, sum16, sum32;
   int64_t k, blocks;
 
@@ -370,6 +413,26 @@ void check(const at::Tensor& raw, int64_t qtype, int64_t columns) {
               "row bytes do not match the type and columns");
 }
 
+// Rows of activations a block of weights is unpacked for: the sums of four rows' products are
+// independent chains, so the multiply-adds overlap where one row's wait on each other.
+constexpr int64_t ROWS = 4;
+constexpr int64_t WEIGHT_ROWS = 32;
+
+// dot<count> for a count of rows up to ROWS known only at run time.
+void dot_rows(int64_t count, int64_t qtype, const uint8_t* row, const Q8* x, int64_t blocks,
+              float* out) {
+  switch (count) {
+    case 1: return dot<1>(qtype, row, x, blocks, out);
+    case 2: return dot<2>(qtype, row, x, blocks, out);
+    case 3: return dot<3>(qtype, row, x, blocks, out);
+    case 4: return dot<4>(qtype, row, x, blocks, out);
+    case 5: return dot<5>(qtype, row, x, blocks, out);
+    case 6: return dot<6>(qtype, row, x, blocks, out);
+    case 7: return dot<7>(qtype, row, x, blocks, out);
+    default: return dot<ROWS>(qtype, row, x, blocks, out);
+  }
+}
+
 // x [m, k] · Wᵀ for W the rows of `raw` (uint8 [n, row bytes] of type qtype): [m, n] in
 // x's dtype.
 at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
@@ -383,13 +446,25 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   float* o = out.data_ptr<float>();
   const uint8_t* rows = w.data_ptr<uint8_t>();
   const int64_t row_bytes = w.size(1);
+  std::vector<Q8> xs(m);
+  for (int64_t r = 0; r < m; ++r) xs[r] = a.row(r);
   // Each thread a contiguous half of the rows (as at::parallel_for splits them): a decode
   // step's product streams its rows in order (rows taken from a shared counter, as the
   // prefill's panels are by `share`, made a decode step slower).
+  // A prompt's rows go through a block of weight rows ROWS at a time: those activations stay
+  // in the nearest cache for the whole block, the block in the next.
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j)
-      for (int64_t r = 0; r < m; ++r)
-        o[r * n + j] = dot(qtype, rows + j * row_bytes, a.row(r), a.blocks);
+    float sums[ROWS];
+    for (int64_t block = begin; block < end; block += WEIGHT_ROWS) {
+      const int64_t block_end = std::min(end, block + WEIGHT_ROWS);
+      for (int64_t r = 0; r < m; r += ROWS) {
+        const int64_t count = std::min<int64_t>(ROWS, m - r);
+        for (int64_t j = block; j < block_end; ++j) {
+          dot_rows(count, qtype, rows + j * row_bytes, xs.data() + r, a.blocks, sums);
+          for (int64_t i = 0; i < count; ++i) o[(r + i) * n + j] = sums[i];
+        }
+      }
+    }
   });
   return out.to(x.scalar_type());
 }

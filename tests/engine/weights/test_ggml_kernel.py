@@ -134,7 +134,7 @@ def test_a_prefill_takes_bf16_panels_only_where_the_cpu_multiplies_bf16(monkeypa
             return real(x, *rest)
 
         monkeypatch.setattr(torch.ops.glassbox, "ggml_dense_mm", spy)
-        y = quant.GGMLLinear(raw, quant.Q4_K, 256)(torch.randn(quant.GGML_DENSE_ROWS, 256))
+        y = quant.GGMLLinear(raw, quant.Q4_K, 256)(torch.randn(quant.dense_rows(), 256))
         assert seen == [dtype] and y.dtype == torch.bfloat16  # the model's dtype either way
     finally:
         ggml_kernel.dense_dtype.cache_clear()
@@ -157,19 +157,45 @@ def test_a_row_of_the_wrong_size_is_refused():
 
 @pytest.mark.parametrize("qtype", [quant.Q4_K, quant.Q6_K])
 def test_a_prefill_dequantises_and_a_step_takes_the_kernel(qtype):
-    """From GGML_DENSE_ROWS rows the product is the dequantised matmul; below, the kernel's:
+    """From `dense_rows()` rows the product is the dequantised matmul; below, the kernel's:
     both within a percent of x·Wᵀ."""
     raw = random_blocks(qtype, 64, 512, seed=3)
     linear = quant.GGMLLinear(raw, qtype, 512)
     weights = reference(raw, qtype)
-    for rows in (1, quant.GGML_DENSE_ROWS - 1, quant.GGML_DENSE_ROWS, 40):
+    for rows in (1, quant.dense_rows() - 1, quant.dense_rows(), 40):
         x = torch.randn(rows, 512)
         expected = x @ weights.T
         y = linear(x)
         assert y.dtype == torch.bfloat16 and y.shape == (rows, 64)
         assert (y.float() - expected).norm() / expected.norm() < 1e-2
-    batch = torch.randn(2, quant.GGML_DENSE_ROWS, 512)  # leading dims kept
-    assert linear(batch).shape == (2, quant.GGML_DENSE_ROWS, 64)
+    batch = torch.randn(2, quant.dense_rows(), 512)  # leading dims kept
+    assert linear(batch).shape == (2, quant.dense_rows(), 64)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_a_prompts_rows_are_their_one_row_products(qtype):
+    """Below `dense_rows()` a block of weights is unpacked once for four rows of activations:
+    each row's sums are made in the order of a decode step's, so every row of a 7-row product
+    (a group of four, then of three) equals that row's product alone, bit for bit; 70 weight
+    rows cross the blocks of 32 the rows go through."""
+    raw = random_blocks(qtype, 70, 512, seed=qtype + 5)
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(qtype)).bfloat16()
+    together = torch.ops.glassbox.ggml_mm(x, raw, qtype)
+    alone = torch.cat([torch.ops.glassbox.ggml_mm(x[i : i + 1], raw, qtype) for i in range(7)])
+    assert torch.equal(together, alone)
+
+
+@pytest.mark.parametrize(
+    ("flags", "rows"),
+    [({"avx2", "avx512f", "avx512_bf16"}, 16), ({"avx2", "avx512f", "avx512_vnni"}, 32)],
+)
+def test_float32_panels_take_over_from_more_rows_than_bf16_ones(monkeypatch, flags, rows):
+    monkeypatch.setattr(ggml_kernel, "cpu_flags", lambda: frozenset(flags))
+    ggml_kernel.dense_dtype.cache_clear()
+    try:
+        assert quant.dense_rows() == rows
+    finally:
+        ggml_kernel.dense_dtype.cache_clear()
 
 
 @pytest.mark.parametrize("qtype", [quant.Q4_1, quant.Q4_K])
