@@ -425,10 +425,6 @@ void dot_rows(int64_t count, int64_t qtype, const uint8_t* row, const Q8* x, int
     case 1: return dot<1>(qtype, row, x, blocks, out);
     case 2: return dot<2>(qtype, row, x, blocks, out);
     case 3: return dot<3>(qtype, row, x, blocks, out);
-    case 4: return dot<4>(qtype, row, x, blocks, out);
-    case 5: return dot<5>(qtype, row, x, blocks, out);
-    case 6: return dot<6>(qtype, row, x, blocks, out);
-    case 7: return dot<7>(qtype, row, x, blocks, out);
     default: return dot<ROWS>(qtype, row, x, blocks, out);
   }
 }
