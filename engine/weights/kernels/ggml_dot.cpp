@@ -413,9 +413,11 @@ void check(const at::Tensor& raw, int64_t qtype, int64_t columns) {
               "row bytes do not match the type and columns");
 }
 
-// Rows of activations a block of weights is unpacked for: the sums of four rows' products are
-// independent chains, so the multiply-adds overlap where one row's wait on each other.
+// Rows of activations a block of weights is unpacked for (their sums are independent, so their
+// multiply-adds also overlap); eight spilled registers and ran slower.
 constexpr int64_t ROWS = 4;
+// Weight rows a prompt's rows go through ROWS at a time: those ROWS stay in the nearest cache
+// across the block, the block in the next.
 constexpr int64_t WEIGHT_ROWS = 32;
 
 // dot<count> for a count of rows up to ROWS known only at run time.
@@ -447,8 +449,6 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   // Each thread a contiguous half of the rows (as at::parallel_for splits them): a decode
   // step's product streams its rows in order (rows taken from a shared counter, as the
   // prefill's panels are by `share`, made a decode step slower).
-  // A prompt's rows go through a block of weight rows ROWS at a time: those activations stay
-  // in the nearest cache for the whole block, the block in the next.
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     float sums[ROWS];
     for (int64_t block = begin; block < end; block += WEIGHT_ROWS) {

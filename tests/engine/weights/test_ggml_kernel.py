@@ -111,6 +111,16 @@ def test_float_activations_multiply_float_panels_of_gguf_values(qtype):
     assert ((in_bf16 - exact).norm() / exact.norm()).item() > 1e-4  # what float32 panels spare
 
 
+@pytest.mark.parametrize("qtype", TYPES)
+def test_float32_panels_hold_gguf_values_bit_for_bit(qtype):
+    """The identity through float32 panels gives the panels themselves (each product a single
+    1·w, summed with zeros): gguf's dequantised values exactly, the K-quants' made eight at a
+    time as its numpy makes them one by one (a fused multiply-add would differ in the last bit)."""
+    raw = random_blocks(qtype, 40, 512, seed=qtype + 13)
+    panels = torch.ops.glassbox.ggml_dense_mm(torch.eye(512), raw, qtype)
+    assert torch.equal(panels, reference(raw, qtype).float().T)
+
+
 @pytest.mark.parametrize(
     ("flags", "dtype"),
     [
