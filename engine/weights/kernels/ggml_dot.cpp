@@ -341,17 +341,27 @@ void dot_q6_k(const uint8_t* row, const Q8* x, int64_t supers, float* out) {
   for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_sub_ps(acc[r], offsets[r]));
 }
 
-// out[r] = Σ row·x[r] for R rows of activations.
+// Products of weight rows [begin, end) (row j at rows + j·row_bytes) with R rows of
+// activations x, into out[r·n + j]; the type's kernel chosen once, not once a weight row.
 template <int R>
-void dot(int64_t qtype, const uint8_t* row, const Q8* x, int64_t blocks, float* out) {
+void products(int64_t qtype, const uint8_t* rows, int64_t row_bytes, int64_t begin, int64_t end,
+              const Q8* x, int64_t blocks, int64_t n, float* out) {
+  const auto each = [&](const auto& kernel) {
+    float sums[R];
+    for (int64_t j = begin; j < end; ++j) {
+      kernel(rows + j * row_bytes, sums);
+      for (int r = 0; r < R; ++r) out[r * n + j] = sums[r];
+    }
+  };
   switch (qtype) {
     case Q4_0:
     case Q4_1:
     case Q5_0:
-    case Q5_1: return dot_small<R>(qtype, row, x, blocks, out);
-    case Q8_0: return dot_q8_0<R>(row, x, blocks, out);
-    case Q4_K: return dot_q4_k<R>(row, x, blocks, out);
-    default: return dot_q6_k<R>(row, x, blocks, out);
+    case Q5_1:
+      return each([&](const uint8_t* row, float* o) { dot_small<R>(qtype, row, x, blocks, o); });
+    case Q8_0: return each([&](const uint8_t* row, float* o) { dot_q8_0<R>(row, x, blocks, o); });
+    case Q4_K: return each([&](const uint8_t* row, float* o) { dot_q4_k<R>(row, x, blocks, o); });
+    default: return each([&](const uint8_t* row, float* o) { dot_q6_k<R>(row, x, blocks, o); });
   }
 }
 
@@ -444,14 +454,14 @@ constexpr int64_t ROWS = 4;
 // across the block, the block in the next.
 constexpr int64_t WEIGHT_ROWS = 32;
 
-// dot<count> for a count of rows up to ROWS known only at run time.
-void dot_rows(int64_t count, int64_t qtype, const uint8_t* row, const Q8* x, int64_t blocks,
-              float* out) {
+// products<count> for a count of activation rows up to ROWS known only at run time.
+void products(int64_t count, int64_t qtype, const uint8_t* rows, int64_t row_bytes, int64_t begin,
+              int64_t end, const Q8* x, int64_t blocks, int64_t n, float* out) {
   switch (count) {
-    case 1: return dot<1>(qtype, row, x, blocks, out);
-    case 2: return dot<2>(qtype, row, x, blocks, out);
-    case 3: return dot<3>(qtype, row, x, blocks, out);
-    default: return dot<ROWS>(qtype, row, x, blocks, out);
+    case 1: return products<1>(qtype, rows, row_bytes, begin, end, x, blocks, n, out);
+    case 2: return products<2>(qtype, rows, row_bytes, begin, end, x, blocks, n, out);
+    case 3: return products<3>(qtype, rows, row_bytes, begin, end, x, blocks, n, out);
+    default: return products<ROWS>(qtype, rows, row_bytes, begin, end, x, blocks, n, out);
   }
 }
 
@@ -474,16 +484,11 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   // step's product streams its rows in order (rows taken from a shared counter, as the
   // prefill's panels are by `share`, made a decode step slower).
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    float sums[ROWS];
     for (int64_t block = begin; block < end; block += WEIGHT_ROWS) {
       const int64_t block_end = std::min(end, block + WEIGHT_ROWS);
-      for (int64_t r = 0; r < m; r += ROWS) {
-        const int64_t count = std::min<int64_t>(ROWS, m - r);
-        for (int64_t j = block; j < block_end; ++j) {
-          dot_rows(count, qtype, rows + j * row_bytes, xs.data() + r, a.blocks, sums);
-          for (int64_t i = 0; i < count; ++i) o[(r + i) * n + j] = sums[i];
-        }
-      }
+      for (int64_t r = 0; r < m; r += ROWS)
+        products(std::min<int64_t>(ROWS, m - r), qtype, rows, row_bytes, block, block_end,
+                 xs.data() + r, a.blocks, n, o + r * n);
     }
   });
   return out.to(x.scalar_type());
