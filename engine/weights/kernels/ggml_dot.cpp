@@ -230,21 +230,6 @@ inline void scaled(__m256i w, const int8_t* q, const int8_t* r, __m256i scale, _
 #endif
 }
 
-// A multiply-add waits for the last one on the same sum (five cycles), so a decode step's
-// single row sums its products in two pairs of sums, every other 32 values in each (integers:
-// the same totals whatever the split). Several rows are independent sums already.
-template <int R>
-constexpr int chains() {
-  return R == 1 ? 2 : 1;
-}
-
-template <int C>
-inline __m256i total(const __m256i* sums) {
-  __m256i all = sums[0];
-  for (int c = 1; c < C; ++c) all = _mm256_add_epi32(all, sums[c]);
-  return all;
-}
-
 // Q4_K: w = d·sc·q - dmin·m per 32 values. One activation scale per super-block, so the
 // eight sub-blocks' products add in int32, times their integer scales, before one multiply.
 template <int R>
@@ -262,10 +247,8 @@ void dot_q4_k(const uint8_t* row, const Q8* x, int64_t supers, float* out) {
         _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
     const uint8_t* qs = block + 16;
     const int64_t at = i * 256;
-    constexpr int C = chains<R>();
-    __m256i sum_q[R][C], sum_r[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) sum_q[r][c] = sum_r[r][c] = _mm256_setzero_si256();
+    __m256i sum_q[R], sum_r[R];
+    for (int r = 0; r < R; ++r) sum_q[r] = sum_r[r] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {  // 64 values: 32 low nibbles, then the same bytes' high
       const __m256i w = load32(qs + 32 * j);
       const __m256i first = _mm256_and_si256(w, low);
@@ -274,15 +257,14 @@ void dot_q4_k(const uint8_t* row, const Q8* x, int64_t supers, float* out) {
       const __m256i second_scale = pick(scales, 2 * j + 1, 2 * j + 1);
       const int64_t lo = at + 64 * j, hi = lo + 32;
       for (int r = 0; r < R; ++r) {
-        const int c = 2 * j % C, next = (2 * j + 1) % C;
-        scaled(first, x[r].q + lo, x[r].r + lo, first_scale, sum_q[r][c], sum_r[r][c]);
-        scaled(second, x[r].q + hi, x[r].r + hi, second_scale, sum_q[r][next], sum_r[r][next]);
+        scaled(first, x[r].q + lo, x[r].r + lo, first_scale, sum_q[r], sum_r[r]);
+        scaled(second, x[r].q + hi, x[r].r + hi, second_scale, sum_q[r], sum_r[r]);
       }
     }
     const float d = f16(block), dmin = f16(block + 2);
     const __m256 mins = bytes_to_floats(sc + 8);
     for (int r = 0; r < R; ++r) {
-      const __m256 sum = terms(total<C>(sum_q[r]), total<C>(sum_r[r]));
+      const __m256 sum = terms(sum_q[r], sum_r[r]);
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), sum, acc[r]);
       offsets[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin),
                                    _mm256_mul_ps(mins, _mm256_loadu_ps(x[r].sum32 + 8 * i)), offsets[r]);
@@ -304,10 +286,8 @@ void dot_q6_k(const uint8_t* row, const Q8* x, int64_t supers, float* out) {
     prefetch(block, 4);
     const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
     const int64_t at = i * 256;
-    constexpr int C = chains<R>();
-    __m256i sum_q[R][C], sum_r[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) sum_q[r][c] = sum_r[r][c] = _mm256_setzero_si256();
+    __m256i sum_q[R], sum_r[R];
+    for (int r = 0; r < R; ++r) sum_q[r] = sum_r[r] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i half = _mm256_broadcastsi128_si256(
           _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * h))));
@@ -319,9 +299,7 @@ void dot_q6_k(const uint8_t* row, const Q8* x, int64_t supers, float* out) {
         __m256i w = _mm256_or_si256(_mm256_and_si256(q[k], low4), _mm256_slli_epi16(high, 4));
         const __m256i s = pick(half, 2 * k, 2 * k + 1);  // values 0-15, then 16-31
         const int64_t from = at + 128 * h + 32 * k;
-        const int c = k % C;
-        for (int r = 0; r < R; ++r)
-          scaled(w, x[r].q + from, x[r].r + from, s, sum_q[r][c], sum_r[r][c]);
+        for (int r = 0; r < R; ++r) scaled(w, x[r].q + from, x[r].r + from, s, sum_q[r], sum_r[r]);
       }
     }
     const float d = f16(block + 208);
@@ -330,7 +308,7 @@ void dot_q6_k(const uint8_t* row, const Q8* x, int64_t supers, float* out) {
     const __m256 first = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
     const __m256 second = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
     for (int r = 0; r < R; ++r) {
-      const __m256 sum = terms(total<C>(sum_q[r]), total<C>(sum_r[r]));
+      const __m256 sum = terms(sum_q[r], sum_r[r]);
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), sum, acc[r]);
       const float* s16 = x[r].sum16 + i * 16;
       const __m256 shift = _mm256_fmadd_ps(second, _mm256_loadu_ps(s16 + 8),
