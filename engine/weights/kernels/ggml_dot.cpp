@@ -449,11 +449,21 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D");
   const int64_t m = x.size(0), k = x.size(1), n = raw.size(0);
   check(raw, qtype, k);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
   const at::Tensor w = raw.contiguous();
-  const Quantized a(xf.data_ptr<float>(), m, k, block_values(qtype));
-  at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
-  float* o = out.data_ptr<float>();
+  // A decode step's product is small enough that tensor conversions through the dispatcher,
+  // bf16 to float and back, are a good part of its time: the values are converted here.
+  const at::Tensor xs_in = x.contiguous();
+  std::vector<float> values;
+  const float* xf = xs_in.scalar_type() == at::kFloat ? xs_in.data_ptr<float>() : nullptr;
+  if (xf == nullptr) {
+    TORCH_CHECK(xs_in.scalar_type() == at::kBFloat16, "x must be float32 or bf16");
+    const auto* bf = xs_in.data_ptr<at::BFloat16>();
+    values.assign(bf, bf + m * k);
+    xf = values.data();
+  }
+  const Quantized a(xf, m, k, block_values(qtype));
+  std::vector<float> sums(m * n);
+  float* o = sums.data();
   const uint8_t* rows = w.data_ptr<uint8_t>();
   const int64_t row_bytes = w.size(1);
   std::vector<Q8> xs(m);
@@ -469,7 +479,12 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
                  xs.data() + r, a.blocks, n, o + r * n);
     }
   });
-  return out.to(x.scalar_type());
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (out.scalar_type() == at::kFloat)
+    std::copy(sums.begin(), sums.end(), out.data_ptr<float>());
+  else  // rounded to nearest, ties to even, as Tensor::to rounds
+    std::copy(sums.begin(), sums.end(), out.data_ptr<at::BFloat16>());
+  return out;
 }
 
 // One Q4_K super-block (layout at dot_q4_k) as floats: q·(d·sc) - dmin·m per 32 values, in
