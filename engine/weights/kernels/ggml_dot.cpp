@@ -343,22 +343,10 @@ void products(int64_t qtype, const uint8_t* rows, int64_t row_bytes, int64_t beg
   }
 }
 
-// int8 values at a cache line's start: a 32-byte load across two lines costs two.
-struct AlignedBytes {
-  std::vector<int8_t> bytes;
-  int8_t* start;
-  explicit AlignedBytes(int64_t size) : bytes(size + 63) {
-    const auto address = reinterpret_cast<uintptr_t>(bytes.data());
-    start = bytes.data() + ((64 - address % 64) % 64);
-  }
-  int8_t* data() { return start; }
-  const int8_t* data() const { return start; }
-};
-
 // Activations in blocks of `size` values: q = rint(x/d), d = max|x|/127, then the rounding
 // left, r = rint((x - d·q)·254/d) (|x - d·q| ≤ d/2, so |r| ≤ 127).
 struct Quantized {
-  AlignedBytes q, r;
+  std::vector<int8_t> q, r;
   std::vector<float> d, sum16, sum32;
   int64_t k, blocks;
 
