@@ -45,10 +45,19 @@ def top_k_support(values: torch.Tensor, k: int) -> torch.Tensor:
     """The indices, ascending, of the entries at least the k-th largest of values [V]
     (1 <= k <= V): k of them, more where entries tie with it. As
     `(values >= values.topk(k).values[-1]).nonzero()[:, 0]`, without a pass of topk or nonzero
-    over every entry (the two cost several times what this way does)."""
+    over every entry (the two cost several times what this way does).
+
+    Most steps have no tie at the k-th largest: then the k + 1 largest (`top_k_rows`, one
+    call where the GGML kernels load) say so, and the k are the support. Else the rows'
+    maxima find every entry that reaches it."""
     rows = _rows(values)
     if rows is None or k > rows.shape[0]:
         return (values >= values.topk(k).values[-1]).nonzero()[:, 0]
+    if k < rows.shape[0]:
+        top = top_k_rows(values[None], k + 1)[0]  # largest first
+        edge = values[top[k - 1 :]]
+        if bool(edge[1] < edge[0]):  # nothing past the k largest reaches the k-th
+            return top[:k].sort().values
     maxima = rows.amax(1)
     # Each of the k largest entries lies in a row whose maximum is at least that entry, so the
     # k rows with the largest maxima hold k entries at least as large as any elsewhere.
