@@ -12,6 +12,7 @@ import torch
 
 from engine.model.largest import argmax, top_k_support, top_k_untied
 from engine.settings import GenerationSettings
+from engine.weights import ggml_kernel
 
 
 class Sampler:
@@ -37,6 +38,11 @@ class Sampler:
             probs = torch.zeros_like(scores).index_fill_(0, best, 1.0)
             self._found = (probs, best)
             return probs
+        if 0 < s.top_k < scores.numel() and not self.on_device:
+            fused = fused_filters(scores, s.temperature, s.top_k, s.top_p)
+            if fused is not None:
+                self._found = fused
+                return fused[0]
         scores = scores / s.temperature
         if self.on_device:
             return torch.softmax(keep_top_p(keep_top_k(scores, s.top_k), s.top_p), dim=-1)
@@ -66,6 +72,19 @@ class Sampler:
         support = found if found is not None else probs.nonzero()[:, 0]
         pick = torch.multinomial(probs[support], 1, generator=self.generator)[0]
         return support[pick]
+
+
+def fused_filters(
+    scores: torch.Tensor, temperature: float, k: int, p: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Temperature, top-k and top-p as `_within_largest` applies them, and the support, in one
+    call of the GGML kernels (a dozen small torch ops cost a fast model's step tens of
+    microseconds each); None where they do not load, or where a score ties with the k-th."""
+    usable = scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 1
+    if not usable or ggml_kernel.ensure() is not None:
+        return None
+    probs, kept = torch.ops.glassbox.sample_filter(scores, temperature, k, p)
+    return (probs, kept) if kept.numel() else None
 
 
 def penalize_repetition(

@@ -552,6 +552,7 @@ TORCH_LIBRARY(glassbox, lib) {
   lib.def("attend_one(Tensor q, Tensor k, Tensor v) -> Tensor");
   lib.def("top_k_rows(Tensor values, int k) -> Tensor");
   lib.def("top_k_softmax(Tensor[] rows, int k) -> (Tensor, Tensor)");
+  lib.def("sample_filter(Tensor logits, float temperature, int k, float p) -> (Tensor, Tensor)");
   lib.def("head_statistics(Tensor[] rows) -> Tensor");
   lib.def("causal_rows(Tensor query, Tensor key, float scaling, int rows) -> Tensor");
   lib.def("first_largest(Tensor values) -> Tensor");
@@ -567,6 +568,7 @@ TORCH_LIBRARY_IMPL(glassbox, CPU, lib) {
   lib.impl("attend_one", attend_one);
   lib.impl("top_k_rows", top_k_rows);
   lib.impl("top_k_softmax", top_k_softmax);
+  lib.impl("sample_filter", sample_filter);
   lib.impl("head_statistics", head_statistics);
   lib.impl("causal_rows", causal_rows);
   lib.impl("first_largest", first_largest_of);

@@ -8,8 +8,10 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper, TopPLogitsWarper
 
+from engine.generate import sampling
 from engine.generate.sampling import Sampler, keep_top_p, penalize_repetition
 from engine.settings import GenerationSettings
+from engine.weights import ggml_kernel
 
 CPU = torch.device("cpu")
 
@@ -256,3 +258,47 @@ def test_the_on_device_path_draws_from_the_same_distribution(settings):
         probs = on_device.distribution(logits, history)
         torch.testing.assert_close(probs, want, rtol=1e-5, atol=1e-7)
         assert float(probs[on_device.choose(probs)]) > 0
+
+
+@pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
+@pytest.mark.parametrize(
+    "settings",
+    [
+        GenerationSettings(seed=0),  # the chat's defaults
+        GenerationSettings(temperature=1.3, top_k=7, top_p=0.5, seed=1),
+        GenerationSettings(temperature=0.2, top_k=200, top_p=0.99, seed=2),
+        GenerationSettings(temperature=0.9, top_k=40, top_p=1.0, seed=3),
+    ],
+)
+def test_the_kernels_filters_are_the_torch_ops_and_draw_the_same_tokens(settings, monkeypatch):
+    """The one-call filters (`fused_filters`) give torch's probabilities (within float
+    rounding), the same kept tokens and support, and so a seeded reply's same draws."""
+    generator = torch.Generator().manual_seed(9)
+    history = torch.arange(0, 40_000, 97)
+    fused, torch_ops = Sampler(settings, CPU), Sampler(settings, CPU)
+    drawn: tuple[list[int], list[int]] = ([], [])
+    for step in range(300):
+        logits = torch.randn(49152, generator=generator) * (1 + step / 100)
+        probs = fused.distribution(logits, history)
+        assert fused._found is not None and fused._found[0] is probs  # the kernel's way
+        with monkeypatch.context() as patched:
+            patched.setattr(sampling, "fused_filters", lambda *_: None)
+            want = torch_ops.distribution(logits, history)
+        assert torch.equal(probs.nonzero(), want.nonzero())
+        torch.testing.assert_close(probs, want, rtol=1e-6, atol=0)
+        assert torch.equal(fused._found[1], torch_ops._found[1])  # type: ignore[index]
+        drawn[0].append(int(fused.choose(probs)))
+        drawn[1].append(int(torch_ops.choose(want)))
+    assert drawn[0] == drawn[1]
+    assert len(set(drawn[0])) > 10
+
+
+@pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
+def test_a_tie_at_the_top_k_edge_leaves_the_kernel_to_the_torch_ops():
+    logits = torch.zeros(49152)
+    logits[[5, 700, 9000]] = torch.tensor([4.0, 3.0, 3.0])
+    assert sampling.fused_filters(logits, 1.0, 2, 1.0) is None
+    probs = Sampler(GenerationSettings(temperature=1.0, top_k=2, top_p=1.0), CPU).distribution(
+        logits, torch.tensor([], dtype=torch.long)
+    )
+    assert set(probs.nonzero().flatten().tolist()) == {5, 700, 9000}
