@@ -29,6 +29,18 @@ class Sampler:
         # sampled step's filters kept; `choose` reads it instead of passing over the vocabulary
         self._found: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def draw(
+        self, logits: torch.Tensor, history: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The distribution the token is drawn from and the token (0-d, on the device); greedy
+        has no distribution to name (None: all of it on the token), so none is written: a
+        vocabulary of zeros each step cost a fast model's step more than its argmax."""
+        if self.settings.greedy:
+            scores = penalize_repetition(logits, history, self.settings.repetition_penalty)
+            return None, argmax(scores)
+        probs = self.distribution(logits, history)
+        return probs, self.choose(probs)
+
     def distribution(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """The probabilities the next token is drawn from. logits: [vocab] float32; history: [n]."""
         s = self.settings

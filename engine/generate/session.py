@@ -358,7 +358,7 @@ class ChatSession(PacedGeneration):
         assert self._weigh is not None and self._cache is not None  # as the batch was made
         return self._weigh(layer, queries, start, self._cache)
 
-    def _step(self, token: Token, forward: Forward, probs: torch.Tensor) -> Step:
+    def _step(self, token: Token, forward: Forward, probs: torch.Tensor | None) -> Step:
         """A decoded step as its batch keeps it until the view's work for it is done."""
         rows = _last_rows(forward.probe)  # the query that made this token, per watched layer
         probe = forward.probe
@@ -565,7 +565,7 @@ class Launched(NamedTuple):
     the history it ran on."""
 
     forward: Forward
-    probs: torch.Tensor
+    probs: torch.Tensor | None  # None when greedy
     chosen: torch.Tensor
     history: torch.Tensor
 
@@ -594,10 +594,10 @@ def _count(tally: Tally, index: int, step_s: float) -> None:
 
 def _draw(
     sampler: Sampler, forward: Forward, history: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distribution [vocab] the next token is drawn from, and the token (on the device)."""
-    probs = sampler.distribution(forward.logits, history)
-    return probs, sampler.choose(probs)
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The distribution [vocab] the next token is drawn from (None when greedy), and the token
+    (on the device)."""
+    return sampler.draw(forward.logits, history)
 
 
 def _not_placed(_seconds: float) -> None:

@@ -43,7 +43,7 @@ class Step:
 
     token: Token  # as streamed, without candidates or statistics; `seconds` the step's own
     logits: torch.Tensor  # [vocab] float32
-    probs: torch.Tensor  # the distribution sampled from [vocab]
+    probs: torch.Tensor | None  # the distribution sampled from [vocab]; None when greedy
     rows: dict[int, torch.Tensor]  # watched layer -> [heads, keys]: its query's attention
     roofline: Callable[[float], Roofline | None]  # the step on the roofline, given its time
     # watched layer -> the step's query [1, heads, 1, d], left for the batch to weigh
@@ -121,7 +121,7 @@ class ViewBatch:
             chosen = [step.token.token_id for step in steps]
             sampled = [[float(i == c) for i in row] for row, c in zip(ids, chosen, strict=True)]
         else:
-            sampled = [s.probs[row].tolist() for s, row in zip(steps, indices, strict=True)]
+            sampled = [_probs(s)[row].tolist() for s, row in zip(steps, indices, strict=True)]
         return [
             tuple(
                 Candidate(token_id=i, text=self.piece(i), prob=p, sampled_prob=q)
@@ -163,3 +163,9 @@ class ViewBatch:
         if not self.token_rows or not step.token.index:
             return {}
         return {layer: frozen_array(row.cpu().numpy()) for layer, row in step.rows.items()}
+
+
+def _probs(step: Step) -> torch.Tensor:
+    """A sampled step's distribution (only a greedy step has none)."""
+    assert step.probs is not None, "a sampled step keeps the distribution it was drawn from"
+    return step.probs

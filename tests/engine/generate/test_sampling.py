@@ -302,3 +302,31 @@ def test_a_tie_at_the_top_k_edge_leaves_the_kernel_to_the_torch_ops():
         logits, torch.tensor([], dtype=torch.long)
     )
     assert set(probs.nonzero().flatten().tolist()) == {5, 700, 9000}
+
+
+def test_a_greedy_draw_names_no_distribution_and_picks_the_penalised_argmax():
+    """Greedy writes no vocabulary-sized one-hot: `draw` gives None and the token that
+    `distribution` puts all the probability on, the repetition penalty applied first."""
+    generator = torch.Generator().manual_seed(12)
+    history = torch.arange(0, 40_000, 97)
+    settings = GenerationSettings(greedy=True, repetition_penalty=1.5)
+    for _trial in range(20):
+        logits = torch.randn(49152, generator=generator) * 3
+        probs, chosen = Sampler(settings, CPU).draw(logits, history)
+        assert probs is None
+        one_hot = Sampler(settings, CPU).distribution(logits, history)
+        assert one_hot.nonzero().flatten().tolist() == [int(chosen)]
+
+
+def test_a_sampled_draw_is_its_distribution_and_choice():
+    generator = torch.Generator().manual_seed(13)
+    drawing, reference = (
+        Sampler(GenerationSettings(seed=4), CPU),
+        Sampler(GenerationSettings(seed=4), CPU),
+    )
+    for _trial in range(50):
+        logits = torch.randn(49152, generator=generator) * 3
+        probs, chosen = drawing.draw(logits, torch.tensor([], dtype=torch.long))
+        want = reference.distribution(logits, torch.tensor([], dtype=torch.long))
+        assert probs is not None and torch.equal(probs, want)
+        assert int(chosen) == int(reference.choose(want))
