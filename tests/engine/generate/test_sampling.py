@@ -330,3 +330,20 @@ def test_a_sampled_draw_is_its_distribution_and_choice():
         want = reference.distribution(logits, torch.tensor([], dtype=torch.long))
         assert probs is not None and torch.equal(probs, want)
         assert int(chosen) == int(reference.choose(want))
+
+
+def test_one_draw_is_torchs_multinomial_draw():
+    """`draw_one` picks what torch.multinomial(weights, 1) picks from the same generator state,
+    for few or many weights, zeros among them (a changed torch would fail here first)."""
+    from engine.generate.sampling import draw_one
+
+    source = torch.Generator().manual_seed(1)
+    ours, torchs = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for trial in range(3000):
+        size = (1, 2, 7, 50, 200)[trial % 5]
+        weights = torch.rand(size, generator=source)
+        weights[torch.rand(size, generator=source) < 0.3] = 0.0
+        weights[trial % size] += 0.01  # never all zero
+        weights /= weights.sum()
+        want = int(torch.multinomial(weights, 1, generator=torchs)[0])
+        assert int(draw_one(weights, ours)) == want
