@@ -82,7 +82,11 @@ class Sampler:
         if self.on_device:  # no support to find: the draw stays on the device
             return torch.multinomial(probs, 1, generator=self.generator)[0]
         support = found if found is not None else probs.nonzero()[:, 0]
-        return support[draw_one(probs[support], self.generator)]
+        weights = probs[support]
+        pick = draw_one(weights, self.generator) if weights.numel() else None
+        if pick is None or not bool(weights[pick] > 0):  # NaN, or nothing kept
+            raise ValueError("no token to draw: the probabilities are not numbers, or all zero")
+        return support[pick]
 
 
 def draw_one(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

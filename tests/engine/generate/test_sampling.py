@@ -347,3 +347,10 @@ def test_one_draw_is_torchs_multinomial_draw():
         weights /= weights.sum()
         want = int(torch.multinomial(weights, 1, generator=torchs)[0])
         assert int(draw_one(weights, ours)) == want
+
+
+def test_a_distribution_of_no_numbers_is_refused_not_drawn_from():
+    sampler = Sampler(GenerationSettings(seed=1), CPU)
+    for bad in (torch.full((300,), float("nan")), torch.zeros(300)):
+        with pytest.raises(ValueError, match="no token to draw"):
+            sampler.choose(bad)
