@@ -10,7 +10,7 @@ import random
 
 import torch
 
-from engine.model.largest import argmax, top_k_support, top_k_untied
+from engine.model.largest import argmax, top_k_support
 from engine.settings import GenerationSettings
 from engine.weights import ggml_kernel
 
@@ -59,12 +59,8 @@ class Sampler:
         if self.on_device:
             return torch.softmax(keep_top_p(keep_top_k(scores, s.top_k), s.top_p), dim=-1)
         if 0 < s.top_k < scores.numel():
-            untied = top_k_untied(scores, s.top_k)
-            if untied is not None:
-                probs, kept = _within_largest(scores, *untied, s.top_p)
-            else:
-                kept = top_k_support(scores, s.top_k)
-                probs = _within(scores, kept, s.top_p)
+            kept = top_k_support(scores, s.top_k)
+            probs = _within(scores, kept, s.top_p)
             self._found = (probs, kept)
             return probs
         scores = keep_top_p(scores, s.top_p)
@@ -102,7 +98,7 @@ def draw_one(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def fused_filters(
     scores: torch.Tensor, temperature: float, k: int, p: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Temperature, top-k and top-p as `_within_largest` applies them, and the support, in one
+    """Temperature, top-k and top-p as `_within` applies them, and the support, in one
     call of the GGML kernels (a dozen small torch ops cost a fast model's step tens of
     microseconds each); None where they do not load, or where a score ties with the k-th."""
     usable = scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 1
@@ -140,22 +136,6 @@ def _within(scores: torch.Tensor, kept: torch.Tensor, p: float) -> torch.Tensor:
     probs = torch.zeros_like(scores)
     probs[kept] = torch.softmax(keep_top_p(scores[kept], p), dim=-1)
     return probs
-
-
-def _within_largest(
-    scores: torch.Tensor, indices: torch.Tensor, largest: torch.Tensor, p: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_within` for top-k's tokens given largest first (`indices`, their scores `largest`),
-    and its support, ascending. Top-p keeps a run of the largest: its sums are keep_top_p's
-    (the scores ascending, softmax, cumulative sum); what it drops is counted, not scattered
-    back over a mask, so the step runs a third of the small ops `_within` runs."""
-    count = largest.numel()
-    if p < 1.0:
-        cumulative = largest.flip(0).softmax(dim=-1).cumsum(dim=-1)
-        count -= min(int((cumulative <= (1 - p)).sum()), count - 1)  # the top one stays
-    probs = torch.zeros_like(scores)
-    probs[indices[:count]] = torch.softmax(largest[:count], dim=-1)
-    return probs, indices.sort().values
 
 
 def keep_top_p(scores: torch.Tensor, p: float) -> torch.Tensor:

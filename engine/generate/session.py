@@ -240,7 +240,7 @@ class ChatSession(PacedGeneration):
                     self._feed(token_id, use_cache)
                     history, forward = self._launch(chosen, written, history, probes, use_cache)
                     transfer = self._transfer()
-                probs, chosen = _draw(sampler, forward, history)
+                probs, chosen = sampler.draw(forward.logits, history)
             per_layer = self._cache.layer_bytes() if self._cache is not None else ()
             ahead = None
             if self._may_run_ahead(settings) and index + 1 < budget:
@@ -323,7 +323,7 @@ class ChatSession(PacedGeneration):
         copied = self._chosen_host.copy_(chosen.reshape(1), non_blocking=True)
         chosen_ready = marker(self.device)
         history, forward = self._launch(chosen, written, history, probes, use_cache=True)
-        launched = Launched(forward, *_draw(sampler, forward, history), history)
+        launched = Launched(forward, *sampler.draw(forward.logits, history), history)
         chosen_ready()
         token_id = int(copied[0])
         self._feed(token_id, use_cache=True)
@@ -590,14 +590,6 @@ def _count(tally: Tally, index: int, step_s: float) -> None:
     else:
         tally.decode_s += step_s
     tally.generated = index + 1
-
-
-def _draw(
-    sampler: Sampler, forward: Forward, history: torch.Tensor
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The distribution [vocab] the next token is drawn from (None when greedy), and the token
-    (on the device)."""
-    return sampler.draw(forward.logits, history)
 
 
 def _not_placed(_seconds: float) -> None:

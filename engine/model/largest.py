@@ -53,9 +53,11 @@ def top_k_support(values: torch.Tensor, k: int) -> torch.Tensor:
     rows = _rows(values)
     if rows is None or k > rows.shape[0]:
         return (values >= values.topk(k).values[-1]).nonzero()[:, 0]
-    untied = top_k_untied(values, k)
-    if untied is not None:
-        return untied[0].sort().values
+    if k < rows.shape[0]:
+        top = top_k_rows(values[None], k + 1)[0]  # largest first
+        edge = values[top[k - 1 :]]
+        if bool(edge[1] < edge[0]):  # nothing past the k largest reaches the k-th (nor a NaN)
+            return top[:k].sort().values
     maxima = rows.amax(1)
     # Each of the k largest entries lies in a row whose maximum is at least that entry, so the
     # k rows with the largest maxima hold k entries at least as large as any elsewhere.
@@ -63,20 +65,6 @@ def top_k_support(values: torch.Tensor, k: int) -> torch.Tensor:
     candidates = (maxima >= threshold).nonzero()[:, 0]  # every row holding one (ties too)
     hits = (rows[candidates] >= threshold).nonzero()  # [n, (row, column)], in order
     return candidates[hits[:, 0]] * WIDTH + hits[:, 1]
-
-
-def top_k_untied(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(indices, values) of the k largest entries of values [V] on the CPU, largest first,
-    where no other entry equals the k-th (then they are every entry that reaches it); None
-    where one does, or where the two passes cannot run (torch's topk then decides)."""
-    rows = _rows(values)
-    if rows is None or not 0 < k < rows.shape[0]:
-        return None
-    top = top_k_rows(values[None], k + 1)[0]
-    largest = values[top]
-    if not bool(largest[k] < largest[k - 1]):  # a tie at the edge (or a NaN)
-        return None
-    return top[:k], largest[:k]
 
 
 def top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -450,8 +450,10 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
     xf = values.data();
   }
   const Quantized a(xf, m, k, block_values(qtype));
-  std::vector<float> sums(m * n);
-  float* o = sums.data();
+  at::Tensor out = at::empty({m, n}, x.options());
+  std::vector<float> sums;  // bf16 activations: the float sums, rounded into `out` at the end
+  if (out.scalar_type() != at::kFloat) sums.resize(m * n);
+  float* o = sums.empty() ? out.data_ptr<float>() : sums.data();
   const uint8_t* rows = w.data_ptr<uint8_t>();
   const int64_t row_bytes = w.size(1);
   std::vector<Q8> xs(m);
@@ -467,10 +469,7 @@ at::Tensor ggml_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
                  xs.data() + r, a.blocks, n, o + r * n);
     }
   });
-  at::Tensor out = at::empty({m, n}, x.options());
-  if (out.scalar_type() == at::kFloat)
-    std::copy(sums.begin(), sums.end(), out.data_ptr<float>());
-  else  // rounded to nearest, ties to even, as Tensor::to rounds
+  if (!sums.empty())  // rounded to nearest, ties to even, as Tensor::to rounds
     std::copy(sums.begin(), sums.end(), out.data_ptr<at::BFloat16>());
   return out;
 }

@@ -125,12 +125,12 @@ std::tuple<at::Tensor, at::Tensor> top_k_softmax(at::TensorList rows, int64_t k)
   return {indices, probs};
 }
 
-// A sampled step's filters (engine/generate/sampling.py, `_within_largest`) in one call:
+// A sampled step's filters (engine/generate/sampling.py, `_within`) in one call:
 // scores = logits / temperature; top-k's k largest when no other score equals the k-th;
 // top-p over them (their softmax ascending, cumulative sums, those at most 1 - p dropped, the
 // largest always kept); the softmax of what is kept. Returns the probabilities over the whole
-// vocabulary and top-k's tokens, ascending (the support the draw is made among), or an empty
-// support where a score ties with the k-th (the caller's general path keeps every tie).
+// vocabulary and top-k's tokens, ascending (the support the draw is made among), or two empty
+// tensors where a score ties with the k-th (the caller's general path keeps every tie).
 std::tuple<at::Tensor, at::Tensor> sample_filter(const at::Tensor& logits, double temperature,
                                                  int64_t k, double p) {
   TORCH_CHECK(logits.dim() == 1 && logits.scalar_type() == at::kFloat,
@@ -145,35 +145,32 @@ std::tuple<at::Tensor, at::Tensor> sample_filter(const at::Tensor& logits, doubl
   for (int64_t i = 0; i < size; ++i) scores[i] = raw[i] / t;  // torch's `scores / t`
   std::vector<int64_t> top(k + 1);
   top_k_row(scores.data(), size, k + 1, top.data());
-  at::Tensor probs = at::zeros({size}, x.options());
   if (!(scores[top[k]] < scores[top[k - 1]]))  // a tie at the edge
-    return {probs, at::empty({0}, x.options().dtype(at::kLong))};
-  // top-p: the k scores ascending, their softmax, its running sum (as keep_top_p)
+    return {at::empty({0}, x.options()), at::empty({0}, x.options().dtype(at::kLong))};
+  // e^(score - largest) of the k, largest first
+  const float largest = scores[top[0]];
+  std::vector<float> shares(k);
+  for (int64_t j = 0; j < k; ++j) shares[j] = std::exp(scores[top[j]] - largest);
+  // top-p: those shares ascending, over their sum, added up (as keep_top_p)
   int64_t count = k;
   if (p < 1.0) {
-    const float largest = scores[top[0]];
     double total = 0.0;
-    std::vector<float> shares(k);
-    for (int64_t j = 0; j < k; ++j) {
-      shares[j] = std::exp(scores[top[k - 1 - j]] - largest);
-      total += shares[j];
-    }
+    for (int64_t j = k - 1; j >= 0; --j) total += shares[j];
     const float limit = static_cast<float>(1.0 - p);
     double running = 0.0;
     int64_t dropped = 0;
-    for (int64_t j = 0; j < k - 1; ++j) {  // the largest is never dropped
+    for (int64_t j = k - 1; j > 0; --j) {  // the largest is never dropped
       running += shares[j] / total;
       if (static_cast<float>(running) > limit) break;
       ++dropped;
     }
     count = k - dropped;
   }
-  const float largest = scores[top[0]];
   double total = 0.0;
-  for (int64_t j = 0; j < count; ++j) total += std::exp(scores[top[j]] - largest);
+  for (int64_t j = 0; j < count; ++j) total += shares[j];
+  at::Tensor probs = at::zeros({size}, x.options());
   float* out = probs.data_ptr<float>();
-  for (int64_t j = 0; j < count; ++j)
-    out[top[j]] = static_cast<float>(std::exp(scores[top[j]] - largest) / total);
+  for (int64_t j = 0; j < count; ++j) out[top[j]] = static_cast<float>(shares[j] / total);
   std::vector<int64_t> support(top.begin(), top.begin() + k);
   std::sort(support.begin(), support.end());
   at::Tensor kept = at::empty({k}, x.options().dtype(at::kLong));
