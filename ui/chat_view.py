@@ -48,7 +48,7 @@ from ui.conversation import (
     Truncated,
 )
 from ui.reply_stats import stats_line
-from ui.style import ChatColors, chat_colors, document_css
+from ui.style import FLAT_SCROLL_BAR_CSS, ChatColors, chat_colors, document_css
 
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System prompt"}
 BUBBLE_INDENT = 48  # px: user messages lean right, replies left, like chat bubbles
@@ -102,6 +102,7 @@ class ChatView(QTextBrowser):
         super().__init__(parent)
         self.setOpenExternalLinks(True)
         self.setUndoRedoEnabled(False)
+        self.verticalScrollBar().setStyleSheet(FLAT_SCROLL_BAR_CSS)
         self._colors = chat_colors(self.palette())
         self.document().setDefaultStyleSheet(document_css(self._colors))
         self.document().setDocumentMargin(8)

@@ -47,3 +47,19 @@ def document_css(colors: ChatColors) -> str:
         th {{ background-color: {colors.code.name()}; }}
         a {{ text-decoration: underline; }}
     """
+
+
+# The chat's scroll bar repaints with every streamed update (its range grows with the text).
+# The platform's own style draws it with gradients and arrow buttons, at about a millisecond a
+# paint; this flat one, in the palette's colours, paints in a few hundredths of that.
+FLAT_SCROLL_BAR_CSS = """
+QScrollBar:vertical { background: palette(base); width: 12px; margin: 0; }
+QScrollBar::handle:vertical {
+    background: palette(mid); min-height: 24px; border-radius: 4px; margin: 2px;
+}
+QScrollBar::handle:vertical:hover, QScrollBar::handle:vertical:pressed {
+    background: palette(dark);
+}
+QScrollBar::add-line:vertical, QScrollBar::sub-line:vertical { height: 0; }
+QScrollBar::add-page:vertical, QScrollBar::sub-page:vertical { background: none; }
+"""

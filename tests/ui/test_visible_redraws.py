@@ -19,6 +19,8 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QProgressBar,
+    QStyle,
+    QStyleOptionSlider,
     QVBoxLayout,
     QWidget,
 )
@@ -420,9 +422,34 @@ def test_streamed_chat_text_is_drawn_once_per_stream_frame(qtbot):
     assert view.document().toPlainText().count("Hello world! more") == 1
 
 
+def test_the_chats_scroll_bar_is_a_flat_handle_without_arrow_buttons(qtbot):
+    """Each streamed update repaints the chat's scroll bar (its range grows): the flat one has
+    no arrow buttons, only a handle that still spans the part of the text in view."""
+    view = ChatView(Conversation())
+    qtbot.addWidget(view)
+    view.resize(300, 200)
+    view.show()
+    view.conversation.add_user("line\n" * 30, GenerationSettings(), None)
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0, timeout=5000)
+    option = QStyleOptionSlider()
+    option.initFrom(bar)
+    option.orientation = Qt.Orientation.Vertical
+    option.minimum, option.maximum = bar.minimum(), bar.maximum()
+    option.sliderPosition = option.sliderValue = bar.value()
+    option.pageStep = bar.pageStep()
+    option.subControls = QStyle.SubControl.SC_All
+    style, control = bar.style(), QStyle.ComplexControl.CC_ScrollBar
+    for button in (QStyle.SubControl.SC_ScrollBarAddLine, QStyle.SubControl.SC_ScrollBarSubLine):
+        assert style.subControlRect(control, option, button, bar).height() == 0
+    handle = style.subControlRect(control, option, QStyle.SubControl.SC_ScrollBarSlider, bar)
+    shown = bar.pageStep() / (bar.maximum() - bar.minimum() + bar.pageStep())
+    assert handle.height() == pytest.approx(shown * bar.height(), abs=6)
+
+
 def test_streamed_text_waits_for_a_longer_frame_within_its_bounds(qtbot):
-    """A window over its CPU budget draws streamed text less often, never under 4 times a
-    second nor over 10."""
+    """A window over its CPU budget draws streamed text less often, never under twice a
+    second nor over 10 times."""
     conversation = Conversation()
     view = ChatView(conversation)
     qtbot.addWidget(view)
