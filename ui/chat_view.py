@@ -53,7 +53,7 @@ from ui.style import FLAT_SCROLL_BAR_CSS, ChatColors, chat_colors, document_css
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System prompt"}
 BUBBLE_INDENT = 48  # px: user messages lean right, replies left, like chat bubbles
 STREAM_FRAME_MS = 100  # streamed text is drawn at most 10 times a second
-SLOWEST_STREAM_FRAME_MS = 250  # ... and at least 4 times a second
+SLOWEST_STREAM_FRAME_MS = 500  # ... and at least twice a second, as the panels at their slowest
 
 _CODE_BLOCK = re.compile(r"<pre><code(?: class=\"[^\"]*\")?>(.*?)</code></pre>", re.DOTALL)
 

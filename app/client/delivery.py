@@ -2,7 +2,7 @@
 
 Events are not sent as one queued signal per token: at hundreds of tokens per second that floods
 the GUI event loop. The thread that receives them from the engine appends them to a locked
-buffer instead (`push`), and a GUI-thread QTimer drains it 4 to 30 times a second, handing
+buffer instead (`push`), and a GUI-thread QTimer drains it 2 to 30 times a second, handing
 batches to `deliver`. A job's end is marked with the number of events pushed by then (`end_at`),
 and `reached(job)` is called once that many were delivered: listeners see a reply's Finished
 before they hear that its job ended.
@@ -33,11 +33,12 @@ from engine.events import Event, PrefillDone, StepRows, Token
 log = logging.getLogger(__name__)
 
 DRAIN_INTERVAL_MS = 33  # ~30 Hz: one GUI update per frame whatever the token rate
-# The longest interval `set_interval` takes: 4 deliveries a second, as often as the chat view
-# draws streamed text at its slowest (ui.chat_view.SLOWEST_STREAM_FRAME_MS). A window over its
-# CPU budget draws no more often than that, and each delivery has a cost of its own (the
-# engine's message, the receiving thread's wake-up, the listeners' calls) beside its tokens'.
-SLOWEST_DRAIN_MS = 250
+# The longest interval `set_interval` takes: 2 deliveries a second, as often as the chat view
+# draws streamed text and the panels draw at their slowest (ui.chat_view.SLOWEST_STREAM_FRAME_MS,
+# ui.panels.docks.SLOWEST_FRAME_MS). A window over its CPU budget draws no more often than
+# that, and each delivery has a cost of its own (the engine's message, the receiving thread's
+# wake-up, the listeners' calls) beside its tokens'.
+SLOWEST_DRAIN_MS = 500
 # Wall time one drain may spend delivering before the event loop runs again. Twice this, a busy
 # machine stretched a drain and the frame queued behind it into long stalls; at this budget
 # the stream is as fast and the stalls shorter.

@@ -19,8 +19,8 @@ MAX_UNSENT_WEIGHT = 8 * 2**20  # a generation waits while this much is not yet w
 # thread, which then takes a core from the engine: a few tokens a message cost that thread
 # less than one message per token.
 TOKEN_INTERVAL_S = 0.033
-# The longest a client may ask for (wire.Cadence): the window's slowest delivery (4 a second).
-SLOWEST_TOKEN_INTERVAL_S = 0.25
+# The longest a client may ask for (wire.Cadence): the window's slowest delivery (2 a second).
+SLOWEST_TOKEN_INTERVAL_S = 0.5
 
 SENDER_THREAD = "engine-send"  # the thread's name for the OS
 Write = Callable[[Reply, int], object]  # (reply, weight): sends it; OSError once nobody reads
