@@ -22,7 +22,7 @@ from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MOSAIC_LEVELS
 from ui.panels.pooled_rows import DISPLAY_KEYS, DISPLAY_ROWS
 from ui.panels.state import AttentionRows, GrowableArray
 from ui.panels.state.attention import DROP_BLOCK
-from ui.panels.timing import WITH_CACHE, WITHOUT_CACHE, cache_label
+from ui.panels.timing import WITH_CACHE, WITHOUT_CACHE, cache_label, format_seconds
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BYTES = 2, 4, 2, 8, 4
 PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * BYTES  # 256 bytes for all layers
@@ -415,6 +415,22 @@ def test_step_curve_has_one_point_per_decode_step(view, rng):
     assert widths["decode"] == pytest.approx(done.decode_s)
 
 
+def test_hovering_a_timeline_bar_names_its_phase_and_duration(view, rng):
+    run_reply(view, rng, count=4)
+    run_reply(view, rng, count=6)
+    view.redraw(force=True)
+    chart = view.timing.timeline
+    chart.resize(500, 200)
+    area = chart.plot_rect()
+    reply = view.state.replies[1]
+    start = reply.tokenize_s + reply.prefill_s + reply.first_token_extra_s
+    top, height = chart.row_band(1, area)
+    middle = chart.x_at(start + reply.finished.decode_s / 2, area)
+    said = chart.describe_at(QPointF(middle, top + height / 2))
+    assert said == f"turn 2: decode {format_seconds(reply.finished.decode_s)}"
+    assert chart.describe_at(QPointF(middle, area.bottom() - 1)) == ""  # under the last row
+
+
 def test_while_a_reply_decodes_only_its_decode_bar_is_set_again(view, rng, monkeypatch):
     from ui.panels import redraw
 
@@ -459,15 +475,28 @@ def test_turn_bars_split_reused_and_prefilled_tokens(view, rng):
     assert (x[0], x[1]) == (3, 5) and y[0] == 3 * PER_TOKEN  # cache kept 3 tokens, then a jump
 
 
-def test_the_turns_ttft_points_keep_one_symbol_however_many_turns(view, rng):
-    """Each turn drawn reuses the TTFT symbol: the points' atlas holds one rendering, not one
-    more per turn (a new pen or brush per setData rendered and packed it again each time)."""
-    for _turn in range(6):
+def test_the_turns_chart_draws_its_axes_again_only_when_they_change(view, rng):
+    """Each turn's TTFT is a point of the chart; its axes, labels and title are kept as
+    pixels while the turns and ranges stay, and drawn again when a turn is added."""
+    chart = view.timing.turns_plot
+    chart.resize(500, 300)
+    for _turn in range(3):
         run_reply(view, rng, count=2)
-        view.redraw(force=True)
-    _x, ttft = view.timing.ttft_curve.getData()
-    assert len(ttft) == 6
-    assert len(view.timing.ttft_curve.scatter.fragmentAtlas) == 1
+    view.redraw(force=True)
+    turns, ttft = view.timing.ttft_curve.getData()
+    np.testing.assert_array_equal(turns, [0, 1, 2])
+    np.testing.assert_array_equal(ttft, [reply.ttft_s for reply in view.state.replies])
+    chart.grab()
+    drawn = chart.frames_drawn
+    chart.grab()
+    view.redraw(force=True)
+    chart.grab()
+    assert chart.frames_drawn == drawn  # nothing changed: the kept pixels
+    run_reply(view, rng, count=2)
+    view.redraw(force=True)
+    chart.grab()
+    assert chart.frames_drawn == drawn + 1  # a fourth turn: its label, and the columns move
+    assert "turn 4" in chart.describe_turn(3) and "prefilled" in chart.describe_turn(3)
 
 
 def test_compare_overlays_the_previous_reply_with_labels(view, rng):
@@ -607,12 +636,11 @@ def test_a_turns_ttft_shows_over_its_prompt_bar(view, rng):
     panel.redraw()
     ttft = view.state.replies[1].ttft_s
     bar_top = view.state.replies[1].reused_tokens + view.state.replies[1].processed_tokens
-    plot = panel.turns_plot.getPlotItem()
-    point = panel.ttft_view.mapViewToScene(QPointF(1.0, ttft))
-    assert point.y() > plot.vb.mapViewToScene(QPointF(1.0, bar_top)).y()  # inside the bar
-    image = panel.turns_plot.grab().toImage()
-    pixel = panel.turns_plot.mapFromScene(point)
-    colour = image.pixelColor(pixel.x(), pixel.y())
+    chart = panel.turns_plot
+    point = chart.point_at(1.0, ttft)
+    assert point.y() > chart.y_at(bar_top, chart.plot_rect())  # inside the bar
+    image = chart.grab().toImage()
+    colour = image.pixelColor(round(point.x()), round(point.y()))
     assert colour.red() > 150 and colour.blue() < 120, colour.name()  # the red point, not blue
 
 

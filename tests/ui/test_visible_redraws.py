@@ -661,9 +661,10 @@ def test_axes_keep_their_pixels_between_frames_and_repaint_when_their_range_chan
     assert axes, "the panels have axes"
     cached = QGraphicsItem.CacheMode.DeviceCoordinateCache
     assert all(axis.cacheMode() == cached for axis in axes)
-    axis = view.timing.turns_plot.getPlotItem().getAxis("bottom")
+    plot = view.roofline.plot_widget.getPlotItem()
+    axis = plot.getAxis("bottom")
     axis.picture = object()  # what a range change clears, so the ticks are drawn anew
-    view.timing.turns_plot.getPlotItem().setXRange(0, 1234)
+    plot.setXRange(0, 1234)
     assert axis.picture is None
     view.timer.stop()
 
@@ -870,42 +871,6 @@ def test_docks_shown_again_draw_in_the_timers_slices(qtbot, docked, rng, monkeyp
         view.docks[name].show()
     qtbot.waitUntil(lambda: all(docked.counts[n] > before[n] for n in PANELS), timeout=3000)
     assert not view.timer.isActive()  # the timer took no part: the showing asked for it
-
-
-def test_bars_measure_their_bounds_once_per_change(qtbot, monkeypatch):
-    """The reply timeline's bars: Qt asks their bounding rectangle several times a paint;
-    it is worked out again only when the bars or the view's transform change, and is then
-    what pyqtgraph's own measure gives."""
-    from ui.panels.ranges import Bars
-
-    widget = pg.PlotWidget()
-    qtbot.addWidget(widget)
-    bars = Bars(x0=[0.0, 1.0], y=[0.0, 1.0], width=[1.0, 2.0], height=0.6, pen=None)
-    widget.addItem(bars)
-    widget.resize(300, 200)
-    widget.show()
-    qtbot.waitExposed(widget)
-    QApplication.processEvents()
-    measured: list[int] = []
-    measure = pg.BarGraphItem.boundingRect
-
-    def counted(item):
-        measured.append(1)
-        return measure(item)
-
-    monkeypatch.setattr(pg.BarGraphItem, "boundingRect", counted)
-    first = bars.boundingRect()
-    for _ in range(5):
-        assert bars.boundingRect() == first
-    assert len(measured) <= 1
-    bars.setOpts(width=[1.0, 5.0])  # the decode bar grew
-    grown = bars.boundingRect()
-    assert grown == measure(bars) and grown.right() > first.right()
-    before = len(measured)
-    widget.getPlotItem().setXRange(0, 100, padding=0)  # the view zoomed out: pixels got wider
-    widget.getPlotItem().vb.updateMatrix()
-    assert bars.boundingRect() == measure(bars)
-    assert len(measured) == before + 1
 
 
 def test_the_roofline_cloud_renders_its_symbol_once(qtbot):

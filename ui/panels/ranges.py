@@ -7,10 +7,7 @@ with headroom is set once and kept while the data fits it, so most frames repain
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import pyqtgraph as pg
 
 GROW = 1.25  # a new range leaves this much room for the data to grow into
 
@@ -41,15 +38,6 @@ class AxisLimit:
         return changed
 
 
-def growing_curve(**style: Any) -> pg.PlotDataItem:
-    """A curve for a series that grows every token; give it `decimate`d data.
-
-    pyqtgraph's own downsampling drops the last points that do not fill a whole bin (the
-    newest tokens, up to one bin of them), and its constructor ignores the option anyway.
-    """
-    return pg.PlotDataItem(skipFiniteCheck=True, **style)
-
-
 def decimate(
     x: np.ndarray, y: np.ndarray, pixels: float, peak: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -75,28 +63,3 @@ def decimate(
         xs, ys = starts, y[:whole:step]
     tail = slice(whole, count) if whole < count else slice(count - 1, count)
     return np.concatenate([xs, x[tail]]), np.concatenate([ys, y[tail]])
-
-
-class Bars(pg.BarGraphItem):  # type: ignore[misc]  # pyqtgraph is untyped
-    """A BarGraphItem that works out its bounding rectangle once per change of its bars or of
-    the view's transform. pyqtgraph's measured its pixel padding (a device transform, in
-    Python) on each of the several calls Qt makes per paint: a third of the reply timeline's
-    paint while its decode bar grew."""
-
-    def __init__(self, **opts: Any) -> None:
-        self._bounds: Any = None  # set before the base class, whose __init__ sets the bars
-        super().__init__(**opts)
-
-    def setOpts(self, **opts: Any) -> None:
-        self._bounds = None
-        super().setOpts(**opts)
-
-    def viewTransformChanged(self) -> None:
-        self._bounds = None
-        self.prepareGeometryChange()
-        super().viewTransformChanged()
-
-    def boundingRect(self) -> Any:
-        if self._bounds is None:
-            self._bounds = super().boundingRect()
-        return self._bounds

@@ -7,14 +7,14 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
+from ui.panels.bar_chart import BarSet, TimelineChart, TurnsChart, format_duration
 from ui.panels.empty import fill_with_pages
 from ui.panels.key import key_label
 from ui.panels.line_chart import LineChart, Series
-from ui.panels.ranges import AxisLimit, Bars, decimate
+from ui.panels.ranges import AxisLimit, decimate
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import StatePanel, Throttle
 from ui.panels.state import TIMING, InternalsState, ReplyTiming
@@ -71,9 +71,7 @@ def phase_seconds(reply: ReplyTiming) -> tuple[float, float, float, float]:
 
 
 def format_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+    return "–" if seconds is None else format_duration(seconds)
 
 
 def summary_html(reply: ReplyTiming | None, error: str | None = None) -> str:
@@ -104,17 +102,13 @@ class TimingPanel(StatePanel):
         super().__init__(state, TIMING, parent)
         self._legend_names: tuple[str, ...] = ()
         self._turns_drawn: tuple[object, ...] | None = None
-        self._timeline_turns: tuple[str, ...] | None = None
         self._bars_drawn: dict[str, tuple[np.ndarray, ...]] = {}  # per phase: x0, y, width
         # When the timeline was drawn, and which replies it showed (see _timeline_shape).
         self._timeline_throttle = Throttle()
-        # Ranges set when the data outgrows them (auto-range would re-measure every frame).
+        # Ranges set when the data outgrows them: a frame that only grows a bar or a curve
+        # draws no axis again. A new chat's first turn like the last chat's keeps its axes.
         self._timeline_x, self._steps_x, self._steps_y = AxisLimit(), AxisLimit(), AxisLimit()
-        # The turns chart's prompt and TTFT axes, and its turn labels, as drawn: a new chat's
-        # first turn like the last chat's keeps its axes (a changed axis lays out and paints
-        # its ticks and labels again, the chart's dearest part).
         self._turns_y, self._ttft_y = AxisLimit(), AxisLimit()
-        self._turn_ticks: list[tuple[int, str]] | None = None
         self.numbers = QLabel(summary_html(None))
         self.numbers.setTextFormat(Qt.TextFormat.RichText)
         self.numbers.setWordWrap(True)
@@ -136,19 +130,12 @@ class TimingPanel(StatePanel):
 
     # -- construction ------------------------------------------------------------------------
 
-    def _build_timeline(self) -> pg.PlotWidget:
-        self.timeline = pg.PlotWidget(title=f"Reply timeline (the latest {TIMELINE_REPLIES})")
+    def _build_timeline(self) -> TimelineChart:
+        self.timeline = TimelineChart(f"Reply timeline (the latest {TIMELINE_REPLIES})")
         self.timeline.setMinimumHeight(90)
-        plot = self.timeline.getPlotItem()
-        plot.setLabel("bottom", "time", units="s")
-        plot.invertY(True)
-        plot.setMouseEnabled(x=True, y=False)
-        plot.disableAutoRange()
-        self.phase_bars: dict[str, Bars] = {}
-        for name, colour in PHASES:
-            bar = Bars(x0=[], y=[], width=[], height=0.6, brush=colour, pen=None)
-            plot.addItem(bar)
-            self.phase_bars[name] = bar
+        self.phase_bars: dict[str, BarSet] = {
+            name: self.timeline.add_bars(name, colour) for name, colour in PHASES
+        }
         self.phase_key = key_label([(colour, name) for name, colour in PHASES])
         return self.timeline
 
@@ -162,56 +149,41 @@ class TimingPanel(StatePanel):
         self.previous_curve.setVisible(False)
         return self.steps_plot
 
-    def _build_turns(self) -> pg.PlotWidget:
-        self.turns_plot = pg.PlotWidget(
-            title="Prompt per turn: <span style='color:#a0a0a0'>reused from the cache</span>, "
-            "<span style='color:#4285f4'>prefilled</span>, "
-            "<span style='color:#d93025'>TTFT</span>"
+    def _build_turns(self) -> TurnsChart:
+        self.turns_plot = TurnsChart(
+            (
+                ("Prompt per turn: ", (200, 200, 200)),
+                ("reused from the cache", REUSED_BRUSH),
+                (", ", (200, 200, 200)),
+                ("prefilled", PROCESSED_BRUSH),
+                (", ", (200, 200, 200)),
+                ("TTFT", TTFT_COLOUR),
+            ),
+            "prompt tokens",
+            "TTFT",
         )
         self.turns_plot.setToolTip(
             "Grey: prompt tokens reused from the KV cache (not recomputed). Blue: tokens "
             "prefilled now. Later turns only prefill what is new, so their TTFT stays short."
         )
+        self.turns_plot.describe_turn = self._describe_turn
         self.turns_plot.setMinimumHeight(120)
-        plot = self.turns_plot.getPlotItem()
-        plot.setLabel("left", "prompt tokens")
-        plot.setMouseEnabled(x=False, y=False)
-        plot.disableAutoRange()
-        self.reused_bars = Bars(x=[], height=[], width=0.6, brush=REUSED_BRUSH)
-        self.processed_bars = Bars(x=[], y0=[], height=[], width=0.6, brush=PROCESSED_BRUSH)
-        plot.addItem(self.reused_bars)
-        plot.addItem(self.processed_bars)
-        # TTFT on a second y axis (right) sharing the turn axis.
-        self.ttft_view = pg.ViewBox()
-        plot.showAxis("right")
-        plot.scene().addItem(self.ttft_view)
-        # Over the plot, so the TTFT line shows over the bars, not behind them; it takes no
-        # drag or menu of its own (the chart's axes stay as drawn).
-        self.ttft_view.setZValue(plot.zValue() + 1)
-        self.ttft_view.setMouseEnabled(x=False, y=False)
-        self.ttft_view.setMenuEnabled(False)
-        plot.getAxis("right").linkToView(self.ttft_view)
-        plot.getAxis("right").setLabel("TTFT", units="s")
-        self.ttft_view.setXLink(plot)
-        # The symbol's pen and brush as objects made once: given as colours, each setData
-        # made new ones, and each new one was another entry in the points' symbol atlas,
-        # rendered and packed again (the atlas grew by one symbol per turn drawn).
-        self.ttft_curve = pg.PlotDataItem(
-            pen=pg.mkPen(TTFT_COLOUR, width=2),
-            symbol="o",
-            symbolSize=6,
-            symbolPen=pg.mkPen(TTFT_COLOUR),
-            symbolBrush=pg.mkBrush(TTFT_COLOUR),
-            connect="finite",
-        )
-        self.ttft_view.addItem(self.ttft_curve)
-        plot.vb.sigResized.connect(self._sync_ttft_view)
+        self.turns_plot.point_colour = TTFT_COLOUR
+        self.reused_bars = self.turns_plot.add_bars(REUSED_BRUSH)
+        self.processed_bars = self.turns_plot.add_bars(PROCESSED_BRUSH)
+        self.ttft_curve = self.turns_plot  # its points: getData() as a curve's
         return self.turns_plot
 
-    def _sync_ttft_view(self) -> None:
-        plot = self.turns_plot.getPlotItem()
-        self.ttft_view.setGeometry(plot.vb.sceneBoundingRect())
-        self.ttft_view.linkedViewChanged(plot.vb, self.ttft_view.XAxis)
+    def _describe_turn(self, index: int) -> str:
+        replies = self._state.replies
+        if not 0 <= index < len(replies):
+            return ""
+        reply = replies[index]
+        return (
+            f"{reply.turn}: {reply.reused_tokens + reply.processed_tokens} prompt tokens, "
+            f"{reply.reused_tokens} reused from the cache, {reply.processed_tokens} prefilled; "
+            f"TTFT {format_seconds(reply.ttft_s)}"
+        )
 
     # -- public ----------------------------------------------------------------------------
 
@@ -267,15 +239,10 @@ class TimingPanel(StatePanel):
             if drawn is None or not all(map(np.array_equal, bars, drawn)):
                 self._bars_drawn[name] = bars
                 self.phase_bars[name].setOpts(x0=bars[0], y=bars[1], width=bars[2])
-        plot = self.timeline.getPlotItem()
         total = float(phases.sum(axis=1).max()) if len(replies) else 0.0
-        if self._timeline_x.update(total):
-            plot.setXRange(0, self._timeline_x.limit, padding=0)
-        turns = tuple(r.turn for r in replies)
-        if turns != self._timeline_turns:  # a new reply: new labels, one more row
-            self._timeline_turns = turns
-            plot.getAxis("left").setTicks([list(enumerate(turns))])
-            plot.setYRange(-0.5, max(len(turns), 1) - 0.5, padding=0.05)
+        self._timeline_x.update(total)
+        self.timeline.set_x_limit(self._timeline_x.limit)
+        self.timeline.set_rows([r.turn for r in replies])
 
     def _draw_selected_step(self) -> None:
         state = self._state
@@ -337,19 +304,13 @@ class TimingPanel(StatePanel):
         ttft = np.array(
             [np.nan if r.ttft_s is None else r.ttft_s for r in replies], dtype=np.float64
         )
-        self.reused_bars.setOpts(x=turns, height=reused)
+        self.reused_bars.setOpts(x=turns, y0=np.zeros_like(turns), height=reused)
         self.processed_bars.setOpts(x=turns, y0=reused, height=processed)
         finite = np.isfinite(ttft)  # a reply that failed before its first token has none
-        self.ttft_curve.setData(turns[finite], ttft[finite])
-        plot = self.turns_plot.getPlotItem()
-        ticks = turn_ticks(replies)
-        if ticks != self._turn_ticks:
-            self._turn_ticks = ticks
-            plot.getAxis("bottom").setTicks([ticks])
+        self.turns_plot.set_points(turns[finite], ttft[finite])
         self._turns_y.update(float((reused + processed).max()) if len(replies) else 0.0)
-        x_range = (-0.5, max(len(replies), 1) - 0.5)
-        plot.setRange(xRange=x_range, yRange=(0, self._turns_y.limit))  # unchanged: no work
         if finite.any():
             self._ttft_y.update(float(ttft[finite].max()))
-            self.ttft_view.setYRange(0, self._ttft_y.limit, padding=0)
-        self._sync_ttft_view()
+        self.turns_plot.set_axes(
+            len(replies), self._turns_y.limit, self._ttft_y.limit or 1.0, turn_ticks(replies)
+        )
