@@ -125,7 +125,7 @@ class Delivery(QObject):
 
     @Slot()
     def drain(self) -> None:
-        """Deliver buffered events; the timer calls this 4 to 30 times a second.
+        """Deliver buffered events; the timer calls this 2 to 30 times a second.
 
         Batches go out until the buffer is empty or DRAIN_BUDGET_S has passed; then the event
         loop gets its turn (paint, input, timers) and the rest follows right after.
