@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import QPointF
+from PySide6.QtCore import QPointF, Qt
 from PySide6.QtWidgets import QMainWindow
 
 from app.bench import synthetic
@@ -365,13 +365,32 @@ def test_overview_shows_mean_max_weight_and_click_selects(qtbot, view, rng):
     entropy = view.attention.overview_image.image
     assert np.all((entropy >= 0) & (entropy <= 1 + 1e-6))
     # Clicking cell (layer 1, head 3) selects it.
-    plot_view = view.attention.overview.getPlotItem().vb
-    view.attention.overview.resize(300, 300)
-    plot_view.setRange(xRange=(0, HEADS), yRange=(0, LAYERS), padding=0)
-    scene_point = plot_view.mapViewToScene(QPointF(3.5, 1.5))
-    assert view.attention.overview_cell(scene_point) == (1, 3)
-    view.attention.select(*view.attention.overview_cell(scene_point))
+    grid = view.attention.overview
+    grid.resize(300, 300)
+    area = grid.plot_rect()
+    point = QPointF(
+        area.left() + 3.5 / HEADS * area.width(), area.top() + 1.5 / LAYERS * area.height()
+    )
+    assert view.attention.overview_cell(point) == (1, 3)
+    assert view.attention.overview_cell(QPointF(area.left() - 2, point.y())) is None  # a label
+    qtbot.mouseClick(grid, Qt.MouseButton.LeftButton, pos=point.toPoint())
     assert (view.attention.selected_layer, view.attention.selected_head) == (1, 3)
+
+
+def test_the_overview_paints_its_lowest_and_highest_means_at_the_colour_tables_ends(view, rng):
+    run_reply(view, rng, count=3)
+    view.redraw(force=True)
+    grid = view.attention.overview
+    picture = grid.grab().toImage()  # at the size its panel's layout gives it
+    image, area = grid.image, grid.plot_rect()
+    lut = view.attention._lut
+    rows, columns = image.shape
+    for flat, end in ((int(image.argmin()), lut[0]), (int(image.argmax()), lut[-1])):
+        row, column = divmod(flat, columns)
+        x = area.left() + (column + 0.5) / columns * area.width()
+        y = area.top() + (row + 0.5) / rows * area.height()
+        colour = picture.pixelColor(round(x), round(y))
+        assert (colour.red(), colour.green(), colour.blue()) == tuple(int(c) for c in end[:3])
 
 
 def test_picking_an_unwatched_layer_requests_it(qtbot, rng):
@@ -961,3 +980,4 @@ def test_the_kv_chart_paints_the_cache_size_and_the_stacked_layers(qtbot, view, 
         QColor(0, 0, 0),
         QColor(70, 70, 70),  # a grid line
     )
+

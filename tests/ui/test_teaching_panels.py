@@ -243,12 +243,11 @@ def test_overview_shows_every_head_and_says_what_its_colour_means(view, rng):
     run_reply(view, rng, count=3)
     view.redraw(force=True)
     panel = view.attention
-    plot = panel.overview.getPlotItem()
-    (x_low, x_high), _y = plot.vb.viewRange()
-    assert x_low <= 0 and x_high >= 4  # all four heads in view
-    heads = [text for _position, text in plot.getAxis("bottom")._tickLevels[0]]
+    grid = panel.overview
+    assert grid.image is not None and grid.image.shape[1] == 4  # all four heads
+    heads = [text for _column, text in grid.column_labels]
     assert heads == ["0", "1", "2", "3"]  # each head labelled
-    assert plot.vb.sceneBoundingRect().right() <= panel.overview.width()
+    assert 0 < grid.plot_rect().right() <= grid.width()
     caption = panel.overview_caption.text()
     assert caption.startswith("Colour: mean max weight") and "strongest key" in caption
 

@@ -239,9 +239,9 @@ class AttentionPanel(StatePanel):
         slot, inside_y, inside_x = found
         return self.slots[slot], math.floor(inside_y * row_size), math.floor(inside_x * key_size)
 
-    def overview_cell(self, scene_position: QPointF) -> tuple[int, int] | None:
-        """The (layer, head) under a scene position of the overview, if any."""
-        return self.head_overview.cell(scene_position)
+    def overview_cell(self, position: QPointF) -> tuple[int, int] | None:
+        """The (layer, head) under a point of the overview's grid (`overview`), if any."""
+        return self.head_overview.cell(position)
 
     def head_tile(self, head: int) -> np.ndarray:
         """The weights the tile of `head` shows, one per display cell (colour scale undone)."""

@@ -1,18 +1,38 @@
 """The attention panel's overview: every watched layer x head as one image, coloured by a mean
 over the reply's rows (how much of a row its strongest key takes, or how evenly it spreads);
-a click on a cell opens that head in the mosaic above it."""
+a click on a cell opens that head in the mosaic above it.
+
+The grid is painted directly (`OverviewGrid`): its axes and labels kept as pixels until its
+size or shape changes, a paint is then one scaled copy of a few dozen cells. As a pyqtgraph
+plot each new picture repainted its scene, axes included.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
-import pyqtgraph as pg
-from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
-from PySide6.QtCore import QPointF, QRectF, Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import (
+    QFontMetrics,
+    QImage,
+    QMouseEvent,
+    QPainter,
+    QPaintEvent,
+    QPixmap,
+    QResizeEvent,
+)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
-from ui.panels.colour_image import ColourTableImage
+from ui.panels.line_chart import BACKGROUND, GRID, TEXT
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import Throttle
 from ui.panels.state import InternalsState
@@ -35,6 +55,140 @@ def label_step(count: int, pixels: float, label_pixels: float) -> int:
     return max(math.ceil(label_pixels / (pixels / count)), 1)
 
 
+class OverviewGrid(QWidget):
+    """Rows (layers) x columns (heads) of values, coloured through `lut` from `levels`, with
+    labelled axes. `image` is the grid as last set (None: nothing to show)."""
+
+    clicked = Signal(int, int)  # (row, column) of the cell clicked
+    resized = Signal()
+
+    def __init__(self, lut: np.ndarray, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.image: np.ndarray | None = None
+        self._colours = [int(c) for c in _argb(lut)]
+        self._picture: QImage | None = None
+        self.row_labels: tuple[tuple[int, str], ...] = ()  # (row, text) of the labelled rows
+        self.column_labels: tuple[tuple[int, str], ...] = ()
+        self._frame_pixmap: QPixmap | None = None
+        self._frame_key: tuple[object, ...] = ()
+        self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+
+    def set_image(self, grid: np.ndarray, levels: tuple[float, float]) -> None:
+        """Show `grid` [rows, columns], `levels[0]` darkest and `levels[1]` brightest."""
+        self.image = grid
+        low, high = levels
+        last = len(self._colours) - 1
+        index = np.clip((grid - low) / (high - low) * last, 0, last).astype(np.uint8)
+        index = np.ascontiguousarray(index)
+        rows, columns = index.shape
+        picture = QImage(index.data, columns, rows, columns, QImage.Format.Format_Indexed8)
+        picture.setColorTable(self._colours)
+        self._picture = picture.convertToFormat(QImage.Format.Format_RGB32)  # copies the data
+        self.update()
+
+    def clear(self) -> None:
+        self.image, self._picture = None, None
+        self.update()
+
+    def set_labels(
+        self, rows: Sequence[tuple[int, str]], columns: Sequence[tuple[int, str]]
+    ) -> None:
+        self.row_labels, self.column_labels = tuple(rows), tuple(columns)
+        self.update()
+
+    def plot_rect(self) -> QRectF:
+        """Where the cells are drawn: right of the layer labels, over the head labels."""
+        metrics = QFontMetrics(self.font())
+        line = metrics.height()
+        left = metrics.horizontalAdvance("layer 00") + 8
+        return QRectF(
+            left, 4, max(self.width() - left - 8, 1), max(self.height() - 2 * line - 10, 1)
+        )
+
+    def cell_at(self, point: QPointF) -> tuple[int, int] | None:
+        """The (row, column) under a point of the widget, if any."""
+        if self.image is None:
+            return None
+        area = self.plot_rect()
+        if not area.contains(point):
+            return None
+        rows, columns = self.image.shape
+        row = math.floor((point.y() - area.top()) / area.height() * rows)
+        column = math.floor((point.x() - area.left()) / area.width() * columns)
+        return (row, column) if 0 <= row < rows and 0 <= column < columns else None
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self.resized.emit()
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        cell = self.cell_at(event.position())
+        if cell is not None and event.button() == Qt.MouseButton.LeftButton:
+            self.clicked.emit(*cell)
+        super().mousePressEvent(event)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.drawPixmap(0, 0, self._frame())
+        if self._picture is not None:
+            painter.drawImage(self.plot_rect(), self._picture)
+        painter.end()
+
+    def _frame(self) -> QPixmap:
+        """Background, axes and labels, drawn again when the size or the labels change."""
+        shape = None if self.image is None else self.image.shape
+        key = (
+            self.size(),
+            self.devicePixelRatioF(),
+            self.font(),
+            shape,
+            self.row_labels,
+            self.column_labels,
+        )
+        if key != self._frame_key or self._frame_pixmap is None:
+            ratio = self.devicePixelRatioF()
+            pixmap = QPixmap(self.size() * ratio)
+            pixmap.setDevicePixelRatio(ratio)
+            painter = QPainter(pixmap)
+            painter.setFont(self.font())
+            painter.fillRect(self.rect(), BACKGROUND)
+            self._draw_axes(painter, shape)
+            painter.end()
+            self._frame_pixmap, self._frame_key = pixmap, key
+        return self._frame_pixmap
+
+    def _draw_axes(self, painter: QPainter, shape: tuple[int, ...] | None) -> None:
+        area = self.plot_rect()
+        line = painter.fontMetrics().height()
+        painter.setPen(GRID)
+        painter.drawRect(area.adjusted(-1, -1, 0, 0))
+        if shape is None:
+            return
+        rows, columns = shape
+        painter.setPen(TEXT)
+        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+        for row, text in self.row_labels:
+            y = area.top() + (row + 0.5) / rows * area.height()
+            painter.drawText(QRectF(0, y - line / 2, area.left() - 4, line), right, f"layer {text}")
+        for column, text in self.column_labels:
+            x = area.left() + (column + 0.5) / columns * area.width()
+            painter.drawText(
+                QRectF(x - 20, area.bottom() + 2, 40, line), Qt.AlignmentFlag.AlignHCenter, text
+            )
+        painter.drawText(
+            QRectF(area.left(), area.bottom() + line + 2, area.width(), line),
+            Qt.AlignmentFlag.AlignHCenter,
+            "head",
+        )
+
+
+def _argb(lut: np.ndarray) -> np.ndarray:
+    """0xAARRGGBB of each row of an RGB(A) colour table."""
+    rgb = np.asarray(lut, dtype=np.uint32)[:, :3]
+    return 0xFF000000 | (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
+
+
 class HeadOverview(QWidget):
     """The layer x head image with its measure choice and a caption saying what it shows.
 
@@ -55,13 +209,13 @@ class HeadOverview(QWidget):
         self.measure_choice = QComboBox()
         self.measure_choice.addItems(list(MEASURES))
         self.measure_choice.currentIndexChanged.connect(lambda _index: self.changed.emit())
-        self.plot = pg.PlotWidget()
+        self.plot = OverviewGrid(lut)
         self.plot.setMinimumHeight(90)
-        self.image = ColourTableImage(axisOrder="row-major")
-        self.image.setLookupTable(lut)
+        self.plot.clicked.connect(self._on_click)
+        self.plot.resized.connect(self._on_resized)
+        self.image = self.plot  # the grid as last drawn: `image.image` (the tests read it)
         self.caption = QLabel("")
         self.caption.setWordWrap(True)
-        self._build_plot()
         measure_row = QHBoxLayout()
         measure_row.addWidget(QLabel("Every watched layer × head, coloured by"))
         measure_row.addWidget(self.measure_choice)
@@ -72,17 +226,9 @@ class HeadOverview(QWidget):
         layout.addWidget(self.plot, 1)
         layout.addWidget(ReadoutBox(self.caption))
 
-    def _build_plot(self) -> None:
-        plot = self.plot.getPlotItem()
-        plot.setLabel("bottom", "head")
-        plot.setLabel("left", "layer")
-        plot.invertY(True)
-        plot.setMouseEnabled(x=False, y=False)
-        plot.disableAutoRange()
-        plot.setMenuEnabled(False)
-        plot.addItem(self.image)
-        self.plot.scene().sigMouseClicked.connect(self._on_click)
-        plot.vb.sigResized.connect(self._on_resized)
+    def _on_resized(self) -> None:
+        if self._key:  # the labels that fit may have changed
+            self.changed.emit()
 
     def wants_drawing(self) -> bool:
         """New statistics arrived since it was drawn, and it is due."""
@@ -112,7 +258,7 @@ class HeadOverview(QWidget):
         measure = MEASURES[self.measure_choice.currentText()]
         self.layers = layers = tuple(sorted(stats))
         if not layers:
-            self.image.clear()
+            self.plot.clear()
             self.caption.setText("")
             self._key = ()
             return
@@ -123,7 +269,7 @@ class HeadOverview(QWidget):
             grid[row, : values.size] = values
         low, high = float(grid.min()), float(grid.max())
         high = max(high, low + 1e-6)  # spread the colours over the values present
-        self.image.setImage(grid, levels=(low, high), autoLevels=False)
+        self.plot.set_image(grid, (low, high))
         self.caption.setText(
             f"Colour: {self.measure_choice.currentText()} per head over this reply's rows, "
             f"{MEANINGS[measure]}. Dark {low:.3g}, bright {high:.3g}. Click a cell to open "
@@ -134,38 +280,22 @@ class HeadOverview(QWidget):
     def _set_ticks(self, layers: tuple[int, ...], heads: int) -> None:
         """Label every head (layer) when there is room, every other (or fewer) when narrow:
         labels drawn on top of each other read as none."""
-        box = self.plot.getPlotItem().vb.size()
+        box = self.plot.plot_rect()
         line = self.fontMetrics().height()
         head_step = label_step(heads, box.width(), self.fontMetrics().horizontalAdvance("00 "))
         layer_step = label_step(len(layers), box.height(), line)
         key = (layers, heads, head_step, layer_step)
-        if key == self._key:  # ticks and range change with the shape only
+        if key == self._key:  # labels change with the shape only
             return
         self._key = key
-        plot = self.plot.getPlotItem()
-        self.image.setRect(QRectF(0, 0, heads, len(layers)))
-        plot.setRange(xRange=(0, heads), yRange=(0, len(layers)), padding=0)
-        ticks = [(i + 0.5, str(layers[i])) for i in range(0, len(layers), layer_step)]
-        plot.getAxis("left").setTicks([ticks])
-        head_ticks = [(h + 0.5, str(h)) for h in range(0, heads, head_step)]
-        plot.getAxis("bottom").setTicks([head_ticks])
+        rows = [(i, str(layers[i])) for i in range(0, len(layers), layer_step)]
+        self.plot.set_labels(rows, [(h, str(h)) for h in range(0, heads, head_step)])
 
-    def _on_resized(self) -> None:
-        if self._key:  # the labels that fit may have changed
-            self.changed.emit()
+    def cell(self, position: QPointF) -> tuple[int, int] | None:
+        """The (layer, head) under a point of the grid widget (`plot`), if any."""
+        cell = self.plot.cell_at(position)
+        return None if cell is None else (self.layers[cell[0]], cell[1])
 
-    def cell(self, scene_position: QPointF) -> tuple[int, int] | None:
-        """The (layer, head) under a scene position of the overview, if any."""
-        view = self.plot.getPlotItem().vb
-        if not self.layers or not view.sceneBoundingRect().contains(scene_position):
-            return None
-        point = view.mapSceneToView(scene_position)
-        row, head = math.floor(point.y()), math.floor(point.x())
-        if 0 <= row < len(self.layers) and 0 <= head < self.image.width():
-            return self.layers[row], head
-        return None
-
-    def _on_click(self, event: MouseClickEvent) -> None:
-        cell = self.cell(event.scenePos())
-        if cell is not None:
-            self.picked.emit(*cell)
+    def _on_click(self, row: int, head: int) -> None:
+        if row < len(self.layers):
+            self.picked.emit(self.layers[row], head)

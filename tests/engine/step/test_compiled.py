@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 from app.bench import speed as benchmark
+from engine.disk import build_lock
 from engine.disk.cache_folder import default_cache_dir
 from engine.generate.session import ChatSession
 from engine.load.loader import LoadedModel, describe_fast
@@ -163,9 +165,14 @@ def assert_follows_the_eager_steps(
 def test_a_saved_step_is_loaded_by_the_attacher(compiled, tiny_gguf):
     model, path = compiled
     fresh = build(tiny_gguf)
+    temporary = list(Path(tempfile.gettempdir()).glob("aotinductor_*"))
     attacher = Attacher(fresh, tiny_gguf, path, default_cache_dir()).start()
     assert attacher.done.wait(120)
     assert attacher.error is None and fresh.decode_step is not None
+    # loaded from its files unpacked beside it: nothing in the temporary folder to outlive
+    # an engine process that is stopped
+    assert list(Path(tempfile.gettempdir()).glob("aotinductor_*")) == temporary
+    assert (path.parent / (path.name + compiled_decode.UNPACKED)).is_dir()
     tokens = list(range(100, 112))
     fresh_out, _ = decode(fresh, tokens, frozenset(), compiled=True)
     model_out, _ = decode(model, tokens, frozenset(), compiled=True)
@@ -399,7 +406,7 @@ def test_the_artifact_is_named_by_file_torch_cpu_plan_threads_and_version(
 
 
 # The step's code as STEP_VERSION was last set for: (STEP_VERSION, a hash of step_source()).
-PINNED = (4, "98b8be30a199")
+PINNED = (4, "329f788437d2")
 
 
 def step_source() -> str:
@@ -436,8 +443,13 @@ def test_saving_a_step_removes_the_ones_no_run_can_load(tiny_gguf, tmp_path):
     other_file = compiled_decode.artifact_path(tmp_path, "model", "def456", 2, model)
     for path in (kept_1t, saved_2t, older_code, older_torch, other_file):
         path.write_bytes(b"step")
+        (path.parent / (path.name + compiled_decode.UNPACKED)).mkdir()
+    partial = build_lock.partial_folder(saved_2t, pid=1)  # another process's build: its own
+    partial.mkdir()
     compiled_decode.remove_stale(saved_2t)
-    assert sorted(tmp_path.iterdir()) == sorted([kept_1t, saved_2t, other_file])
+    # the unpacked files go with their packages, and saved_2t's were of the package before
+    unpacked = [p.parent / (p.name + compiled_decode.UNPACKED) for p in (kept_1t, other_file)]
+    assert sorted(tmp_path.iterdir()) == sorted([kept_1t, saved_2t, other_file, *unpacked, partial])
 
 
 # -- the bundled model ---------------------------------------------------------------------------
