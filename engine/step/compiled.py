@@ -35,6 +35,7 @@ import os
 import shutil
 import sys
 import threading
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -242,13 +243,22 @@ def _example(model: GGUFLlama) -> tuple[StepInputs, tuple[Any, ...]]:
 
 def remove_stale(path: Path) -> None:
     """Delete the steps of the same file that no run can load any more: those of another
-    torch version or of older code (other thread counts stay: another command uses them)."""
+    torch version or of older code (other thread counts stay: another command uses them),
+    with their unpacked files, and the files unpacked from `path` before it was saved anew."""
     file_part, _, rest = path.name.partition("-torch")
     version = rest.split("-", 1)[0]
     code = path.stem.rsplit("-", 1)[-1]
+
+    def kept(package: Path) -> bool:
+        current = package.name.startswith(f"{file_part}-torch{version}-")
+        return package == path or (current and package.name.endswith(f"-{code}{path.suffix}"))
+
     for other in path.parent.glob(f"{file_part}-torch*"):
-        current = other.name.startswith(f"{file_part}-torch{version}-")
-        if other != path and not (current and other.name.endswith(f"-{code}{path.suffix}")):
+        if other.is_dir():  # unpacked files, or a build's partial output (build_lock.sweep's)
+            package = other.with_name(other.name.removesuffix(UNPACKED))
+            if other.name.endswith(UNPACKED) and (package == path or not kept(package)):
+                shutil.rmtree(other, ignore_errors=True)
+        elif not kept(other):
             other.unlink(missing_ok=True)
 
 
@@ -257,8 +267,36 @@ def load(path: Path, model: GGUFLlama) -> CompiledDecode:
     loader = _package_loader()
     if loader is None:
         raise RuntimeError(f"torch {torch.__version__} cannot load the compiled step")
+    # Given the package's zip, the loader unpacks it into a temporary folder that only its
+    # destructor removes, which an engine process ends without running (the window's quit
+    # stops it): each run left the step's files in the system's temporary folder. Loaded
+    # from a folder, the loader unpacks nothing and removes nothing.
     # (package, model name, run single-threaded, runners, device index: -1 is the CPU)
-    return CompiledDecode(loader(str(path), "model", False, 1, -1), model)
+    return CompiledDecode(loader(str(unpacked(path)), "model", False, 1, -1), model)
+
+
+UNPACKED = ".unpacked"  # beside a package: its files, as the loader reads them
+
+
+def unpacked(path: Path) -> Path:
+    """The package at `path` unpacked into a folder beside it, once (whole, then renamed: a
+    load never sees half of one). remove_stale removes it with the package it came from."""
+    folder = path.with_name(path.name + UNPACKED)
+    if folder.is_dir():
+        return folder
+    partial = build_lock.partial_folder(folder)  # named by this process: swept if it is killed
+    try:
+        with zipfile.ZipFile(path) as package:
+            package.extractall(partial)
+        partial.rename(folder)
+    except zipfile.BadZipFile as error:
+        raise RuntimeError(f"{path.name} is not a step package (a zip): {error}") from error
+    except OSError:
+        if not folder.is_dir():  # else another process unpacked it first
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
 
 
 NOT_COMPILED = "eager: not compiled (turned off or not supported)"  # a load without an Attacher
