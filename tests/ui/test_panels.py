@@ -980,4 +980,3 @@ def test_the_kv_chart_paints_the_cache_size_and_the_stacked_layers(qtbot, view, 
         QColor(0, 0, 0),
         QColor(70, 70, 70),  # a grid line
     )
-
