@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
-from PySide6.QtCore import QLineF, QPointF, QRectF, Qt
+from PySide6.QtCore import QEvent, QLineF, QPointF, QRectF, Qt
 from PySide6.QtGui import (
     QColor,
     QFontMetrics,
@@ -26,11 +26,10 @@ from PySide6.QtGui import (
     QPainter,
     QPaintEvent,
     QPen,
-    QPixmap,
 )
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
-from ui.panels.line_chart import BACKGROUND, GRID, TEXT, TITLE, nice_ticks, tick_text
+from ui.panels.line_chart import GRID, TEXT, TITLE, KeptFrame, nice_ticks, tick_text
 
 BAR_SHARE = 0.6  # of a row's (or a turn's) slot that its bar fills
 TICK_GAP = 70  # pixels a tick label needs along the x axis
@@ -71,14 +70,12 @@ class BarSet:
 
 class PaintedChart(QWidget):
     """The shared part: a black plot area, its title, and a frame pixmap (everything but the
-    data) kept while `frame_key` is unchanged. `frames_drawn` counts the frames drawn."""
+    data) kept while `frame_key` is unchanged (line_chart.KeptFrame)."""
 
     def __init__(self, title: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.title = title
-        self._frame_pixmap: QPixmap | None = None
-        self._frame_key: tuple[object, ...] = ()
-        self.frames_drawn = 0
+        self._frame = KeptFrame()
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
@@ -87,7 +84,8 @@ class PaintedChart(QWidget):
         return QFontMetrics(self.font()).height()
 
     def frame_key(self) -> tuple[object, ...]:
-        return (self.size(), self.devicePixelRatioF(), self.font(), self.title)
+        """What the frame shows besides the widget's size and font (KeptFrame adds those)."""
+        return (self.title,)
 
     def draw_frame(self, painter: QPainter, area: QRectF) -> None:
         """Axes and labels around `area`, on the background (the title is drawn already)."""
@@ -104,13 +102,13 @@ class PaintedChart(QWidget):
 
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
-        painter.drawPixmap(0, 0, self._frame())
+        painter.drawPixmap(0, 0, self._frame.get(self, self.frame_key(), self._draw_frame))
         area = self.plot_rect()
         painter.setClipRect(area)
         self.draw_data(painter, area)
         painter.end()
 
-    def event(self, event: object) -> bool:
+    def event(self, event: QEvent) -> bool:
         if isinstance(event, QHelpEvent):  # the bar under the pointer, else the chart's own
             text = self.describe_at(QPointF(event.pos())) or self.toolTip()
             if text:
@@ -119,7 +117,7 @@ class PaintedChart(QWidget):
                 QToolTip.hideText()
                 event.ignore()
             return True
-        return super().event(event)  # type: ignore[arg-type]
+        return super().event(event)
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
         if QToolTip.isVisible():  # follow the pointer from bar to bar
@@ -127,21 +125,13 @@ class PaintedChart(QWidget):
             QToolTip.showText(event.globalPosition().toPoint(), text, self)
         super().mouseMoveEvent(event)
 
-    def _frame(self) -> QPixmap:
-        key = self.frame_key()
-        if key != self._frame_key or self._frame_pixmap is None:
-            ratio = self.devicePixelRatioF()
-            pixmap = QPixmap(self.size() * ratio)
-            pixmap.setDevicePixelRatio(ratio)
-            painter = QPainter(pixmap)
-            painter.setFont(self.font())
-            painter.fillRect(self.rect(), BACKGROUND)
-            self.draw_title(painter)
-            self.draw_frame(painter, self.plot_rect())
-            painter.end()
-            self._frame_pixmap, self._frame_key = pixmap, key
-            self.frames_drawn += 1
-        return self._frame_pixmap
+    @property
+    def frames_drawn(self) -> int:
+        return self._frame.drawn
+
+    def _draw_frame(self, painter: QPainter) -> None:
+        self.draw_title(painter)
+        self.draw_frame(painter, self.plot_rect())
 
     def draw_title(self, painter: QPainter) -> None:
         painter.setPen(TITLE)

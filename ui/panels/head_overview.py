@@ -20,7 +20,6 @@ from PySide6.QtGui import (
     QMouseEvent,
     QPainter,
     QPaintEvent,
-    QPixmap,
     QResizeEvent,
 )
 from PySide6.QtWidgets import (
@@ -32,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ui.panels.line_chart import BACKGROUND, GRID, TEXT
+from ui.panels.line_chart import GRID, TEXT, KeptFrame
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import Throttle
 from ui.panels.state import InternalsState
@@ -69,8 +68,7 @@ class OverviewGrid(QWidget):
         self._picture: QImage | None = None
         self.row_labels: tuple[tuple[int, str], ...] = ()  # (row, text) of the labelled rows
         self.column_labels: tuple[tuple[int, str], ...] = ()
-        self._frame_pixmap: QPixmap | None = None
-        self._frame_key: tuple[object, ...] = ()
+        self._frame = KeptFrame()  # the background, axes and labels
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
@@ -130,35 +128,15 @@ class OverviewGrid(QWidget):
 
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
-        painter.drawPixmap(0, 0, self._frame())
+        shape = None if self.image is None else self.image.shape
+        key = (shape, self.row_labels, self.column_labels)
+        painter.drawPixmap(0, 0, self._frame.get(self, key, self._draw_axes))
         if self._picture is not None:
             painter.drawImage(self.plot_rect(), self._picture)
         painter.end()
 
-    def _frame(self) -> QPixmap:
-        """Background, axes and labels, drawn again when the size or the labels change."""
+    def _draw_axes(self, painter: QPainter) -> None:
         shape = None if self.image is None else self.image.shape
-        key = (
-            self.size(),
-            self.devicePixelRatioF(),
-            self.font(),
-            shape,
-            self.row_labels,
-            self.column_labels,
-        )
-        if key != self._frame_key or self._frame_pixmap is None:
-            ratio = self.devicePixelRatioF()
-            pixmap = QPixmap(self.size() * ratio)
-            pixmap.setDevicePixelRatio(ratio)
-            painter = QPainter(pixmap)
-            painter.setFont(self.font())
-            painter.fillRect(self.rect(), BACKGROUND)
-            self._draw_axes(painter, shape)
-            painter.end()
-            self._frame_pixmap, self._frame_key = pixmap, key
-        return self._frame_pixmap
-
-    def _draw_axes(self, painter: QPainter, shape: tuple[int, ...] | None) -> None:
         area = self.plot_rect()
         line = painter.fontMetrics().height()
         painter.setPen(GRID)
