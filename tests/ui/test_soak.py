@@ -138,5 +138,8 @@ def test_two_hundred_turns_leak_no_memory_threads_or_timers(
     # The strip shows the last reply, not an older one (its HTML drops a leading space).
     assert strip.split() == "".join(pieces).split()
     assert end["rss"] - warm["rss"] < MAX_RSS_GROWTH
-    for key in ("python_threads", "os_threads", "qthreads", "timers"):
+    for key in ("python_threads", "qthreads", "timers"):
         assert end[key] == warm[key], key
+    # The process's own threads also count pools that end idle threads (Qt's global pool
+    # after 30 s): fewer at the end is no leak, more would be.
+    assert end["os_threads"] <= warm["os_threads"], "os_threads"
