@@ -96,7 +96,7 @@ class AttentionPanel(StatePanel):
         self.head_overview.changed.connect(self.tracker.mark)
         self.head_overview.picked.connect(self.select)
         # what the tests and the docks read of it, by the names they had here
-        self.overview, self.overview_image = self.head_overview.plot, self.head_overview.image
+        self.overview = self.overview_image = self.head_overview.plot  # the grid, its `image`
         self.overview_caption = self.head_overview.caption
         self.measure_choice = self.head_overview.measure_choice
         self.hover = QLabel("Hover a heatmap to read a weight.")

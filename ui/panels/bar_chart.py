@@ -247,15 +247,17 @@ class TurnsChart(PaintedChart):
         title: Sequence[tuple[str, tuple[int, int, int]]],
         left_label: str,
         right_label: str,
+        point_colour: tuple[int, int, int],
         parent: QWidget | None = None,
     ) -> None:
-        """`title`: its words as (text, colour) pieces, drawn one after another."""
+        """`title`: its words as (text, colour) pieces, drawn one after another; the right
+        axis's points and their line in `point_colour`."""
         super().__init__("".join(text for text, _colour in title), parent)
         self.title_pieces = tuple(title)
         self.left_label, self.right_label = left_label, right_label
         self.columns: list[BarSet] = []
         self.points = np.zeros(0), np.zeros(0)  # (turn, value on the right axis)
-        self.point_colour: tuple[int, int, int] = (217, 48, 37)
+        self.point_colour = point_colour
         self.turns = 1
         self.y_limit, self.right_limit = 1.0, 1.0
         self.ticks: tuple[tuple[int, str], ...] = ()

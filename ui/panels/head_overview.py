@@ -191,7 +191,6 @@ class HeadOverview(QWidget):
         self.plot.setMinimumHeight(90)
         self.plot.clicked.connect(self._on_click)
         self.plot.resized.connect(self._on_resized)
-        self.image = self.plot  # the grid as last drawn: `image.image` (the tests read it)
         self.caption = QLabel("")
         self.caption.setWordWrap(True)
         measure_row = QHBoxLayout()

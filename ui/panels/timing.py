@@ -161,6 +161,7 @@ class TimingPanel(StatePanel):
             ),
             "prompt tokens",
             "TTFT",
+            TTFT_COLOUR,
         )
         self.turns_plot.setToolTip(
             "Grey: prompt tokens reused from the KV cache (not recomputed). Blue: tokens "
@@ -168,7 +169,6 @@ class TimingPanel(StatePanel):
         )
         self.turns_plot.describe_turn = self._describe_turn
         self.turns_plot.setMinimumHeight(120)
-        self.turns_plot.point_colour = TTFT_COLOUR
         self.reused_bars = self.turns_plot.add_bars(REUSED_BRUSH)
         self.processed_bars = self.turns_plot.add_bars(PROCESSED_BRUSH)
         self.ttft_curve = self.turns_plot  # its points: getData() as a curve's
