@@ -226,6 +226,42 @@ def test_pooled_rows_match_a_full_max_pool_as_rows_arrive(monkeypatch, rng):
     assert (row_factor, key_factor) == (4, 8)  # 14 rows, 15 keys: powers of two
 
 
+def full_max_pool(rows: AttentionRows, cells: np.ndarray, row_factor: int, key_factor: int):
+    """The reference: every kept row zero-padded (AttentionRows.matrix), max-pooled at once."""
+    heads, blocks, columns = cells.shape
+    full = np.zeros((heads, blocks * row_factor, columns * key_factor), dtype=np.float32)
+    full[:, : rows.rows, : rows.keys] = rows.matrix()
+    return full.reshape(heads, blocks, row_factor, columns, key_factor).max(axis=(2, 4))
+
+
+@pytest.mark.parametrize("grid", [(8, 8), (16, 32), (64, 512), (5, 3)])
+def test_a_prompt_blocks_rows_pool_as_their_padded_rows_whatever_lies_past_them(rng, grid):
+    """A prompt block's rows are pooled from the block itself: the cells equal a full max-pool
+    of the zero-padded rows even where the block holds weights past a row's own position
+    (only the causal mask's zeros are there from the engine, but the pooling may not rely on
+    it), across pieces, factors, a repeated first row and decode rows after the block."""
+    rows = AttentionRows(HEADS, max_rows=200)
+    pooled = pooled_rows.PooledRows()
+    prompt = causal(rng, 150, 170)
+    prompt += np.triu(rng.random((150, 170), dtype=np.float32) + 0.5, k=21)  # past each row
+    rows.append_block(prompt)
+    for step in range(3):  # the first token's row repeats the prompt's last; then decode rows
+        keys = 170 + step
+        if step == 0:
+            rows.append_block(causal(rng, 2, keys + 1))
+        rows.append_row(causal(rng, 1, keys + 2)[:, 0, :])
+        cells, row_factor, key_factor = pooled.update(rows, *grid)
+        np.testing.assert_array_equal(cells, full_max_pool(rows, cells, row_factor, key_factor))
+        fresh = pooled_rows.PooledRows()
+        fresh_cells, *factors = fresh.update(rows, *grid)
+        assert factors == [row_factor, key_factor]
+        np.testing.assert_array_equal(fresh_cells, cells)
+    block, query, count = rows.prompt_run(0, rows.rows)  # the last prompt row was rewritten
+    assert block is prompt and (query, count) == (0, 149)
+    assert rows.prompt_run(149, rows.rows)[1:] == (0, 2)  # by the next block's two rows
+    assert rows.prompt_run(151, rows.rows) is None  # a decode row
+
+
 # -- KV cache ----------------------------------------------------------------------------------
 
 

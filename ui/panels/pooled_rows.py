@@ -18,6 +18,7 @@ from ui.panels.state import AttentionRows
 DISPLAY_ROWS = 256
 DISPLAY_KEYS = 512
 POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
+PROMPT_PIECE = 64  # a prompt block's rows pooled at once: its ragged keys copied are ~this many
 LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
 
 
@@ -44,6 +45,40 @@ def max_pool_rows(block: np.ndarray, factor: int) -> np.ndarray:
         runs = part.shape[1]  # one fewer than out's where the last run is short
         np.maximum(out[:, :runs], part, out=out[:, :runs])
     return out
+
+
+def pool_prompt_rows(
+    target: np.ndarray,
+    block: np.ndarray,
+    query: int,
+    count: int,
+    row_factor: int,
+    key_factor: int,
+) -> None:
+    """Max-pool a prompt block's rows `query`.. (`count` of them, zeros past each row's own
+    position as AttentionRows pads them) into `target` [heads, row blocks, key blocks].
+
+    Up to the first row's position every row's weights are the block's own: pooled in place,
+    no copy. Only the ragged keys past it (about `count` of them) are copied and zeroed
+    where a row ends, whatever the block holds there."""
+    width = target.shape[2] * key_factor
+    first_position = block.shape[2] - block.shape[1] + query
+    shared = min(first_position + 1, width) // key_factor * key_factor
+    if shared:
+        direct = block[:, query : query + count, :shared]
+        target[:, :, : shared // key_factor] = max_pool_keys(
+            max_pool_rows(direct, row_factor), key_factor
+        )
+    if shared == width:
+        return
+    tail = np.zeros((block.shape[0], count, width - shared), dtype=np.float32)
+    available = min(block.shape[2], width) - shared
+    tail[:, :, :available] = block[:, query : query + count, shared : shared + available]
+    positions = np.arange(first_position, first_position + count)
+    past = shared + np.arange(width - shared)[None, :] > positions[:, None]
+    np.copyto(tail, 0.0, where=past)  # broadcast over the heads
+    pooled = max_pool_keys(max_pool_rows(tail, row_factor), key_factor)
+    target[:, :, shared // key_factor :] = pooled
 
 
 def pool_factor(count: int, cells: int) -> int:
@@ -111,18 +146,46 @@ class PooledRows:
         size = rows.heads * chunk * columns * key_factor
         if self._scratch.size < size:
             self._scratch = np.empty(size, dtype=np.float32)
-        for start in range(first * row_factor, end, chunk):
-            last = min(start + chunk, end)
-            source = rows.padded(start, columns * key_factor, last, self._scratch)
-            pooled = max_pool_keys(max_pool_rows(source, row_factor), key_factor)
-            block = start // row_factor
-            target = self._data[:, block : block + pooled.shape[1], :columns]
-            target[...] = pooled
-            self.histogram.set_rows(block, target)
-            self._blocks = max(self._blocks, block + pooled.shape[1])
+        start = first * row_factor
+        while start < end:  # each piece starts at a block of rows
+            last = self._pool_piece(rows, start, end, chunk, row_factor, key_factor, columns)
+            block, blocks_pooled = start // row_factor, math.ceil((last - start) / row_factor)
+            self.histogram.set_rows(block, self._data[:, block : block + blocks_pooled, :columns])
+            self._blocks = max(self._blocks, block + blocks_pooled)
+            start = last
         self._rows = max(end, self._rows)
         self._columns = max(self._columns, columns)
         return self._data[:, :blocks, :columns], row_factor, key_factor
+
+    def _pool_piece(
+        self,
+        rows: AttentionRows,
+        start: int,
+        end: int,
+        chunk: int,
+        row_factor: int,
+        key_factor: int,
+        columns: int,
+    ) -> int:
+        """Pool the rows from `start` (a block's first) into the buffer; returns where the
+        piece ended: a run of a prompt block's rows up to PROMPT_PIECE rows (whole blocks
+        of rows, or up to `end`), else `chunk` rows through a dense copy."""
+        block_row, width = start // row_factor, columns * key_factor
+        run = rows.prompt_run(start, min(end, start + PROMPT_PIECE))
+        if run is not None:
+            block, query, count = run
+            if start + count < end:
+                count -= count % row_factor
+            if count:
+                blocks = math.ceil(count / row_factor)
+                target = self._data[:, block_row : block_row + blocks, :columns]
+                pool_prompt_rows(target, block, query, count, row_factor, key_factor)
+                return start + count
+        last = min(start + chunk, end)
+        source = rows.padded(start, width, last, self._scratch)
+        pooled = max_pool_keys(max_pool_rows(source, row_factor), key_factor)
+        self._data[:, block_row : block_row + pooled.shape[1], :columns] = pooled
+        return last
 
     def extend(self, rows: AttentionRows) -> bool:
         """Pool the rows that arrived since the last `update`, with its cell bounds, unless the

@@ -51,6 +51,9 @@ class AttentionRows:
         self.max_cells = max_cells
         self._rows: list[np.ndarray] = []  # [heads, n] each, n = its query position + 1 or more
         self._positions: list[int] = []
+        # Per row, (block, query) where it is a prompt block's row as append_block kept it:
+        # a run of them is read from the block itself (prompt_run), not copied row by row.
+        self._sources: list[tuple[np.ndarray, int] | None] = []
         self.keys = 0
         self.dropped = 0  # rows dropped from the top since the reply began
 
@@ -93,6 +96,25 @@ class AttentionRows:
             out[:, index, :width] = row[:, :width]
         return out
 
+    def prompt_run(self, first_row: int, end_row: int) -> tuple[np.ndarray, int, int] | None:
+        """(block, first query, rows) where rows `first_row`.. (at most to `end_row`) are
+        consecutive queries of one prompt block, as `append_block` kept them; else None.
+
+        Their weights up to the first row's own position are the block's own (no row of the
+        run ends before it), so a reader can take that part of the block without a copy."""
+        source = self._sources[first_row] if first_row < len(self._sources) else None
+        if source is None:
+            return None
+        block, query = source
+        count = 1
+        end_row = min(end_row, len(self._sources))
+        while first_row + count < end_row:
+            following = self._sources[first_row + count]
+            if following is None or following[0] is not block or following[1] != query + count:
+                break
+            count += 1
+        return block, query, count
+
     def append_block(self, block: np.ndarray) -> int:
         """Append a prefill matrix [heads, queries, keys]; the queries are the last positions.
 
@@ -104,6 +126,7 @@ class AttentionRows:
         skip = 0
         if queries and self._positions and self._positions[-1] == first:
             self._append(block[:, 0, : first + 1], first)
+            self._sources[-1] = (block, 0)
             skip = 1
         limit = self.limit(max(self.keys, keys))
         count = min(queries - skip, limit)
@@ -114,6 +137,7 @@ class AttentionRows:
             position = first + query
             self._rows.append(block[:, query, : position + 1])  # views: no copy
             self._positions.append(position)
+            self._sources.append((block, query))
         self.dropped += queries - skip - count  # block rows that never fit
         self.keys = max(self.keys, keys)
         return skip
@@ -147,6 +171,7 @@ class AttentionRows:
     def _append(self, row: np.ndarray, position: int) -> bool:
         if self._positions and self._positions[-1] == position:
             self._rows[-1] = row
+            self._sources[-1] = None
             new = False
         else:
             limit = self.limit(max(self.keys, row.shape[1]))
@@ -154,6 +179,7 @@ class AttentionRows:
                 self._drop(self.rows - limit + 1)  # at least half (see _drop)
             self._rows.append(row)
             self._positions.append(position)
+            self._sources.append(None)
             new = True
         self.keys = max(self.keys, row.shape[1])
         return new
@@ -169,6 +195,7 @@ class AttentionRows:
             drop = blocks
         del self._rows[:drop]
         del self._positions[:drop]
+        del self._sources[:drop]
         self.dropped += drop
 
 
