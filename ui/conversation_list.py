@@ -178,6 +178,29 @@ class ConversationList(QWidget):
         self._select(self._open_id)
         self._update_empty_state()
 
+    def place(self, row: ConversationRow) -> None:
+        """Show `row` where its recency puts it among the rows shown (newest first: updated,
+        then id, as the store orders them), in place of its old row; the others stay as
+        they are."""
+        if self._pending_delete and row.id == self._pending_delete[0]:
+            return
+        self._updating = True
+        try:
+            old = self._item(row.id)
+            if old is not None:
+                self.list.takeItem(self.list.row(old))
+            index, newer = 0, (row.updated, row.id)
+            while index < self.list.count():
+                item = self.list.item(index)
+                if (item.data(UPDATED_ROLE), item.data(ID_ROLE)) < newer:
+                    break
+                index += 1
+            self.list.insertItem(index, self._make_item(row))
+        finally:
+            self._updating = False
+        self._select(self._open_id)
+        self._update_empty_state()
+
     def set_current(self, conversation_id: int | None) -> None:
         """Mark the conversation that is open (None: a new, unsaved chat). Emits nothing."""
         self._open_id = conversation_id

@@ -136,7 +136,7 @@ class ConversationController(QObject):
             reply = change.reply
             self.recorder.record(change.event, model=reply.model, settings=reply.settings)
         elif isinstance(change, ReplyEnded):
-            self.refresh()
+            self._show_updated()
         elif isinstance(change, ReplyAbandoned):
             self.recorder.interrupted()
 
@@ -148,7 +148,7 @@ class ConversationController(QObject):
         )
         if new:
             self.store.set_last_opened(self.conversation_id)
-        self.refresh()
+        self._show_updated()
 
     def flush(self) -> None:
         """Save the streaming reply's text now (quitting or switching mid-reply)."""
@@ -159,6 +159,18 @@ class ConversationController(QObject):
         self.store.close()
 
     # -- the sidebar --------------------------------------------------------------------------
+
+    def _show_updated(self) -> None:
+        """The open conversation was just written: its row alone moves to the top (a list of a
+        thousand conversations built again took ~40 ms at every message and every reply's
+        end). A search in progress is run again: the conversation may match it now."""
+        conversation_id = self.conversation_id
+        found = None if conversation_id is None else self.store.conversation(conversation_id)
+        if self.sidebar.search_text() or found is None or found.deleted is not None:
+            self.refresh()
+            return
+        self.sidebar.place(ConversationRow(found.id, found.title, found.updated))
+        self.sidebar.set_current(conversation_id)
 
     def refresh(self) -> None:
         query = self.sidebar.search_text()

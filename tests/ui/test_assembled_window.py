@@ -18,6 +18,7 @@ from engine.events import Finished, PrefillDone, StepRows, Token
 from engine.settings import GenerationSettings, Message
 from tests.ui.fakes import REPLY, FakeBackend, fake_info
 from ui.chat_view import SLOWEST_STREAM_FRAME_MS, STREAM_FRAME_MS
+from ui.conversation_list import ID_ROLE
 from ui.panels.docks import FRAME_MS, SLOWEST_FRAME_MS, shown
 
 
@@ -194,3 +195,40 @@ def test_the_chat_and_the_deliveries_follow_the_panels_frame_rate(qtbot, build, 
     parts.internals.frame_interval_changed.emit(FRAME_MS)
     assert parts.window.chat.stream_interval_ms == STREAM_FRAME_MS
     assert parts.worker.drain_interval == FRAME_MS
+
+
+def test_a_message_and_a_reply_move_their_conversation_up_without_rebuilding_the_list(
+    qtbot, build, monkeypatch
+):
+    """An old conversation written to goes to the top of the sidebar as the store orders it;
+    the other rows stay the rows they were (the whole list is not built again each time).
+    With a search typed, the list is searched again."""
+    monkeypatch.setattr(recorder, "ReplySaver", partial(ReplySaver, interval_s=0.0))
+    backend = FakeBackend()
+    parts = build(backend.load, backend.make_session)
+    store, sidebar = parts.controller.store, parts.controller.sidebar
+    old = [store.create_conversation(f"old {i}", model="fake", system_prompt="", settings=None)
+           for i in range(6)]  # fmt: skip
+    parts.controller.refresh()
+    parts.controller.open(old[2])
+    rows = [sidebar.list.item(i) for i in range(sidebar.list.count())]
+    items = {item.data(ID_ROLE): item for item in rows}
+    model = parts.window.conversation_model
+    settings = GenerationSettings(max_new_tokens=len(REPLY) + 1)
+    prefill, *tokens, finished = SyntheticSession(fake_info(), REPLY).generate(
+        [Message("user", "Hi")], settings
+    )
+    model.add_user("Hi", settings, "fake")
+    assert sidebar.ids() == [c.id for c in store.list_conversations()]
+    assert sidebar.ids()[0] == old[2]
+    model.start_reply(settings, "fake")
+    model.apply_many([prefill, *tokens, finished])
+    assert sidebar.ids() == [c.id for c in store.list_conversations()]
+    assert sidebar.current_id() == old[2]
+    kept = [sidebar.list.item(i) for i in range(1, sidebar.list.count())]
+    assert kept and all(item is items[item.data(ID_ROLE)] for item in kept)  # not built again
+
+    sidebar.search_field.setText("old 4")
+    qtbot.waitUntil(lambda: sidebar.ids() == [old[4]])
+    model.add_user("And again", settings, "fake")  # old 2 matches no search: still hidden
+    assert sidebar.ids() == [c.id for c in store.search("old 4")] == [old[4]]

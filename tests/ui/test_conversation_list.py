@@ -54,6 +54,20 @@ def test_rows_are_shown_in_the_order_given(sidebar):
     assert sidebar.empty_label.text() == "No conversations yet"
 
 
+def test_a_placed_row_takes_its_place_by_recency_and_replaces_its_old_row(sidebar):
+    """As the store orders them: updated, then id, newest first; the other rows untouched."""
+    middle, oldest = sidebar.list.item(1), sidebar.list.item(2)
+    sidebar.set_current(1)
+    sidebar.place(ConversationRow(1, "Oldest, now written to", 1_700_000_400.0))
+    assert sidebar.ids() == [1, 3, 2] and sidebar.list.item(0).text() == "Oldest, now written to"
+    assert sidebar.list.item(2) is middle and oldest not in [sidebar.list.item(i) for i in range(3)]
+    assert sidebar.list.currentItem() is sidebar.list.item(0)
+    sidebar.place(ConversationRow(2, "Middle", 1_700_000_400.0))  # a tie: the larger id first
+    assert sidebar.ids() == [2, 1, 3]
+    sidebar.place(ConversationRow(9, "New", 1_700_000_350.0))  # not shown yet: inserted
+    assert sidebar.ids() == [2, 1, 9, 3]
+
+
 def test_clicking_a_row_asks_to_open_it_once(qtbot, sidebar):
     opened: list[int] = []
     sidebar.open_requested.connect(opened.append)
