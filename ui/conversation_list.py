@@ -106,6 +106,7 @@ class ConversationList(QWidget):
         self.undo_timeout_ms = UNDO_TIMEOUT_MS
         self._open_id: int | None = None
         self._pending_delete: tuple[int, int, ConversationRow] | None = None  # id, row, data
+        self._items: dict[int, QListWidgetItem] = {}  # the rows shown, by conversation id
         self._updating = False
 
         self.search_field = QLineEdit(placeholderText="Search conversations")
@@ -169,10 +170,11 @@ class ConversationList(QWidget):
         self._updating = True
         try:
             self.list.clear()
+            self._items.clear()
             for row in rows:
                 if self._pending_delete and row.id == self._pending_delete[0]:
                     continue  # still hidden while its deletion can be undone
-                self.list.addItem(self._make_item(row))
+                self._insert(self.list.count(), row)
         finally:
             self._updating = False
         self._select(self._open_id)
@@ -186,7 +188,7 @@ class ConversationList(QWidget):
             return
         self._updating = True
         try:
-            old = self._item(row.id)
+            old = self._items.pop(row.id, None)
             if old is not None:
                 self.list.takeItem(self.list.row(old))
             index, newer = 0, (row.updated, row.id)
@@ -195,7 +197,7 @@ class ConversationList(QWidget):
                 if (item.data(UPDATED_ROLE), item.data(ID_ROLE)) < newer:
                     break
                 index += 1
-            self.list.insertItem(index, self._make_item(row))
+            self._insert(index, row)
         finally:
             self._updating = False
         self._select(self._open_id)
@@ -239,6 +241,7 @@ class ConversationList(QWidget):
         self._updating = True
         try:
             self.list.takeItem(index)
+            del self._items[conversation_id]
         finally:
             self._updating = False
         self._select(self._open_id)
@@ -257,7 +260,7 @@ class ConversationList(QWidget):
         self._end_undo()
         self._updating = True
         try:
-            self.list.insertItem(min(index, self.list.count()), self._make_item(row))
+            self._insert(min(index, self.list.count()), row)
         finally:
             self._updating = False
         self._select(self._open_id)
@@ -302,12 +305,13 @@ class ConversationList(QWidget):
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
         return item
 
+    def _insert(self, index: int, row: ConversationRow) -> None:
+        item = self._make_item(row)
+        self.list.insertItem(index, item)
+        self._items[row.id] = item
+
     def _item(self, conversation_id: int | None) -> QListWidgetItem | None:
-        for i in range(self.list.count()):
-            item = self.list.item(i)
-            if item.data(ID_ROLE) == conversation_id:
-                return item
-        return None
+        return None if conversation_id is None else self._items.get(conversation_id)
 
     def _select(self, conversation_id: int | None) -> None:
         """Highlight a row without emitting anything (selection mirrors the open chat)."""
