@@ -366,6 +366,24 @@ def test_layer_choice_hover_text_and_head_focus(view, rng):
     )
 
 
+def test_layer_choices_name_what_is_watched_and_are_not_filled_again_by_a_new_chat(view, rng):
+    run_reply(view, rng, count=2)
+    view.redraw(force=True)
+    choice = view.attention.layer_choice
+    watched = set(view.state.watched_layers) | {0, 1}  # the reply recorded layers 0 and 1
+    later = " (watch from the next reply)"
+    names = [choice.itemText(i) for i in range(choice.count())]
+    assert names == [f"layer {n}" + ("" if n in watched else later) for n in range(LAYERS)]
+    filled: list[object] = []
+    choice.model().rowsInserted.connect(lambda *_: filled.append(1))
+    view.attention.select(1)
+    view.clear()  # a new chat: nothing recorded until its first reply
+    view.redraw(force=True)
+    run_reply(view, rng, count=2)
+    view.redraw(force=True)
+    assert not filled and choice.currentData() == 1
+
+
 def test_per_head_scale_uses_a_high_quantile_of_each_head(view, rng):
     first, tokens = run_reply(view, rng, count=2)
     panel = view.attention

@@ -282,18 +282,23 @@ class AttentionPanel(StatePanel):
         state = self._state
         layers = state.info.layers if state.info is not None else 0
         heads = state.info.heads if state.info is not None else 0
-        recorded = tuple(sorted(state.attention))
-        key = (layers, heads, state.watched_layers, recorded)
+        recorded = set(state.attention)
+        watched = recorded | set(state.watched_layers)
+        names = tuple(
+            (f"layer {layer}" + ("" if layer in watched else " (watch from the next reply)"), layer)
+            for layer in sorted(set(range(layers)) | watched)
+        )
+        # A new chat forgets the recorded layers and its first reply records them again: the
+        # same names, so the boxes are not filled again (twice per new chat).
+        key = (names, heads)
         if key == self._choices_key:
             return
         self._choices_key = key
         shown = self.shown_layer  # the choice kept, else the first watched (or recorded) layer
         self.layer_choice.blockSignals(True)
         self.layer_choice.clear()
-        for layer in sorted(set(range(layers)) | set(recorded) | set(state.watched_layers)):
-            watched = layer in state.watched_layers or layer in recorded
-            suffix = "" if watched else " (watch from the next reply)"
-            self.layer_choice.addItem(f"layer {layer}{suffix}", layer)
+        for name, layer in names:
+            self.layer_choice.addItem(name, layer)
         self.layer_choice.setCurrentIndex(max(self.layer_choice.findData(shown), 0))
         self.layer_choice.blockSignals(False)
         head = self.selected_head
