@@ -161,9 +161,9 @@ class ConversationController(QObject):
     # -- the sidebar --------------------------------------------------------------------------
 
     def _show_updated(self) -> None:
-        """The open conversation was just written: its row alone moves to the top (a list of a
-        thousand conversations built again took ~40 ms at every message and every reply's
-        end). A search in progress is run again: the conversation may match it now."""
+        """The open conversation was just written: its row alone moves to the top (building
+        the whole list again costs in proportion to the history, at every message and every
+        reply's end). A search in progress is run again: the conversation may match it now."""
         conversation_id = self.conversation_id
         found = None if conversation_id is None else self.store.conversation(conversation_id)
         if self.sidebar.search_text() or found is None or found.deleted is not None:
