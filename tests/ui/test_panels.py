@@ -218,10 +218,7 @@ def test_pooled_rows_match_a_full_max_pool_as_rows_arrive(monkeypatch, rng):
     for keys in range(6, 16):
         rows.append_row(causal(rng, 1, keys)[:, 0, :])
         image, row_factor, key_factor = pooled.update(rows)
-        full = np.zeros((HEADS, image.shape[1] * row_factor, image.shape[2] * key_factor))
-        full[:, : rows.rows, : rows.keys] = rows.matrix()
-        expected = full.reshape(HEADS, image.shape[1], row_factor, image.shape[2], key_factor)
-        np.testing.assert_array_equal(image, expected.max(axis=(2, 4)))
+        np.testing.assert_array_equal(image, full_max_pool(rows, image, row_factor, key_factor))
         assert image.shape[1] <= 4 and image.shape[2] <= 3
     assert (row_factor, key_factor) == (4, 8)  # 14 rows, 15 keys: powers of two
 
