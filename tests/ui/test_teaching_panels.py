@@ -141,15 +141,13 @@ def test_roofline_plots_and_quotes_exactly_the_events_numbers(measured, rng):
     ceiling_x, ceiling_y = panel.compute_line.xData, panel.compute_line.yData
     assert ceiling_x[0] == pytest.approx(10.0) and set(ceiling_y) == {PEAKS.peak_flops_per_s}
     # Every point lies inside the view's range (log10 units).
-    (x_low, x_high), (y_low, y_high) = panel.plot_widget.getPlotItem().vb.viewRange()
+    (x_low, x_high), (y_low, y_high) = panel.chart.view_range()
     for intensity, rate in [(first.intensity, first.flops_per_s), (10.0, PEAKS.peak_flops_per_s)]:
         assert x_low < np.log10(intensity) < x_high and y_low < np.log10(rate) < y_high
     # The key sits above the chart, not over its data (a legend inside covered the roof).
-    plot = panel.plot_widget.getPlotItem()
-    assert plot.legend is None
     for name in ("memory bandwidth", "compute ceiling", "prefill (each reply)", "decode steps"):
         assert name in panel.key.text()
-    assert panel.key.geometry().bottom() < panel.plot_widget.geometry().top()
+    assert panel.key.geometry().bottom() < panel.chart.geometry().top()
 
 
 def test_roofline_keeps_each_replys_prefill_and_the_latest_decode_cloud(measured, rng):

@@ -661,10 +661,11 @@ def test_axes_keep_their_pixels_between_frames_and_repaint_when_their_range_chan
     assert axes, "the panels have axes"
     cached = QGraphicsItem.CacheMode.DeviceCoordinateCache
     assert all(axis.cacheMode() == cached for axis in axes)
-    plot = view.roofline.plot_widget.getPlotItem()
-    axis = plot.getAxis("bottom")
+    attention = view.attention
+    axis = attention.key_axis
+    axis.linkToView(attention.heads_view)  # as for a lone head's tokens
     axis.picture = object()  # what a range change clears, so the ticks are drawn anew
-    plot.setXRange(0, 1234)
+    attention.heads_view.setXRange(0, 1234)
     assert axis.picture is None
     view.timer.stop()
 
@@ -873,27 +874,49 @@ def test_docks_shown_again_draw_in_the_timers_slices(qtbot, docked, rng, monkeyp
     assert not view.timer.isActive()  # the timer took no part: the showing asked for it
 
 
-def test_the_roofline_cloud_renders_its_symbol_once(qtbot):
-    """Each redraw of the decode cloud gives new points only: its symbol stays the one entry
-    of the item's atlas (re-styled every time, it was rendered and packed again)."""
-    from ui.panels.roofline import LogPoints
+def test_the_roofline_chart_stamps_its_points_over_a_kept_frame(qtbot):
+    """A new decode cloud repaints the points over the kept axes and roof; a new range or a
+    new roof draws those again. Each point's symbol is where its numbers put it on the log
+    axes, points a log axis cannot place are kept but not drawn, and hovering one names it."""
+    from PySide6.QtGui import QColor, QPen
 
-    widget = pg.PlotWidget()
-    qtbot.addWidget(widget)
-    widget.getPlotItem().setLogMode(x=True, y=True)
-    points = LogPoints(symbol="o", size=5, pen=None, brush=(52, 168, 83, 110))
-    widget.addItem(points)
-    widget.show()
-    qtbot.waitExposed(widget)
+    from ui.panels.roofline_chart import RooflineChart
+
+    chart = RooflineChart("Roofline", "FLOP per byte", "FLOP/s")
+    qtbot.addWidget(chart)
+    roof = chart.add_line("memory roof", QPen(QColor(251, 188, 5), 2))
+    cloud = chart.add_points("decode step", "o", 5, (52, 168, 83))
+    prefill = chart.add_points("prefill", "d", 13, (66, 133, 244), outlined=True)
+    chart.set_decades((-1, 3), (8, 12))
+    roof.setData([0.1, 10.0], [2e9, 2e11])
+    chart.resize(500, 360)
+    chart.show()
+    qtbot.waitExposed(chart)
+    chart.grab()
+    drawn = chart.frames_drawn
     for count in range(1, 6):
-        x = np.linspace(1.0, 10.0, count * 10)
-        points.set_points(x, x * 1e9)
-        widget.repaint()
-        assert len(points.fragmentAtlas) == 1
-    np.testing.assert_array_equal(points.xData, x)  # data units, as given
-    np.testing.assert_allclose(points.getData()[1], np.log10(x * 1e9))  # drawn on log axes
-    points.set_points(np.array([0.0, 2.0]), np.array([1.0, 5.0]))  # no place on a log axis
-    assert len(points.getData()[0]) == 1 and len(points.xData) == 2
+        x = np.linspace(1.0, 5.0, count * 10)
+        cloud.set_points(x, x * 1e9)
+        chart.grab()
+    assert chart.frames_drawn == drawn  # only the points changed
+    np.testing.assert_array_equal(cloud.xData, x)  # data units, as given
+    np.testing.assert_allclose(cloud.getData()[1], np.log10(x * 1e9))  # drawn at their logs
+    chart.set_decades((-1, 3), (8, 13))
+    chart.grab()
+    assert chart.frames_drawn == drawn + 1  # new decades
+    roof.setData([0.1, 10.0], [3e9, 3e11])
+    chart.grab()
+    assert chart.frames_drawn == drawn + 2  # a new roof
+    prefill.set_points([60.0], [9e9])
+    image = chart.grab().toImage()
+    centre = chart.point_at(60.0, 9e9).toPoint()
+    colour = image.pixelColor(centre)
+    assert (colour.red(), colour.green(), colour.blue()) == (66, 133, 244)
+    assert image.pixelColor(chart.point_at(60.0, 9e10).toPoint()) != colour  # a decade above
+    assert chart.describe_at(chart.point_at(60.0, 9e9)) == "prefill: 60 FLOP/byte, 9 GFLOP/s"
+    assert chart.describe_at(chart.point_at(60.0, 9e10)) == ""
+    cloud.set_points(np.array([0.0, 2.0]), np.array([1.0, 5.0]))  # no place on a log axis
+    assert len(cloud.getData()[0]) == 1 and len(cloud.xData) == 2
 
 
 def test_a_line_chart_draws_its_axes_again_only_when_they_change(qtbot):

@@ -13,8 +13,8 @@ import html
 import math
 
 import numpy as np
-import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QPen
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from engine.events import Peaks, Roofline, Transfer
@@ -22,15 +22,15 @@ from ui.panels.empty import EmptyState, column
 from ui.panels.key import key_label
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import StatePanel, Throttle
+from ui.panels.roofline_chart import RooflineChart, si
 from ui.panels.state import ROOFLINE, InternalsState
 from ui.panels.state.explain import roofline_line
 from ui.panels.step_line import StepLine
 
 # The decode cloud keeps the latest steps: one symbol each, so a frame's cost stays bounded.
 DECODE_POINTS = 512
-# A new step moves the cloud by a hair: redraw it at most this often (a scatter's setData and
-# its repaint are a costly part of a frame); a new reply, a cleared chat or new peaks redraw on the
-# next frame.
+# A new step moves the cloud by a hair: redraw it at most this often; a new reply, a cleared
+# chat or new peaks redraw on the next frame.
 CLOUD_INTERVAL_S = 1.0
 PREFILL_BRUSH = (66, 133, 244)
 DECODE_BRUSH = (52, 168, 83, 110)
@@ -53,14 +53,6 @@ NO_ROOFLINE_MESSAGE = (
     "<b>Roofline</b><br>This engine reports no FLOP and byte counts, so there is nothing to "
     "place on the roofline."
 )
-
-
-def si(value: float, unit: str) -> str:
-    """1.23e12, "FLOP/s" -> "1.23 TFLOP/s"."""
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}"
 
 
 def phase_sentence(phase: str, roofline: Roofline, peaks: Peaks | None) -> str:
@@ -101,11 +93,6 @@ def set_text(label: QLabel, text: str) -> None:
         label.setText(text)
 
 
-def decade_ticks(low: int, high: int, unit: str) -> list[tuple[float, str]]:
-    """(log10 position, label) for each power of ten from 10**low to 10**high."""
-    return [(float(power), si(10.0**power, unit).strip()) for power in range(low, high + 1)]
-
-
 def read_sentence(roofline: Roofline, transfer: Transfer, read_bytes_per_s: float) -> str:
     """A placed model's decode step against the weights it read in, e.g. "decode, against
     the 2.53 GB read in: 0.0012 FLOP/byte at 4.3 GB/s, 57% of the 7.5 GB/s read bandwidth
@@ -126,28 +113,6 @@ def read_sentence(roofline: Roofline, transfer: Transfer, read_bytes_per_s: floa
     )
 
 
-class LogPoints(pg.ScatterPlotItem):  # type: ignore[misc]  # pyqtgraph is untyped
-    """Points of the log-log chart, styled once: given in data units (kept as `xData` and
-    `yData`, as a PlotDataItem keeps them), drawn at their base-10 logarithms.
-
-    As a PlotDataItem, each new set of points passed the symbol's brush and pen again;
-    pyqtgraph copies them, and a new brush object is a new entry in the item's symbol atlas:
-    the symbol was rendered and the atlas packed again at every redraw of the cloud, most of
-    its cost. Points that a log axis cannot place (zero or less) are not drawn.
-    """
-
-    def __init__(self, **style: object) -> None:
-        super().__init__(pxMode=True, **style)
-        self.xData = np.zeros(0)
-        self.yData = np.zeros(0)
-
-    def set_points(self, x: np.ndarray, y: np.ndarray) -> None:
-        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-        self.xData, self.yData = x, y
-        drawn = (x > 0) & (y > 0)
-        self.setData(x=np.log10(x[drawn]), y=np.log10(y[drawn]))
-
-
 class RooflinePanel(StatePanel):
     """The roofline chart, one sentence per phase and how the peaks were measured."""
 
@@ -157,34 +122,27 @@ class RooflinePanel(StatePanel):
         self._roof_key: tuple[object, ...] = ()
         self._prefills_drawn: tuple[object, ...] = ()
         self._cloud_throttle = Throttle()
-        self.plot_widget = pg.PlotWidget(title="Roofline")
-        plot = self.plot_widget.getPlotItem()
-        plot.setLogMode(x=True, y=True)
-        plot.setLabel("bottom", "arithmetic intensity (FLOP per byte moved)")
-        plot.setLabel("left", "achieved FLOP/s")
-        for side in ("left", "bottom"):
-            plot.getAxis(side).enableAutoSIPrefix(False)
-        plot.showGrid(x=True, y=True, alpha=0.2)
-        plot.setMouseEnabled(x=False, y=False)
-        plot.setMenuEnabled(False)
-        plot.disableAutoRange()
-        self.bandwidth_line = pg.PlotDataItem(pen=pg.mkPen(BANDWIDTH_PEN, width=2))
-        self.compute_line = pg.PlotDataItem(pen=pg.mkPen(COMPUTE_PEN, width=2))
-        self.decode_points = LogPoints(symbol="o", size=5, pen=None, brush=DECODE_BRUSH)
-        self.latest_decode = LogPoints(symbol="o", size=11, pen="w", brush=LATEST_DECODE_BRUSH)
-        self.prefill_points = LogPoints(symbol="d", size=13, pen="w", brush=PREFILL_BRUSH)
-        read_pen = pg.mkPen(READ_PEN, width=2, style=Qt.PenStyle.DashLine)
-        self.read_line = pg.PlotDataItem(pen=read_pen)
-        self.read_points = LogPoints(symbol="t", size=8, pen=None, brush=READ_BRUSH)
-        for item in (
-            self.bandwidth_line, self.compute_line, self.read_line, self.prefill_points,
-            self.read_points,
-        ):  # fmt: skip
-            plot.addItem(item)
-        self.selected_point = LogPoints(symbol="s", size=15, pen="w", brush=SELECTED_BRUSH)
-        plot.addItem(self.decode_points)
-        plot.addItem(self.latest_decode)
-        plot.addItem(self.selected_point)
+        self.chart = RooflineChart(
+            "Roofline", "arithmetic intensity (FLOP per byte moved)", "achieved FLOP/s"
+        )
+        chart = self.chart
+        self.bandwidth_line = chart.add_line("memory roof", QPen(QColor(*BANDWIDTH_PEN), 2))
+        self.compute_line = chart.add_line("compute ceiling", QPen(QColor(*COMPUTE_PEN), 2))
+        read_pen = QPen(QColor(*READ_PEN), 2)
+        read_pen.setStyle(Qt.PenStyle.DashLine)
+        self.read_line = chart.add_line("read roof", read_pen)
+        # The first added lowest: the selected step on top of everything.
+        self.prefill_points = chart.add_points("prefill", "d", 13, PREFILL_BRUSH, outlined=True)
+        self.read_points = chart.add_points(
+            "decode step against the bytes read in", "t", 8, READ_BRUSH
+        )
+        self.decode_points = chart.add_points("decode step", "o", 5, DECODE_BRUSH)
+        self.latest_decode = chart.add_points(
+            "latest decode step", "o", 11, LATEST_DECODE_BRUSH, outlined=True
+        )
+        self.selected_point = chart.add_points(
+            "selected step", "s", 15, SELECTED_BRUSH, outlined=True
+        )
         # The key above the chart: a legend inside it covered the roof's upper left.
         self.key = key_label(
             [
@@ -202,13 +160,13 @@ class RooflinePanel(StatePanel):
             ]
         )
         self.read_key.hide()
-        chart = column([self.key, self.read_key, self.plot_widget], grows=self.plot_widget)
+        box = column([self.key, self.read_key, self.chart], grows=self.chart)
         self.phases = QLabel("")
         self.phases.setTextFormat(Qt.TextFormat.RichText)
         self.phases.setWordWrap(True)
         self.peaks = QLabel(peaks_sentence(None))
         self.peaks.setWordWrap(True)
-        self.pages = EmptyState(EMPTY_MESSAGE, chart)
+        self.pages = EmptyState(EMPTY_MESSAGE, box)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         self.step_line = StepLine()
@@ -310,11 +268,7 @@ class RooflinePanel(StatePanel):
         if (x, y) == self._range:
             return
         self._range = (x, y)
-        plot = self.plot_widget.getPlotItem()
-        plot.setRange(xRange=x, yRange=y, padding=0)
-        # One labelled tick per decade (pyqtgraph's log ticks crowd 2·10¹ 3·10¹ … together).
-        plot.getAxis("bottom").setTicks([decade_ticks(*x, "")])
-        plot.getAxis("left").setTicks([decade_ticks(*y, "")])
+        self.chart.set_decades(x, y)
 
     def _draw_roof(self) -> None:
         peaks, read = self._state.peaks, self._read_bandwidth()
