@@ -86,7 +86,7 @@ class LogItem:
             return
         self.xData, self.yData = x, y
         if self.chart is not None:
-            self.chart.changed(self)
+            self.chart.update()  # a line's change reaches the kept frame through frame_key
 
     setData = set_points
 
@@ -139,9 +139,6 @@ class RooflineChart(PaintedChart):
         item = LogItem(name, brush, shape, size, outlined, chart=self)
         self.points.append(item)
         return item
-
-    def changed(self, _item: LogItem) -> None:
-        self.update()  # a line's change reaches the frame through frame_key
 
     def set_decades(self, x: tuple[int, int], y: tuple[int, int]) -> None:
         if (x, y) != self.decades:
