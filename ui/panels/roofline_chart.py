@@ -77,7 +77,7 @@ class LogItem:
     xData: np.ndarray = field(default_factory=lambda: np.zeros(0))
     yData: np.ndarray = field(default_factory=lambda: np.zeros(0))
     chart: RooflineChart | None = None
-    _stamp: QPixmap | None = None
+    _stamp: QPixmap | None = field(default=None, init=False, repr=False)
 
     def set_points(self, x: ArrayLike, y: ArrayLike) -> None:
         x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
