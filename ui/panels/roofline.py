@@ -118,7 +118,6 @@ class RooflinePanel(StatePanel):
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
         super().__init__(state, ROOFLINE, parent)
-        self._range: tuple[tuple[int, int], tuple[int, int]] | None = None
         self._roof_key: tuple[object, ...] = ()
         self._prefills_drawn: tuple[object, ...] = ()
         self._cloud_throttle = Throttle()
@@ -261,27 +260,22 @@ class RooflinePanel(StatePanel):
         if peaks is not None:
             xs.append(peaks.peak_flops_per_s / peaks.peak_bytes_per_s)
             ys.append(peaks.peak_flops_per_s)
-        self._set_range(decade_range(xs), decade_range(ys))
-
-    def _set_range(self, x: tuple[int, int], y: tuple[int, int]) -> None:
-        """Whole decades, changed only when a point leaves them (not every frame)."""
-        if (x, y) == self._range:
-            return
-        self._range = (x, y)
-        self.chart.set_decades(x, y)
+        # Whole decades: the chart moves only when a point leaves them (not every frame).
+        self.chart.set_decades(decade_range(xs), decade_range(ys))
 
     def _draw_roof(self) -> None:
         peaks, read = self._state.peaks, self._read_bandwidth()
-        key = (peaks, self._range, read)
+        decades = self.chart.decades  # set by _draw_points just before
+        key = (peaks, decades, read)
         if key == self._roof_key:
             return
         self._roof_key = key
         self.read_key.setVisible(read > 0)
-        if peaks is None or self._range is None:
+        if peaks is None:
             for line in (self.bandwidth_line, self.compute_line, self.read_line):
                 line.setData([], [])
             return
-        (x_low, x_high), _y = self._range
+        (x_low, x_high), _y = decades
         left, right = 10.0**x_low, 10.0**x_high
         ridge = peaks.peak_flops_per_s / peaks.peak_bytes_per_s
         self.bandwidth_line.setData(*slope(left, ridge, peaks.peak_bytes_per_s))
