@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyqtgraph as pg
 import pytest
 from PySide6.QtCore import QPointF
 
@@ -89,12 +88,9 @@ def test_layout_places_each_tile_apart_and_maps_pixels_back(rng):
 def test_the_heads_are_one_image_with_each_weight_in_its_place(view, rng):
     panel = view.attention
     panel.per_head_scale.setChecked(False)  # pixels are the weights themselves
-    panel.heads_view.resize(640, 360)
+    panel.mosaic.resize(640, 360)
     first, tokens = run_reply(view, rng, count=4)
     view.redraw(force=True)
-    images = [i for i in panel.heads_view.addedItems if isinstance(i, pg.ImageItem)]
-    assert images == [panel.mosaic]  # one image for every head
-    assert not [i for i in panel.heads_view.addedItems if isinstance(i, pg.PlotItem)]
     assert panel.slots == tuple(range(HEADS))
     expected = expected_matrix(first, tokens, 0)
     keys = PROMPT + len(tokens) - 1
@@ -107,19 +103,19 @@ def test_the_heads_are_one_image_with_each_weight_in_its_place(view, rng):
                 y, x = top + row * up_rows, left + key * up_columns
                 assert panel.mosaic.image[y, x] == expected[head, row, key]
                 # The pointer over that pixel names the same head, query and key.
-                centre = panel.mosaic.mapToView(QPointF(x + 0.5, y + 0.5))
+                centre = panel.mosaic.image_to_view(QPointF(x + 0.5, y + 0.5))
                 assert panel.cell_at(centre) == (head, row, key)
     # Hover says which head, which two tokens and the weight.
     top, left = layout.origin(2)
-    point = panel.mosaic.mapToView(QPointF(left + 5 * up_columns + 0.5, top + 6 * up_rows + 0.5))
+    pixel = QPointF(left + 5 * up_columns + 0.5, top + 6 * up_rows + 0.5)
+    point = panel.mosaic.image_to_view(pixel)
     text = panel.describe(*panel.cell_at(point))
     assert text == f"head 2 · query #6 't1' → key #5 't0': {expected[2, 6, 5]:.4f}"
     # Each head is labelled on its own tile.
-    labels = [label for label in panel.head_labels if label.isVisible()]
-    assert [label.toPlainText() for label in labels] == [f"head {h}" for h in range(HEADS)]
-    for slot, label in enumerate(labels):
-        position = label.pos()
-        found = panel.cell_at(QPointF(position.x() - 1e-3, position.y() + 1e-3))
+    labels = panel.mosaic.labels
+    assert [text for text, _corner in labels] == [f"head {h}" for h in range(HEADS)]
+    for slot, (_text, corner) in enumerate(labels):
+        found = panel.cell_at(QPointF(corner.x() - 1e-3, corner.y() + 1e-3))
         assert found is not None and found[0] == slot  # its tile's top-right corner
 
 
@@ -139,7 +135,7 @@ def test_pooled_cells_map_hover_to_the_rows_and_keys_they_cover(view, rng, monke
     for cell_row in range(layout.data_rows):
         for cell_key in range(layout.data_columns):
             y, x = top + cell_row * up_rows, left + cell_key * up_columns
-            centre = panel.mosaic.mapToView(QPointF(x + 0.5, y + 0.5))
+            centre = panel.mosaic.image_to_view(QPointF(x + 0.5, y + 0.5))
             head, row, key = panel.cell_at(centre)
             assert head == 1
             assert cell_row * row_factor <= row < (cell_row + 1) * row_factor
@@ -156,11 +152,11 @@ def test_one_head_fills_the_mosaic_and_labels_follow(view, rng):
     panel = view.attention
     assert panel.slots == (3,) and panel.layout.tiles == 1
     view.redraw(force=True)
-    shown = [label.toPlainText() for label in panel.head_labels if label.isVisible()]
+    shown = [text for text, _corner in panel.mosaic.labels]
     assert shown == ["head 3"]
     panel.select(1)  # all heads again
     view.redraw(force=True)
-    shown = [label.toPlainText() for label in panel.head_labels if label.isVisible()]
+    shown = [text for text, _corner in panel.mosaic.labels]
     assert shown == [f"head {h}" for h in range(HEADS)] and panel.layout.tiles == HEADS
     panel.select(1, head=3)
     view.redraw(force=True)
@@ -324,17 +320,16 @@ def test_the_mosaic_is_painted_from_32_bit_pixels_equal_to_its_colour_table(view
     from ui.panels.mosaic import MOSAIC_LEVELS
 
     panel = view.attention
-    panel.heads_view.resize(640, 360)
+    panel.mosaic.resize(640, 360)
     run_reply(view, rng, count=4)
     view.redraw(force=True)
-    panel.mosaic.render()
     image = panel.mosaic.qimage
     assert image.format() == QImage.Format.Format_RGB32
     height, width = panel.mosaic.image.shape
     assert (image.width(), image.height()) == (width, height)
     pixels = np.frombuffer(image.constBits(), np.uint32, height * image.bytesPerLine() // 4)
     pixels = pixels.reshape(height, -1)[:, :width]
-    # pyqtgraph's own mapping of weights to table entries (levels, then 256 colours)
+    # weights to table entries as pyqtgraph mapped them (levels, then 256 colours)
     low, high = MOSAIC_LEVELS
     scaled = (panel.mosaic.image - low) * (256 / (high - low))
     entries = np.clip(scaled, 0, 255).astype(np.uint8)
@@ -342,3 +337,40 @@ def test_the_mosaic_is_painted_from_32_bit_pixels_equal_to_its_colour_table(view
     expected = (0xFF << 24) | (table[:, 0].astype(np.uint32) << 16)
     expected = expected | (table[:, 1].astype(np.uint32) << 8) | table[:, 2]
     np.testing.assert_array_equal(pixels, expected[entries])
+
+
+def test_each_cell_is_painted_in_its_colour_where_the_pointer_reads_it(qtbot, view, rng):
+    """On screen, the centre of every cell of every tile has that cell's colour, and the
+    pointer there names that head, row and key."""
+    from tests.ui.test_teaching_panels import show
+
+    show(view, "attention")
+    qtbot.waitExposed(view.docks["attention"])
+    panel = view.attention
+    panel.per_head_scale.setChecked(False)
+    first, tokens = run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    expected = expected_matrix(first, tokens, 0)
+    screen = panel.mosaic.grab().toImage()
+    table = panel.mosaic.lut
+    low, high = panel.mosaic.levels
+    keys = PROMPT + len(tokens) - 1
+    layout = panel.layout
+    up_rows, up_columns = layout.upsample
+    mosaic = panel.mosaic
+    labels = [mosaic.label_rect(text, mosaic.map_from_view(at)) for text, at in mosaic.labels]
+    checked = 0
+    for slot, head in enumerate(panel.slots):
+        top, left = layout.origin(slot)
+        for row in range(keys):
+            for key in range(keys):
+                centre = QPointF(left + (key + 0.5) * up_columns, top + (row + 0.5) * up_rows)
+                at = panel.mosaic.map_from_view(panel.mosaic.image_to_view(centre))
+                entry = min(max(int((expected[head, row, key] - low) * 256 / (high - low)), 0), 255)
+                assert panel.cell_at(panel.mosaic.map_to_view(at)) == (head, row, key)
+                if any(label.contains(at) for label in labels):
+                    continue  # under a head's name
+                checked += 1
+                colour = screen.pixelColor(at.toPoint())
+                assert (colour.red(), colour.green(), colour.blue()) == tuple(table[entry][:3])
+    assert checked > 0.8 * len(panel.slots) * keys * keys

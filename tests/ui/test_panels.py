@@ -336,9 +336,9 @@ def test_heatmap_builds_row_by_row_from_the_events(view, rng):
     assert stack.shape == (HEADS, PROMPT + 3, PROMPT + 3)  # token 0 re-reads the last prompt row
     np.testing.assert_array_equal(stack, expected_matrix(first, tokens, 0))
     image = view.attention.mosaic
-    assert image.axisOrder == "row-major" and image.image.dtype == np.float32
+    assert image.image.dtype == np.float32
     # Weights 0..1 span colours 1..255 of the table; its colour 0 is the gaps' background.
-    low, high = image.getLevels()
+    low, high = image.levels
     assert (low, high) == MOSAIC_LEVELS and image.lut.shape[0] == 256
     index = lambda value: min(max(int((value - low) * 256 / (high - low)), 0), 255)  # noqa: E731
     assert (index(GAP_VALUE), index(0.0), index(1.0)) == (0, 1, 255)
@@ -387,7 +387,7 @@ def test_per_head_scale_uses_a_high_quantile_of_each_head(view, rng):
     assert panel.per_head_scale.isChecked()  # the default
     view.redraw(force=True)
     expected = expected_matrix(first, tokens, 0)
-    assert tuple(panel.mosaic.getLevels()) == MOSAIC_LEVELS  # 1.0: the top colour
+    assert tuple(panel.mosaic.levels) == MOSAIC_LEVELS  # 1.0: the top colour
     one_bin = LEVEL_EDGES[-1] / LEVEL_EDGES[-2]  # the levels are read from log-spaced bins
     for slot, head in enumerate(panel.slots):
         weights = np.sort(expected[head][expected[head] > 0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtCore import QPointF, Qt
 
 from tests.ui.test_panels import HEADS, PROMPT, run_reply
 from tests.ui.test_teaching_panels import show
@@ -19,15 +19,14 @@ def rng():
     return np.random.default_rng(5)
 
 
-def click(qtbot, view: InternalsView, scene: QPointF) -> None:
-    grid = view.attention.grid
-    point = grid.mapFromScene(scene)
-    qtbot.mouseClick(grid.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(point.x(), point.y()))
+def click(qtbot, view: InternalsView, point: QPointF) -> None:
+    """A click at `point` of the mosaic (its pixels)."""
+    qtbot.mouseClick(view.attention.mosaic, Qt.MouseButton.LeftButton, pos=point.toPoint())
 
 
 def cell_centre(view: InternalsView, row: int, key: int) -> QPointF:
-    """The scene position of a lone head's cell (view units are rows and keys)."""
-    return view.attention.heads_view.mapViewToScene(QPointF(key + 0.5, row + 0.5))
+    """Where a lone head's cell is on screen (view units are rows and keys)."""
+    return view.attention.mosaic.map_from_view(QPointF(key + 0.5, row + 0.5))
 
 
 def test_the_selected_steps_query_row_is_outlined_on_every_head(view, rng):
@@ -41,12 +40,17 @@ def test_the_selected_steps_query_row_is_outlined_on_every_head(view, rng):
     rows = state.attention[0]
     assert attention_query(state) == PROMPT + 1
     assert panel.marked_row == rows.index_of(PROMPT + 1) is not None
-    assert panel.row_marker.isVisible()
-    outlines = panel.row_marker.path().toSubpathPolygons()
+    outlines = panel.mosaic.marker.toSubpathPolygons()
     assert len(outlines) == len(panel.slots) == HEADS  # one per head
+    for slot, outline in enumerate(outlines):  # the marked row of each tile
+        y, x = panel.layout.origin(slot)
+        box = outline.boundingRect()
+        key_size, row_size = panel._pixel
+        assert (box.left(), box.top()) == (x * key_size, y * row_size + panel.marked_row)
+        assert box.height() == 1.0 and box.width() == panel.layout.tile_shape[1] * key_size
     state.select(None)
     view.redraw(force=True)
-    assert panel.marked_row is None and not panel.row_marker.isVisible()
+    assert panel.marked_row is None and panel.mosaic.marker is None
 
 
 def test_a_lone_heads_cells_and_axis_tokens_select_their_step(qtbot, view, rng):
@@ -57,7 +61,7 @@ def test_a_lone_heads_cells_and_axis_tokens_select_their_step(qtbot, view, rng):
 
     def axes_shown() -> bool:
         view.redraw()
-        return panel.query_axis.isVisible() and panel.key_axis.isVisible()
+        return panel.query_axis.shown and panel.key_axis.shown
 
     qtbot.waitUntil(axes_shown)
     rows = state.attention[0]
@@ -69,7 +73,7 @@ def test_a_lone_heads_cells_and_axis_tokens_select_their_step(qtbot, view, rng):
     # The query axis: the token left of a row selects the step that row made.
     row = positions.index(PROMPT + 2)
     y = cell_centre(view, row, 0).y()
-    click(qtbot, view, QPointF(panel.query_axis.sceneBoundingRect().center().x(), y))
+    click(qtbot, view, QPointF(panel.mosaic.axis_rect(panel.query_axis).center().x(), y))
     assert state.selected_step == 3
     view.redraw(force=True)
     assert panel.marked_row == row and panel.selected_head == 1  # still the lone head
@@ -78,7 +82,7 @@ def test_a_lone_heads_cells_and_axis_tokens_select_their_step(qtbot, view, rng):
     click(qtbot, view, cell_centre(view, positions.index(1), 0))
     assert state.selected == 1 and state.selected_step is None
     x = cell_centre(view, 0, 3).x()
-    click(qtbot, view, QPointF(x, panel.key_axis.sceneBoundingRect().center().y()))
+    click(qtbot, view, QPointF(x, panel.mosaic.axis_rect(panel.key_axis).center().y()))
     assert state.selected == 3
 
 

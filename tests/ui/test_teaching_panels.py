@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPointF, QRectF
+from PySide6.QtCore import QPointF, QRectF, Qt
 
 from engine.events import Peaks, Roofline
 from tests.ui.test_panels import PER_TOKEN, PROMPT, model_info, prefill, run_reply, token
@@ -180,9 +180,9 @@ def tile_on_screen(view: InternalsView, slot: int) -> QRectF:
     y, x = panel.layout.origin(slot)
     height, width = panel.layout.tile_shape
     key_size, row_size = panel._pixel
-    box = panel.heads_view
-    top_left = box.mapViewToScene(QPointF(x * key_size, y * row_size))
-    bottom_right = box.mapViewToScene(QPointF((x + width) * key_size, (y + height) * row_size))
+    mosaic = panel.mosaic
+    top_left = mosaic.map_from_view(QPointF(x * key_size, y * row_size))
+    bottom_right = mosaic.map_from_view(QPointF((x + width) * key_size, (y + height) * row_size))
     return QRectF(top_left, bottom_right)
 
 
@@ -195,28 +195,22 @@ def test_prefill_tiles_have_square_cells_and_a_click_opens_one_head(qtbot, view,
     for slot in range(4):
         tile = tile_on_screen(view, slot)
         assert tile.width() == pytest.approx(tile.height(), rel=0.02)  # 5 x 5 cells, square
-        assert panel.heads_view.sceneBoundingRect().adjusted(-1, -1, 1, 1).contains(tile)
-    assert not panel.key_axis.isVisible()  # four heads: tokens on hover only
+        assert panel.mosaic.plot_rect().adjusted(-1, -1, 1, 1).contains(tile)
+    assert not panel.key_axis.shown  # four heads: tokens on hover only
     # Click head 2's tile: it alone, large, with its tokens on both axes.
     centre = tile_on_screen(view, 2).center()
-    qtbot.mouseClick(panel.grid.viewport(), pg_left(), pos=panel.grid.mapFromScene(centre))
+    qtbot.mouseClick(panel.mosaic, Qt.MouseButton.LeftButton, pos=centre.toPoint())
     view.redraw(force=True)
     assert panel.slots == (2,) and panel.selected_head == 2 and panel.all_heads.isVisible()
     assert tile_on_screen(view, 0).width() > 1.8 * tile.width()
-    assert panel.key_axis.isVisible() and panel.query_axis.isVisible()
-    labels = [text for _position, text in panel.key_axis._tickLevels[0]]
+    assert panel.key_axis.shown and panel.query_axis.shown
+    labels = [text for _position, text in panel.key_axis.ticks]
     assert labels == [f"p{i}" for i in range(PROMPT)]
     # The way back.
     panel.all_heads.click()
     view.redraw(force=True)
     assert len(panel.slots) == 4 and not panel.all_heads.isVisible()
-    assert not panel.key_axis.isVisible()
-
-
-def pg_left():
-    from PySide6.QtCore import Qt
-
-    return Qt.MouseButton.LeftButton
+    assert not panel.key_axis.shown
 
 
 def test_long_contexts_keep_decode_rows_readable(view, rng):
@@ -233,7 +227,7 @@ def test_long_contexts_keep_decode_rows_readable(view, rng):
     assert tile.height() >= 0.24 * tile.width()  # stretched to stay readable, not a line
     panel.show_head(1)
     view.redraw(force=True)
-    assert not panel.key_axis.isVisible()  # 1,240 keys: too many to label, hover reads them
+    assert not panel.key_axis.shown  # 1,240 keys: too many to label, hover reads them
 
 
 def test_overview_shows_every_head_and_says_what_its_colour_means(view, rng):
@@ -306,11 +300,11 @@ def test_a_lone_heads_top_axis_numbers_keys_whose_words_would_collide(qtbot, vie
     view.redraw(force=True)
     qtbot.wait(20)  # the mosaic shown for the first time gets its size: a resize redraws it
     view.redraw()
-    assert 12 * 12 <= panel.heads_view.size().width() < 12 * 60  # room for rows, not words
-    assert panel.query_axis.isVisible() and panel.key_axis.isVisible()
-    rows = [text for _position, text in panel.query_axis._tickLevels[0]]
+    assert 12 * 12 <= panel.mosaic.plot_rect().width() < 12 * 60  # room for rows, not words
+    assert panel.query_axis.shown and panel.key_axis.shown
+    rows = [text for _position, text in panel.query_axis.ticks]
     assert rows == ["forecas…" if len(w) > 8 else w for w in long_words]
-    top = [text for _position, text in panel.key_axis._tickLevels[0]]
+    top = [text for _position, text in panel.key_axis.ticks]
     assert top == [f"#{k}" for k in range(12)]  # words too wide for their columns
 
 

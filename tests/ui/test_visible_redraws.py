@@ -10,12 +10,11 @@ import math
 import time
 
 import numpy as np
-import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, QTimer
+from PySide6.QtGui import QFontMetricsF
 from PySide6.QtWidgets import (
     QApplication,
-    QGraphicsItem,
     QLabel,
     QMainWindow,
     QProgressBar,
@@ -647,29 +646,6 @@ def test_a_frame_slice_is_wall_time_so_a_busy_machine_still_yields(qtbot, docked
     qtbot.waitUntil(lambda: all(docked.counts[n] - before[n] == 1 for n in PANELS))
 
 
-def test_axes_keep_their_pixels_between_frames_and_repaint_when_their_range_changes(qtbot):
-    view = docks.InternalsView()
-    for dock in view.docks.values():
-        qtbot.addWidget(dock)
-    axes = [
-        item
-        for panel in view.panels
-        for widget in panel.findChildren(pg.GraphicsView)
-        for item in widget.scene().items()
-        if isinstance(item, pg.AxisItem)
-    ]
-    assert axes, "the panels have axes"
-    cached = QGraphicsItem.CacheMode.DeviceCoordinateCache
-    assert all(axis.cacheMode() == cached for axis in axes)
-    attention = view.attention
-    axis = attention.key_axis
-    axis.linkToView(attention.heads_view)  # as for a lone head's tokens
-    axis.picture = object()  # what a range change clears, so the ticks are drawn anew
-    attention.heads_view.setXRange(0, 1234)
-    assert axis.picture is None
-    view.timer.stop()
-
-
 def test_the_attention_overview_redraws_at_most_once_a_second_and_catches_up(
     docked, rng, monkeypatch
 ):
@@ -800,11 +776,11 @@ def test_timers_run_between_the_slices_of_a_frame(qtbot, docked, rng, monkeypatc
 
 
 def test_the_mosaic_paints_once_a_frame_as_its_extent_grows(qtbot, docked, rng):
-    """A new row moves the mosaic's view; the view settles before it paints, so each frame is
-    one paint of the mosaic (pyqtgraph's deferred update queued a second one after it)."""
+    """A new row moves the mosaic's view: each frame is one paint of the mosaic (as a
+    pyqtgraph view, a moved range queued a second paint after the first)."""
     view = floating_with_a_reply(qtbot, docked, rng)
     panel = view.attention
-    paints = _Events(panel.grid.viewport(), QEvent.Type.Paint)
+    paints = _Events(panel.mosaic, QEvent.Type.Paint)
     for index in range(1, 6):
         view.ingest(token(rng, index))
         extent = panel._mosaic_extent
@@ -816,39 +792,54 @@ def test_the_mosaic_paints_once_a_frame_as_its_extent_grows(qtbot, docked, rng):
         assert paints.count == before + 1
 
 
-def test_hidden_token_axes_do_no_work_when_the_view_moves(qtbot, docked, rng):
-    """The token axes show only for a lone head with room for its tokens; hidden, they are not
-    linked to the view, so a moving view re-lays out no axis label."""
+def test_token_axes_take_room_only_while_a_lone_head_shows_its_tokens(qtbot, docked, rng):
+    """The token axes show only for a lone head with room for its tokens; hidden, the tiles
+    have the whole mosaic, shown they sit right of and under the axes' text."""
     view = floating_with_a_reply(qtbot, docked, rng)
-    panel = view.attention
+    panel, mosaic = view.attention, view.attention.mosaic
     docked.tick()
     assert panel.slots == tuple(range(HEADS))
-    for axis in (panel.key_axis, panel.query_axis):
-        assert not axis.isVisible() and axis.linkedView() is None
+    assert not panel.key_axis.shown and not panel.query_axis.shown
+    assert mosaic.plot_rect() == QRectF(mosaic.rect())
     panel.show_head(1)
     docked.tick()
-    for axis in (panel.key_axis, panel.query_axis):
-        assert axis.isVisible() and axis.linkedView() is panel.heads_view
+    assert panel.key_axis.shown and panel.query_axis.shown
+    area = mosaic.plot_rect()
+    assert area.left() > 0 and area.top() > 0
+    tile = mosaic.map_from_view(QPointF(0, 0))
+    assert tile.x() >= area.left() and tile.y() >= area.top()
+    assert mosaic.axis_rect(panel.query_axis).right() == area.left()
+    assert mosaic.axis_rect(panel.key_axis).bottom() == area.top()
     panel.show_head(None)
     docked.tick()
-    assert all(axis.linkedView() is None for axis in (panel.key_axis, panel.query_axis))
+    assert not panel.key_axis.shown and mosaic.plot_rect() == QRectF(mosaic.rect())
 
 
 def test_head_labels_stay_at_screen_size_on_their_tiles(qtbot, docked, rng):
     view = floating_with_a_reply(qtbot, docked, rng)
-    panel = view.attention
+    panel, mosaic = view.attention, view.attention.mosaic
     docked.tick()
-    labels = [label for label in panel.head_labels if label.isVisible()]
-    assert [label.toPlainText() for label in labels] == [f"head {h}" for h in range(HEADS)]
-    flag = QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations
-    for slot, label in enumerate(labels):
-        assert label.flags() & flag  # placed by Qt, drawn at the font's size
-        rect = label.boundingRect()
-        assert rect.right() == 0 and rect.top() == 0 and rect.width() > 0  # anchored top-right
+    assert [text for text, _corner in mosaic.labels] == [f"head {h}" for h in range(HEADS)]
+    height = QFontMetricsF(mosaic.font()).height()
+    for slot, (text, corner) in enumerate(mosaic.labels):
         y, x = panel.layout.origin(slot)
         key_size, row_size = panel._pixel
         width = panel.layout.tile_shape[1]
-        assert (label.pos().x(), label.pos().y()) == ((x + width) * key_size, y * row_size)
+        assert (corner.x(), corner.y()) == ((x + width) * key_size, y * row_size)
+        # drawn at the font's size, anchored at the tile's top-right corner on screen
+        box = mosaic.label_rect(text, mosaic.map_from_view(corner))
+        assert box.height() == pytest.approx(height + 4)
+        assert box.topRight() == mosaic.map_from_view(corner)
+    # and painted there: its white text on the tile
+    image = mosaic.grab().toImage()
+    text, corner = mosaic.labels[0]
+    box = mosaic.label_rect(text, mosaic.map_from_view(corner)).toRect()
+    lightness = [
+        image.pixelColor(x, y).lightness()
+        for x in range(box.left(), box.right())
+        for y in range(box.top(), box.bottom())
+    ]
+    assert max(lightness) > 200
 
 
 def test_docks_shown_again_draw_in_the_timers_slices(qtbot, docked, rng, monkeypatch):
@@ -947,53 +938,3 @@ def test_a_line_chart_draws_its_axes_again_only_when_they_change(qtbot):
     image = chart.grab().toImage()
     point = chart.point_at(20, 0.03).toPoint()
     assert image.pixelColor(point).green() > 100
-
-
-class RangePanel(QWidget):
-    """A panel whose every redraw moves its plot's range, as a growing timeline does."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.plot = pg.PlotWidget()
-        self.plot.getPlotItem().disableAutoRange()
-        self.curve = self.plot.plot([0.0], [0.0])
-        layout = QVBoxLayout(self)
-        layout.addWidget(self.plot)
-        self.limit = 1.0
-        self.paints = 0
-        self.plot.viewport().installEventFilter(self)
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.Paint:
-            self.paints += 1
-        return False
-
-    def redraw(self) -> None:
-        self.limit += 1.0
-        self.curve.setData(np.arange(self.limit), np.ones(int(self.limit)))
-        self.plot.setXRange(0, self.limit, padding=0)
-
-
-def test_a_redraw_that_moves_a_range_paints_its_plot_once(qtbot):
-    """pyqtgraph moves a view's items to a new range while it paints, which marks the scene
-    changed again; drawn through the frame, the plot is settled first and paints once."""
-    panel = RangePanel()
-    qtbot.addWidget(panel)
-    panel.resize(400, 300)
-    panel.show()
-    qtbot.waitExposed(panel)
-    qtbot.waitUntil(lambda: panel.paints > 0)
-    # Shown, not drawn through the frame: its first paint moved the range, which queued a
-    # second. Counting starts once no paint follows.
-    painted = -1
-    while painted != panel.paints:
-        painted = panel.paints
-        for _ in range(5):
-            QApplication.processEvents()
-    for _ in range(3):
-        panel.paints = 0
-        docks.draw(panel)  # type: ignore[arg-type]  # a QWidget with redraw, as panels are
-        qtbot.waitUntil(lambda: panel.paints > 0)
-        for _ in range(5):  # a second paint would be queued behind the first
-            QApplication.processEvents()
-        assert panel.paints == 1

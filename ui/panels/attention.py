@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyqtgraph as pg
-from pyqtgraph.GraphicsScene.mouseEvents import MouseClickEvent
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -21,15 +19,12 @@ from PySide6.QtWidgets import (
 
 from ui.panels.attention_tiles import (
     FLATTEST_TILE,
-    TileLabel,
     axis_token,
     colour_table,
     describe_cell,
-    row_marker,
     row_path,
     tile_aspect,
 )
-from ui.panels.colour_image import ColourTableImage
 from ui.panels.empty import EmptyState
 from ui.panels.head_overview import HeadOverview
 from ui.panels.mosaic import (
@@ -38,6 +33,7 @@ from ui.panels.mosaic import (
     best_columns,
     mosaic_colours,
 )
+from ui.panels.mosaic_view import MosaicView
 from ui.panels.pooled_rows import PooledRows
 from ui.panels.redraw import StatePanel
 from ui.panels.state import ATTENTION, AttentionRows, InternalsState
@@ -65,8 +61,8 @@ EMPTY_MESSAGE = (
 class AttentionPanel(StatePanel):
     """Per-head causal attention of a watched layer as one mosaic, plus a layer x head overview.
 
-    The heads share one ImageItem in a bare ViewBox (no axes): tile i shows head `slots[i]`,
-    its rows and keys in buffer units, so hover reads the exact weight under the pointer.
+    The heads share one painted image (`MosaicView`): tile i shows head `slots[i]`, its rows
+    and keys in buffer units, so hover reads the exact weight under the pointer.
     """
 
     # The layers the app should capture from the next reply on (the watched ones plus a pick).
@@ -104,7 +100,7 @@ class AttentionPanel(StatePanel):
         grid_box = QWidget()
         grid_layout = QVBoxLayout(grid_box)
         grid_layout.setContentsMargins(0, 0, 0, 0)
-        grid_layout.addWidget(self.grid, 1)
+        grid_layout.addWidget(self.mosaic, 1)
         grid_layout.addWidget(self.hover)
         # The overview under the mosaic, at the dock's full width: every head fits at any width.
         splitter = QSplitter(Qt.Orientation.Vertical)
@@ -147,32 +143,15 @@ class AttentionPanel(StatePanel):
         self._controls.addStretch(1)
 
     def _build_mosaic(self) -> None:
-        self.grid = pg.GraphicsLayoutWidget()
-        self.heads_view = self.grid.addViewBox(row=1, col=1, invertY=True, enableMenu=False)
-        self.heads_view.setMouseEnabled(x=False, y=False)
-        self.heads_view.disableAutoRange()  # the range is set when the mosaic's extent changes
+        self.mosaic = MosaicView(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
         # Token text along the axes of a head shown alone, when there is room to read it.
-        # Linked to the view only while shown: a hidden axis linked to it still re-laid out
-        # its label at every change of the view's range.
-        self.key_axis = pg.AxisItem("top")
-        self.query_axis = pg.AxisItem("left")
-        self.grid.addItem(self.key_axis, row=0, col=1)
-        self.grid.addItem(self.query_axis, row=1, col=0)
-        for axis in (self.key_axis, self.query_axis):
-            axis.setStyle(tickFont=self.font(), autoReduceTextSpace=True)
-            axis.setVisible(False)
+        self.key_axis, self.query_axis = self.mosaic.key_axis, self.mosaic.query_axis
         self._token_ticks: tuple[object, ...] = ()
-        self.mosaic = ColourTableImage(axisOrder="row-major")
-        self.mosaic.setLookupTable(mosaic_colours(self._lut, MOSAIC_BACKGROUND))
-        self.heads_view.addItem(self.mosaic)
-        self.head_labels: list[TileLabel] = []
-        self.row_marker = row_marker()
-        self.heads_view.addItem(self.row_marker, ignoreBounds=True)
         self._marker_key: tuple[object, ...] = ()  # what the marker's path was drawn for
         self.marked_row: int | None = None  # the buffer row outlined on every tile
-        self.heads_view.sigResized.connect(self._on_mosaic_resized)
-        self.grid.scene().sigMouseMoved.connect(self._on_hover)
-        self.grid.scene().sigMouseClicked.connect(self._on_mosaic_click)
+        self.mosaic.resized.connect(self._on_mosaic_resized)
+        self.mosaic.hovered.connect(self._on_hover)
+        self.mosaic.clicked.connect(self._on_mosaic_click)
 
     @property
     def selected_layer(self) -> int | None:
@@ -328,7 +307,7 @@ class AttentionPanel(StatePanel):
     def _tile_grid(self, tiles: int, aspect: float) -> tuple[int, int, int]:
         """Tile columns for the view's size and tiles `aspect` high per unit of width, and the
         most cells a tile's height and width need (about one per device pixel)."""
-        size = self.heads_view.size()
+        size = self.mosaic.plot_rect().size()
         columns = best_columns(tiles, size.width(), size.height(), aspect)
         lines = math.ceil(tiles / columns)
         width = min(size.width() / columns, size.height() / lines / aspect)
@@ -365,7 +344,7 @@ class AttentionPanel(StatePanel):
         layout = MosaicLayout(len(slots), tiles.shape[1], tiles.shape[2], columns)
         image = layout.compose(tiles, scale, self._image_buffer)
         self._image_buffer = image
-        self.mosaic.setImage(image, levels=MOSAIC_LEVELS, autoLevels=False)
+        self.mosaic.set_image(image, MOSAIC_LEVELS)
         up_rows, up_columns = layout.upsample
         pixel = (key_factor / up_columns, row_factor / up_rows)  # buffer units per pixel
         if (layout, pixel, slots) != (self.layout, self._pixel, self.slots):
@@ -376,39 +355,27 @@ class AttentionPanel(StatePanel):
     def _place(
         self, layout: MosaicLayout, pixel: tuple[float, float], slots: tuple[int, ...]
     ) -> None:
-        """Size the image and the view to a new extent; put each head's label on its tile."""
+        """Fit the view to a new extent; put each head's label on its tile."""
         self.layout, self._pixel, self.slots = layout, pixel, slots
         key_size, row_size = pixel
         height, width = layout.shape
         rect = QRectF(0, 0, width * key_size, height * row_size)
         # Tiles keep their rows x keys shape on screen (square cells), or FLATTEST_TILE when
-        # flatter. The lock is in view units per pixel: x (keys) over y (rows).
+        # flatter: x pixels per view unit (keys) over y's (rows).
         tile_height, tile_width = layout.tile_shape
         shape = tile_height * row_size / (tile_width * key_size)  # rows per key in a tile
         ratio = shape / min(max(shape, FLATTEST_TILE), 1.0)
-        if (rect, ratio) != self._mosaic_extent:  # else the view already shows just this
-            self._mosaic_extent = (rect, ratio)
-            self.mosaic.setRect(rect)
-            self.heads_view.setAspectLocked(True, ratio=ratio)
-            self.heads_view.setRange(rect, padding=0)
-            # Now, not in the coming paint (pyqtgraph's default): moving the image while
-            # the view paints queued a second paint of the whole view after it.
-            self.heads_view.updateMatrix()
-        while len(self.head_labels) < len(slots):
-            label = TileLabel(self.font())
-            label.setZValue(1)
-            self.heads_view.addItem(label, ignoreBounds=True)
-            self.head_labels.append(label)
-        for slot, label in enumerate(self.head_labels):
-            label.setVisible(slot < len(slots))
-            if slot < len(slots):
-                y, x = layout.origin(slot)
-                label.setText(f"head {slots[slot]}")
-                label.setPos((x + tile_width) * key_size, y * row_size)
+        self._mosaic_extent = (rect, ratio)
+        self.mosaic.set_view(rect, ratio)
+        labels = []
+        for slot, head in enumerate(slots):
+            y, x = layout.origin(slot)
+            labels.append((f"head {head}", QPointF((x + tile_width) * key_size, y * row_size)))
+        self.mosaic.set_labels(labels)
 
     def _draw_token_axes(self, rows: AttentionRows, slots: tuple[int, ...]) -> None:
         """Token text on the axes of a lone head when each token has room; else hover only."""
-        size = self.heads_view.size()
+        size = self.mosaic.plot_rect().size()
         readable = (
             len(slots) == 1
             and self.pool_factors == (1, 1)
@@ -418,39 +385,39 @@ class AttentionPanel(StatePanel):
         key = (rows.serial, rows.rows, rows.keys, rows.dropped) if readable else ()
         if key == self._token_ticks:
             return
+        shown_before = bool(self._token_ticks)
         self._token_ticks = key
-        self._show_token_axes(readable)
-        if not readable:
-            return
+        if readable:
+            self.mosaic.set_axes(*self._token_labels(rows, size.width(), size.height()))
+        else:
+            self.mosaic.hide_axes()
+        if readable != shown_before:  # the axes took or gave back room: the cells follow it
+            QTimer.singleShot(0, self, self.tracker.mark)
+
+    def _token_labels(
+        self, rows: AttentionRows, width: float, height: float
+    ) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
+        """(query rows' labels, keys' labels) of a lone head: (view position, text)."""
         text = self._state.token_text
         queries = [(r + 0.5, axis_token(text(int(p)))) for r, p in enumerate(rows.positions)]
-        self.query_axis.setTicks([queries])
         # Across the top, words would run into each other: each key is also a row above (the
         # same token), so its position is enough there unless every word fits its column.
         words = [axis_token(text(k)) for k in range(rows.keys)]
         metrics = self.fontMetrics()
-        column = min(size.width(), size.height() / tile_aspect(rows.rows, rows.keys)) / rows.keys
+        column = min(width, height / tile_aspect(rows.rows, rows.keys)) / rows.keys
         fits = max(metrics.horizontalAdvance(word) for word in words) + 6 <= column
         labels = words if fits else [f"#{k}" for k in range(rows.keys)]
-        self.key_axis.setTicks([[(k + 0.5, label) for k, label in enumerate(labels)]])
+        return queries, [(k + 0.5, label) for k, label in enumerate(labels)]
 
-    def _show_token_axes(self, shown: bool) -> None:
-        for axis in (self.key_axis, self.query_axis):
-            if shown and axis.linkedView() is None:
-                axis.linkToView(self.heads_view)
-            elif not shown and axis.linkedView() is not None:
-                axis.unlinkFromView()
-            axis.setVisible(shown)
-
-    def _on_mosaic_click(self, event: MouseClickEvent) -> None:
+    def _on_mosaic_click(self, position: QPointF) -> None:
         """A click on a head's tile shows it alone; on a lone head, a click on a cell or a
         query row's token selects that row's step everywhere, one on a key's token that key."""
-        position = event.scenePos()
         if self._select_from_axes(position):
             return
-        if not self.heads_view.sceneBoundingRect().contains(position):
+        point = self.mosaic.map_to_view(position)
+        if point is None or not self.mosaic.plot_rect().contains(position):
             return
-        cell = self.cell_at(self.heads_view.mapSceneToView(position))
+        cell = self.cell_at(point)
         if cell is None:
             return
         if self.selected_head is None:
@@ -459,12 +426,15 @@ class AttentionPanel(StatePanel):
             self.select_row(cell[1])
 
     def _select_from_axes(self, position: QPointF) -> bool:
-        """Select the token under `position` on a lone head's axes; False when off them."""
-        point = self.heads_view.mapSceneToView(position)
-        if self.query_axis.isVisible() and self.query_axis.sceneBoundingRect().contains(position):
+        """Select the token under `position` (widget pixels) on a lone head's axes; False
+        when off them."""
+        point = self.mosaic.map_to_view(position)
+        if point is None:
+            return False
+        if self.mosaic.axis_rect(self.query_axis).contains(position):
             self.select_row(math.floor(point.y()))
             return True
-        if self.key_axis.isVisible() and self.key_axis.sceneBoundingRect().contains(position):
+        if self.mosaic.axis_rect(self.key_axis).contains(position):
             key = math.floor(point.x())
             if 0 <= key < len(self._state.trail.ids):
                 self._state.select(key)
@@ -486,33 +456,23 @@ class AttentionPanel(StatePanel):
         query = attention_query(state) if state.showing_step else None
         row = rows.index_of(query) if rows is not None and query is not None else None
         if row is None or self.layout is None:
-            self.row_marker.setVisible(False)
+            self.mosaic.set_marker(None)
             self.marked_row = None
             return
         key = (self.layout, self._pixel, self.slots, row)
-        if key != self._marker_key:
+        if key != self._marker_key or self.mosaic.marker is None:
             self._marker_key = key
-            assert self.layout is not None  # checked above
-            self.row_marker.setPath(row_path(self.layout, self._pixel, len(self.slots), row))
-        self.row_marker.setVisible(True)
+            self.mosaic.set_marker(row_path(self.layout, self._pixel, len(self.slots), row))
         self.marked_row = row
 
     def _clear_mosaic(self) -> None:
-        if self._token_ticks:
-            self._token_ticks = ()
-            self._show_token_axes(False)
-        if self.mosaic.image is not None:
-            self.mosaic.clear()
-        for label in self.head_labels:
-            label.setVisible(False)
-        self.row_marker.setVisible(False)
+        self._token_ticks = ()
+        self.mosaic.clear()
         self.marked_row = None
         self.layout, self.slots, self._mosaic_extent = None, (), None
 
-    def _on_hover(self, position: QPointF) -> None:
-        if not self.heads_view.sceneBoundingRect().contains(position):
-            return
-        cell = self.cell_at(self.heads_view.mapSceneToView(position))
+    def _on_hover(self, point: QPointF) -> None:
+        cell = self.cell_at(point)
         if cell is not None:
             text = self.describe(*cell)
             if text:

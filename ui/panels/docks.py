@@ -8,10 +8,9 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import psutil
-import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QRegion
-from PySide6.QtWidgets import QDockWidget, QGraphicsItem, QMainWindow, QWidget
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
 
 from engine.events import Event, ModelInfo
 from ui.panels.attention import AttentionPanel
@@ -146,7 +145,6 @@ class InternalsView(QObject):
             # than show the frame it had when it was hidden until the next tick.
             dock.visibilityChanged.connect(self._on_dock_visibility)
             self.docks[attribute] = dock
-            cache_axes(dock)
         self.timer = QTimer(self)
         self.timer.setInterval(FRAME_MS)
         self.timer.timeout.connect(self._tick)
@@ -341,7 +339,7 @@ class InternalsView(QObject):
         while self._queued:
             panel = self._queued.pop(0)
             if panel.needs_redraw() and shown(panel):
-                draw(panel)
+                panel.redraw()
                 self._drawn(1)
                 if panel.unfinished:
                     self._queued.append(panel)
@@ -407,34 +405,10 @@ class InternalsView(QObject):
             self.state.settle()
         for panel in self.panels:
             if panel.needs_redraw() and (force or shown(panel)):
-                draw(panel)
+                panel.redraw()
                 while panel.unfinished:  # all of it now, not a slice at a time
-                    draw(panel)
+                    panel.redraw()
                 self._drawn(1)
-
-
-def draw(panel: Panel) -> None:
-    """Redraw a panel and settle its plots before they paint.
-
-    A pyqtgraph view moves its items to a new range while it paints (the scene's
-    prepareForPaint), which marks the scene changed again: every frame that moved a range
-    painted that plot twice. Settled here, the paint that follows is the only one.
-    """
-    panel.redraw()
-    if isinstance(panel, QWidget):
-        for view in panel.findChildren(pg.GraphicsView):
-            view.scene().prepareForPaint()
-
-
-def cache_axes(widget: QWidget) -> None:
-    """Axes keep their pixels between frames. A curve's update repaints the plot around it,
-    and axes replaying their ticks and labels were a seventh of the window's Python samples
-    while a reply streamed; cached, a frame's paint cost ~4% less (tests.ui.frame_cost).
-    They still repaint when their range, size or labels change."""
-    for view in widget.findChildren(pg.GraphicsView):
-        for item in view.scene().items():
-            if isinstance(item, pg.AxisItem):
-                item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
 
 
 def frame_interval(interval_ms: int, cpu_share: float) -> int:
