@@ -374,3 +374,21 @@ def test_each_cell_is_painted_in_its_colour_where_the_pointer_reads_it(qtbot, vi
                 colour = screen.pixelColor(at.toPoint())
                 assert (colour.red(), colour.green(), colour.blue()) == tuple(table[entry][:3])
     assert checked > 0.8 * len(panel.slots) * keys * keys
+
+
+def test_the_pointer_over_a_cell_writes_its_weight_under_the_mosaic(qtbot, view, rng):
+    from tests.ui.test_teaching_panels import show
+
+    show(view, "attention")
+    qtbot.waitExposed(view.docks["attention"])
+    panel = view.attention
+    first, tokens = run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    expected = expected_matrix(first, tokens, 0)
+    top, left = panel.layout.origin(3)  # head 3's tile, the cell of query #7 and key #2
+    up_rows, up_columns = panel.layout.upsample
+    centre = QPointF(left + 2.5 * up_columns, top + 7.5 * up_rows)
+    at = panel.mosaic.map_from_view(panel.mosaic.image_to_view(centre)).toPoint()
+    qtbot.mouseMove(panel.mosaic, at)
+    text = f"head 3 · query #7 't2' → key #2 'p2': {expected[3, 7, 2]:.4f}"
+    qtbot.waitUntil(lambda: panel.hover.text() == text)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QPointF, QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFontMetricsF,
@@ -229,16 +229,36 @@ class MosaicView(QWidget):
 
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
-        painter.fillRect(self.rect(), BACKGROUND)
         fit = self.fit()
-        if fit is not None and self.qimage is not None:
+        if fit is None or self.qimage is None:
+            painter.fillRect(self.rect(), BACKGROUND)
+        else:
             corners = self._rect.topLeft(), self._rect.bottomRight()
             target = QRectF(*(fit.to_widget(corner) for corner in corners))
+            self._fill_around(painter, target.toRect().adjusted(1, 1, -1, -1))
             painter.drawImage(target, self.qimage)
             self._paint_marker(painter, fit)
             self._paint_labels(painter, fit)
             self._paint_axes(painter, fit)
         painter.end()
+
+    def _fill_around(self, painter: QPainter, inside: QRect) -> None:
+        """The background everywhere but `inside` (the image covers it: filling it first would
+        write most of the widget's pixels twice a paint)."""
+        whole = self.rect()
+        if inside.isEmpty():
+            painter.fillRect(whole, BACKGROUND)
+            return
+        top, bottom = inside.top(), inside.bottom()
+        painter.fillRect(QRect(0, 0, whole.width(), top), BACKGROUND)
+        painter.fillRect(
+            QRect(0, bottom + 1, whole.width(), whole.height() - bottom - 1), BACKGROUND
+        )
+        painter.fillRect(QRect(0, top, inside.left(), inside.height()), BACKGROUND)
+        painter.fillRect(
+            QRect(inside.right() + 1, top, whole.width() - inside.right() - 1, inside.height()),
+            BACKGROUND,
+        )
 
     def _paint_marker(self, painter: QPainter, fit: ViewFit) -> None:
         if self.marker is None:
