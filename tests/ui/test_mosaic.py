@@ -392,3 +392,29 @@ def test_the_pointer_over_a_cell_writes_its_weight_under_the_mosaic(qtbot, view,
     qtbot.mouseMove(panel.mosaic, at)
     text = f"head 3 · query #7 't2' → key #2 'p2': {expected[3, 7, 2]:.4f}"
     qtbot.waitUntil(lambda: panel.hover.text() == text)
+
+
+def test_a_drag_across_the_mosaic_opens_no_head_and_a_click_does(qtbot, view, rng):
+    from PySide6.QtCore import Qt
+
+    from tests.ui.test_teaching_panels import show
+
+    show(view, "attention")
+    qtbot.waitExposed(view.docks["attention"])
+    panel = view.attention
+    run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    mosaic, left = panel.mosaic, Qt.MouseButton.LeftButton
+
+    def tile_centre(slot: int):
+        top, left_pixel = panel.layout.origin(slot)
+        height, width = panel.layout.tile_shape
+        corner = QPointF(left_pixel + width / 2, top + height / 2)
+        return mosaic.map_from_view(mosaic.image_to_view(corner)).toPoint()
+
+    qtbot.mousePress(mosaic, left, pos=tile_centre(0))
+    qtbot.mouseMove(mosaic, tile_centre(1))
+    qtbot.mouseRelease(mosaic, left, pos=tile_centre(1))
+    assert panel.selected_head is None
+    qtbot.mouseClick(mosaic, left, pos=tile_centre(1))
+    assert panel.selected_head == panel.slots[1]

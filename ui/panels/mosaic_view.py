@@ -30,7 +30,7 @@ from PySide6.QtGui import (
     QResizeEvent,
     QTransform,
 )
-from PySide6.QtWidgets import QSizePolicy, QWidget
+from PySide6.QtWidgets import QApplication, QSizePolicy, QWidget
 
 from ui.panels.line_chart import BACKGROUND, TEXT
 
@@ -120,6 +120,7 @@ class MosaicView(QWidget):
         self.labels: tuple[tuple[str, QPointF], ...] = ()  # (text, its top-right in view units)
         self.marker: QPainterPath | None = None  # in view units
         self.key_axis, self.query_axis = TokenAxis("top"), TokenAxis("left")
+        self._pressed_at: QPointF | None = None
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
@@ -328,9 +329,18 @@ class MosaicView(QWidget):
             self.hovered.emit(point)
         super().mouseMoveEvent(event)
 
-    def mouseReleaseEvent(self, event: QMouseEvent) -> None:
+    def mousePressEvent(self, event: QMouseEvent) -> None:
         if event.button() == Qt.MouseButton.LeftButton:
-            self.clicked.emit(event.position())
+            self._pressed_at = event.position()
+        super().mousePressEvent(event)
+
+    def mouseReleaseEvent(self, event: QMouseEvent) -> None:
+        """A click: pressed and released in about the same place (a drag is none)."""
+        pressed, self._pressed_at = self._pressed_at, None
+        if event.button() == Qt.MouseButton.LeftButton and pressed is not None:
+            moved = (event.position() - pressed).manhattanLength()
+            if moved < QApplication.startDragDistance():
+                self.clicked.emit(event.position())
         super().mouseReleaseEvent(event)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
