@@ -291,6 +291,31 @@ def test_the_decode_cloud_redraws_on_the_timer_not_per_token(measured, rng, monk
     assert len(panel.decode_points.xData) == drawn + 1
 
 
+def test_token_axes_that_would_crowd_their_own_tile_stay_hidden_frame_after_frame(qtbot, view, rng):
+    """36 tokens: each has its 12 pixels while the axes are hidden, not once their labels take
+    their room. The axes stay hidden and the panel settles (judged on the room they leave
+    hidden, they showed, crowded the tile, hid, and showed again at every frame)."""
+    from ui.panels.attention import TOKEN_LABEL_PIXELS
+    from ui.panels.attention_tiles import axis_token, tile_aspect
+
+    show(view, "attention", width=480, height=900)
+    words = tuple(f"forecast{i}" for i in range(36))
+    view.ingest(replace(prefill(rng, prompt=36), token_texts=words))
+    panel = view.attention
+    panel.show_head(0)
+    for _ in range(6):
+        view.redraw()
+        qtbot.wait(5)
+    mosaic, needed = panel.mosaic, TOKEN_LABEL_PIXELS * 36
+    hidden = mosaic.area_for((), keys=False)
+    shown = mosaic.area_for([(0.5, axis_token(words[0]))], keys=True)
+    aspect = tile_aspect(36, 36)
+    assert min(hidden.width(), hidden.height() / aspect) >= needed  # room while hidden
+    assert min(shown.width(), shown.height() / aspect) < needed  # none beside the labels
+    assert not panel.key_axis.shown and not panel.query_axis.shown
+    assert not panel.needs_redraw()
+
+
 def test_a_lone_heads_top_axis_numbers_keys_whose_words_would_collide(qtbot, view, rng):
     show(view, "attention", width=480, height=900)
     long_words = tuple(f"forecast{i}" for i in range(12))

@@ -375,37 +375,39 @@ class AttentionPanel(StatePanel):
 
     def _draw_token_axes(self, rows: AttentionRows, slots: tuple[int, ...]) -> None:
         """Token text on the axes of a lone head when each token has room; else hover only."""
-        size = self.mosaic.plot_rect().size()
-        readable = (
-            len(slots) == 1
-            and self.pool_factors == (1, 1)
-            and min(size.width(), size.height() / tile_aspect(rows.rows, rows.keys))
-            >= TOKEN_LABEL_PIXELS * rows.keys
-        )
-        key = (rows.serial, rows.rows, rows.keys, rows.dropped) if readable else ()
+        lone = len(slots) == 1 and self.pool_factors == (1, 1)
+        key = (rows.serial, rows.rows, rows.keys, rows.dropped, self.mosaic.size()) if lone else ()
         if key == self._token_ticks:
             return
-        shown_before = bool(self._token_ticks)
         self._token_ticks = key
-        if readable:
-            self.mosaic.set_axes(*self._token_labels(rows, size.width(), size.height()))
+        shown_before = self.key_axis.shown
+        labels = self._token_labels(rows) if lone else None
+        if labels is not None:
+            self.mosaic.set_axes(*labels)
         else:
             self.mosaic.hide_axes()
-        if readable != shown_before:  # the axes took or gave back room: the cells follow it
-            QTimer.singleShot(0, self, self.tracker.mark)
+        if (labels is not None) != shown_before:  # the axes took or gave back room
+            QTimer.singleShot(0, self, self.tracker.mark)  # the cells follow the new area
 
     def _token_labels(
-        self, rows: AttentionRows, width: float, height: float
-    ) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
-        """(query rows' labels, keys' labels) of a lone head: (view position, text)."""
+        self, rows: AttentionRows
+    ) -> tuple[list[tuple[float, str]], list[tuple[float, str]]] | None:
+        """(query rows' labels, keys' labels) of a lone head, (view position, text), when each
+        token gets TOKEN_LABEL_PIXELS beside the axes; None when they would not. Judged with
+        the axes' room taken whether they show now or not: judged on the room they leave
+        when hidden, they could show, shrink the tile below the bar and hide again, frame
+        after frame."""
         text = self._state.token_text
         queries = [(r + 0.5, axis_token(text(int(p)))) for r, p in enumerate(rows.positions)]
+        area = self.mosaic.area_for(queries, keys=True)
+        side = min(area.width(), area.height() / tile_aspect(rows.rows, rows.keys))
+        if side < TOKEN_LABEL_PIXELS * rows.keys:
+            return None
         # Across the top, words would run into each other: each key is also a row above (the
         # same token), so its position is enough there unless every word fits its column.
         words = [axis_token(text(k)) for k in range(rows.keys)]
         metrics = self.fontMetrics()
-        column = min(width, height / tile_aspect(rows.rows, rows.keys)) / rows.keys
-        fits = max(metrics.horizontalAdvance(word) for word in words) + 6 <= column
+        fits = max(metrics.horizontalAdvance(word) for word in words) + 6 <= side / rows.keys
         labels = words if fits else [f"#{k}" for k in range(rows.keys)]
         return queries, [(k + 0.5, label) for k, label in enumerate(labels)]
 

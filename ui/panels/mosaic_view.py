@@ -177,12 +177,18 @@ class MosaicView(QWidget):
 
     def plot_rect(self) -> QRectF:
         """Where the image is fitted: the widget less the room the shown axes take."""
+        queries = self.query_axis.ticks if self.query_axis.shown else ()
+        return self.area_for(queries, keys=self.key_axis.shown and bool(self.key_axis.ticks))
+
+    def area_for(self, queries: Sequence[tuple[float, str]], keys: bool) -> QRectF:
+        """The plot's area with `queries` labelled down the left and, if `keys`, a line of key
+        labels across the top."""
         metrics = QFontMetricsF(self.font())
         left = top = 0.0
-        if self.query_axis.shown and self.query_axis.ticks:
-            widest = max(metrics.horizontalAdvance(text) for _at, text in self.query_axis.ticks)
+        if queries:
+            widest = max(metrics.horizontalAdvance(text) for _at, text in queries)
             left = widest + AXIS_GAP + TICK_PIXELS + 2
-        if self.key_axis.shown and self.key_axis.ticks:
+        if keys:
             top = metrics.height() + AXIS_GAP + TICK_PIXELS
         return QRectF(left, top, max(self.width() - left, 1.0), max(self.height() - top, 1.0))
 
