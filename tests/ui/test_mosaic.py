@@ -377,6 +377,10 @@ def test_each_cell_is_painted_in_its_colour_where_the_pointer_reads_it(qtbot, vi
 
 
 def test_the_pointer_over_a_cell_writes_its_weight_under_the_mosaic(qtbot, view, rng):
+    from PySide6.QtCore import QEvent, Qt
+    from PySide6.QtGui import QMouseEvent
+    from PySide6.QtWidgets import QApplication
+
     from tests.ui.test_teaching_panels import show
 
     show(view, "attention")
@@ -385,13 +389,26 @@ def test_the_pointer_over_a_cell_writes_its_weight_under_the_mosaic(qtbot, view,
     first, tokens = run_reply(view, rng, count=4)
     view.redraw(force=True)
     expected = expected_matrix(first, tokens, 0)
-    top, left = panel.layout.origin(3)  # head 3's tile, the cell of query #7 and key #2
+    top, left = panel.layout.origin(3)
     up_rows, up_columns = panel.layout.upsample
-    centre = QPointF(left + 2.5 * up_columns, top + 7.5 * up_rows)
-    at = panel.mosaic.map_from_view(panel.mosaic.image_to_view(centre)).toPoint()
-    qtbot.mouseMove(panel.mosaic, at)
-    text = f"head 3 · query #7 't2' → key #2 'p2': {expected[3, 7, 2]:.4f}"
-    qtbot.waitUntil(lambda: panel.hover.text() == text)
+
+    def point(row: int, key: int):  # where head 3's cell of (row, key) is on screen
+        centre = QPointF(left + (key + 0.5) * up_columns, top + (row + 0.5) * up_rows)
+        return panel.mosaic.map_from_view(panel.mosaic.image_to_view(centre)).toPoint()
+
+    for row, key, query, word in ((7, 2, "t2", "p2"), (6, 5, "t1", "t0")):
+        at = QPointF(point(row, key))
+        moved = QMouseEvent(
+            QEvent.Type.MouseMove,
+            at,
+            panel.mosaic.mapToGlobal(at),
+            Qt.MouseButton.NoButton,
+            Qt.MouseButton.NoButton,
+            Qt.KeyboardModifier.NoModifier,
+        )
+        QApplication.sendEvent(panel.mosaic, moved)
+        text = f"head 3 · query #{row} '{query}' → key #{key} '{word}': "
+        assert panel.hover.text() == text + f"{expected[3, row, key]:.4f}"
 
 
 def test_a_drag_across_the_mosaic_opens_no_head_and_a_click_does(qtbot, view, rng):

@@ -783,10 +783,10 @@ def test_the_mosaic_paints_once_a_frame_as_its_extent_grows(qtbot, docked, rng):
     paints = _Events(panel.mosaic, QEvent.Type.Paint)
     for index in range(1, 6):
         view.ingest(token(rng, index))
-        extent = panel._mosaic_extent
+        extent = panel.mosaic.view_rect
         before = paints.count
         panel.redraw()
-        assert panel._mosaic_extent != extent  # a row and a key more: the view moved
+        assert panel.mosaic.view_rect != extent  # a row and a key more: the view moved
         qtbot.waitUntil(lambda before=before: paints.count > before)
         qtbot.wait(30)  # anything the paint queued behind it
         assert paints.count == before + 1

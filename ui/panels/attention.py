@@ -85,7 +85,6 @@ class AttentionPanel(StatePanel):
         self.pool_factors = (1, 1)  # buffer rows and keys per display cell
         self._pixel = (1.0, 1.0)
         self._image_buffer: np.ndarray | None = None
-        self._mosaic_extent: tuple[QRectF, float] | None = None  # as last set: rect, ratio
         self._build_controls()
         self._build_mosaic()
         self.head_overview = HeadOverview(state, self._lut)
@@ -365,7 +364,6 @@ class AttentionPanel(StatePanel):
         tile_height, tile_width = layout.tile_shape
         shape = tile_height * row_size / (tile_width * key_size)  # rows per key in a tile
         ratio = shape / min(max(shape, FLATTEST_TILE), 1.0)
-        self._mosaic_extent = (rect, ratio)
         self.mosaic.set_view(rect, ratio)
         labels = []
         for slot, head in enumerate(slots):
@@ -471,7 +469,7 @@ class AttentionPanel(StatePanel):
         self._token_ticks = ()
         self.mosaic.clear()
         self.marked_row = None
-        self.layout, self.slots, self._mosaic_extent = None, (), None
+        self.layout, self.slots = None, ()
 
     def _on_hover(self, point: QPointF) -> None:
         cell = self.cell_at(point)

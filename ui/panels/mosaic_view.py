@@ -138,6 +138,11 @@ class MosaicView(QWidget):
         self.qimage = colour_pixels(image, levels, self._colours)
         self.update()
 
+    @property
+    def view_rect(self) -> QRectF:
+        """The view units the image spans."""
+        return QRectF(self._rect)
+
     def set_view(self, rect: QRectF, ratio: float) -> None:
         """The image spans `rect` (view units); x pixels per unit are `ratio` times y's."""
         if (rect, ratio) != (self._rect, self._ratio):
