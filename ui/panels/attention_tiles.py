@@ -1,5 +1,6 @@
-"""The attention mosaic's pieces that need no panel: its colours, token text for the axes, a
-tile's shape on screen, the outline of a query row and the hover line of a cell."""
+"""The attention mosaic's pieces that need no panel: its colours (and the overview's), token
+text for the axes, a tile's shape on screen, the outline of a query row and the hover line of a
+cell."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF
-from PySide6.QtGui import QPainterPath
+from PySide6.QtGui import QImage, QPainterPath
 
 from ui.panels.mosaic import MosaicLayout
 from ui.panels.state import AttentionRows
@@ -22,6 +23,23 @@ TOKEN_LABEL_CHARACTERS = 8
 
 def colour_table() -> np.ndarray:
     return np.asarray(pg.colormap.get("viridis").getLookupTable(nPts=256))
+
+
+def argb_table(lut: np.ndarray) -> list[int]:
+    """0xAARRGGBB of each row of an RGB(A) colour table, opaque: a QImage's colour table."""
+    rgb = np.asarray(lut, dtype=np.uint32)[:, :3]
+    return [int(c) for c in 0xFF000000 | (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]]
+
+
+def table_pixels(index: np.ndarray, colours: list[int]) -> QImage:
+    """Entries [rows, columns] (uint8) of `colours` as 32-bit pixels. Qt paints an Indexed8
+    image by converting it at every paint, in its thread pool, whose threads take the model's
+    cores: converted here once per new picture, each paint is a plain (scaled) copy."""
+    index = np.ascontiguousarray(index, dtype=np.uint8)
+    rows, columns = index.shape
+    picture = QImage(index.data, columns, rows, columns, QImage.Format.Format_Indexed8)
+    picture.setColorTable(colours)
+    return picture.convertToFormat(QImage.Format.Format_RGB32)  # copies the pixels
 
 
 def display_token(text: str) -> str:

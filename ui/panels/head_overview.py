@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ui.panels.attention_tiles import argb_table, table_pixels
 from ui.panels.line_chart import GRID, TEXT, KeptFrame
 from ui.panels.readout import ReadoutBox
 from ui.panels.redraw import Throttle
@@ -64,7 +65,7 @@ class OverviewGrid(QWidget):
     def __init__(self, lut: np.ndarray, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.image: np.ndarray | None = None
-        self._colours = [int(c) for c in _argb(lut)]
+        self._colours = argb_table(lut)
         self._picture: QImage | None = None
         self.row_labels: tuple[tuple[int, str], ...] = ()  # (row, text) of the labelled rows
         self.column_labels: tuple[tuple[int, str], ...] = ()
@@ -78,11 +79,7 @@ class OverviewGrid(QWidget):
         low, high = levels
         last = len(self._colours) - 1
         index = np.clip((grid - low) / (high - low) * last, 0, last).astype(np.uint8)
-        index = np.ascontiguousarray(index)
-        rows, columns = index.shape
-        picture = QImage(index.data, columns, rows, columns, QImage.Format.Format_Indexed8)
-        picture.setColorTable(self._colours)
-        self._picture = picture.convertToFormat(QImage.Format.Format_RGB32)  # copies the data
+        self._picture = table_pixels(index, self._colours)
         self.update()
 
     def clear(self) -> None:
@@ -159,12 +156,6 @@ class OverviewGrid(QWidget):
             Qt.AlignmentFlag.AlignHCenter,
             "head",
         )
-
-
-def _argb(lut: np.ndarray) -> np.ndarray:
-    """0xAARRGGBB of each row of an RGB(A) colour table."""
-    rgb = np.asarray(lut, dtype=np.uint32)[:, :3]
-    return 0xFF000000 | (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
 
 
 class HeadOverview(QWidget):

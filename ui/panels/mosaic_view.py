@@ -32,6 +32,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QApplication, QSizePolicy, QWidget
 
+from ui.panels.attention_tiles import argb_table, table_pixels
 from ui.panels.line_chart import BACKGROUND, TEXT
 
 # The selected step's query row, outlined on every tile (pixels wide whatever the scale).
@@ -86,15 +87,11 @@ class TokenAxis:
 
 
 def colour_pixels(image: np.ndarray, levels: tuple[float, float], colours: list[int]) -> QImage:
-    """`image` through a 256-entry colour table as 32-bit pixels (Qt would convert an Indexed8
-    image at every paint), entries as pyqtgraph picked them: (value - low) * 256 / span."""
+    """`image` through a 256-entry colour table as 32-bit pixels, entries as pyqtgraph picked
+    them: (value - low) * 256 / span."""
     low, high = levels
     scaled = (image - np.float32(low)) * np.float32(256 / (high - low))
-    index = np.clip(scaled, 0, 255, out=scaled).astype(np.uint8)
-    rows, columns = index.shape
-    indexed = QImage(index.data, columns, rows, columns, QImage.Format.Format_Indexed8)
-    indexed.setColorTable(colours)
-    return indexed.convertToFormat(QImage.Format.Format_RGB32)  # copies the pixels
+    return table_pixels(np.clip(scaled, 0, 255, out=scaled).astype(np.uint8), colours)
 
 
 class MosaicView(QWidget):
@@ -109,9 +106,7 @@ class MosaicView(QWidget):
     def __init__(self, lut: np.ndarray, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.lut = lut  # [256, 3 or 4]: entry 0 the gaps' background
-        self._colours = [
-            (0xFF << 24) | (int(r) << 16) | (int(g) << 8) | int(b) for r, g, b in lut[:, :3]
-        ]
+        self._colours = argb_table(lut)
         self.image: np.ndarray | None = None  # the values as last set
         self.qimage: QImage | None = None  # their colours
         self.levels = (0.0, 1.0)
