@@ -810,6 +810,10 @@ def test_token_axes_take_room_only_while_a_lone_head_shows_its_tokens(qtbot, doc
     assert tile.x() >= area.left() and tile.y() >= area.top()
     assert mosaic.axis_rect(panel.query_axis).right() == area.left()
     assert mosaic.axis_rect(panel.key_axis).bottom() == area.top()
+    larger = mosaic.font()
+    larger.setPointSizeF(larger.pointSizeF() * 2)
+    mosaic.setFont(larger)  # labels in a larger font take more room
+    assert mosaic.plot_rect().left() > area.left() and mosaic.plot_rect().top() > area.top()
     panel.show_head(None)
     docked.tick()
     assert not panel.key_axis.shown and mosaic.plot_rect() == QRectF(mosaic.rect())

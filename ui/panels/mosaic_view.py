@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from PySide6.QtCore import QPointF, QRect, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QPointF, QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFontMetricsF,
@@ -116,6 +116,7 @@ class MosaicView(QWidget):
         self.marker: QPainterPath | None = None  # in view units
         self.key_axis, self.query_axis = TokenAxis("top"), TokenAxis("left")
         self._pressed_at: QPointF | None = None
+        self._axes_room = (0.0, 0.0)  # (left, top) pixels the shown axes take
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
@@ -161,11 +162,13 @@ class MosaicView(QWidget):
         """Show token text: `queries` down the left, `keys` across the top."""
         for axis, ticks in ((self.query_axis, queries), (self.key_axis, keys)):
             axis.ticks, axis.shown = tuple(ticks), True
+        self._axes_room = self._room_for(queries, bool(keys))
         self.update()
 
     def hide_axes(self) -> None:
         for axis in (self.query_axis, self.key_axis):
             axis.ticks, axis.shown = (), False
+        self._axes_room = (0.0, 0.0)
         self.update()
 
     def clear(self) -> None:
@@ -176,13 +179,17 @@ class MosaicView(QWidget):
     # -- geometry ---------------------------------------------------------------------------
 
     def plot_rect(self) -> QRectF:
-        """Where the image is fitted: the widget less the room the shown axes take."""
-        queries = self.query_axis.ticks if self.query_axis.shown else ()
-        return self.area_for(queries, keys=self.key_axis.shown and bool(self.key_axis.ticks))
+        """Where the image is fitted: the widget less the room the shown axes take (measured
+        when they were set: every paint and pointer move asks)."""
+        return self._area(*self._axes_room)
 
     def area_for(self, queries: Sequence[tuple[float, str]], keys: bool) -> QRectF:
         """The plot's area with `queries` labelled down the left and, if `keys`, a line of key
         labels across the top."""
+        return self._area(*self._room_for(queries, keys))
+
+    def _room_for(self, queries: Sequence[tuple[float, str]], keys: bool) -> tuple[float, float]:
+        """(left, top): the pixels the query labels and a line of key labels take."""
         metrics = QFontMetricsF(self.font())
         left = top = 0.0
         if queries:
@@ -190,6 +197,9 @@ class MosaicView(QWidget):
             left = widest + AXIS_GAP + TICK_PIXELS + 2
         if keys:
             top = metrics.height() + AXIS_GAP + TICK_PIXELS
+        return left, top
+
+    def _area(self, left: float, top: float) -> QRectF:
         return QRectF(left, top, max(self.width() - left, 1.0), max(self.height() - top, 1.0))
 
     def fit(self) -> ViewFit | None:
@@ -246,7 +256,7 @@ class MosaicView(QWidget):
             painter.drawImage(target, self.qimage)
             self._paint_marker(painter, fit)
             self._paint_labels(painter, fit)
-            self._paint_axes(painter, fit)
+            self._paint_axes(painter, fit, target)
         painter.end()
 
     def _fill_around(self, painter: QPainter, inside: QRect) -> None:
@@ -284,11 +294,11 @@ class MosaicView(QWidget):
             painter.setPen(LABEL_TEXT)
             painter.drawText(box, Qt.AlignmentFlag.AlignCenter, text)
 
-    def _paint_axes(self, painter: QPainter, fit: ViewFit) -> None:
+    def _paint_axes(self, painter: QPainter, fit: ViewFit, image: QRectF) -> None:
+        """The token axes beside `image` (where the image is in the widget)."""
         painter.setPen(TEXT)
         painter.setFont(self.font())
         area = self.plot_rect()
-        image = QRectF(fit.to_widget(self._rect.topLeft()), fit.to_widget(self._rect.bottomRight()))
         if self.query_axis.shown:
             self._paint_query_axis(painter, fit, area, image)
         if self.key_axis.shown:
@@ -348,6 +358,11 @@ class MosaicView(QWidget):
             if moved < QApplication.startDragDistance():
                 self.clicked.emit(event.position())
         super().mouseReleaseEvent(event)
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.FontChange and self.query_axis.shown:  # labels resized
+            self._axes_room = self._room_for(self.query_axis.ticks, bool(self.key_axis.ticks))
+        super().changeEvent(event)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
