@@ -19,6 +19,7 @@ from tests.ui.test_panels import (
     run_reply,
     token,
 )
+from tests.ui.test_teaching_panels import show
 from ui.panels import pooled_rows
 from ui.panels.docks import InternalsView
 from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MosaicLayout, best_columns
@@ -339,33 +340,41 @@ def test_the_mosaic_is_painted_from_32_bit_pixels_equal_to_its_colour_table(view
     np.testing.assert_array_equal(pixels, expected[entries])
 
 
+def reply_on_screen(qtbot, view: InternalsView, rng, per_head_scale: bool = True):
+    """The attention dock shown after a four-token reply: (prefill, tokens)."""
+    show(view, "attention")
+    qtbot.waitExposed(view.docks["attention"])
+    view.attention.per_head_scale.setChecked(per_head_scale)
+    first, tokens = run_reply(view, rng, count=4)
+    view.redraw(force=True)
+    return first, tokens
+
+
+def cell_on_screen(panel, slot: int, row: float, key: float) -> QPointF:
+    """Where the centre of cell (row, key) of tile `slot` is in the mosaic widget's pixels."""
+    top, left = panel.layout.origin(slot)
+    up_rows, up_columns = panel.layout.upsample
+    pixel = QPointF(left + (key + 0.5) * up_columns, top + (row + 0.5) * up_rows)
+    return panel.mosaic.map_from_view(panel.mosaic.image_to_view(pixel))
+
+
 def test_each_cell_is_painted_in_its_colour_where_the_pointer_reads_it(qtbot, view, rng):
     """On screen, the centre of every cell of every tile has that cell's colour, and the
     pointer there names that head, row and key."""
-    from tests.ui.test_teaching_panels import show
-
-    show(view, "attention")
-    qtbot.waitExposed(view.docks["attention"])
+    first, tokens = reply_on_screen(qtbot, view, rng, per_head_scale=False)
     panel = view.attention
-    panel.per_head_scale.setChecked(False)
-    first, tokens = run_reply(view, rng, count=4)
-    view.redraw(force=True)
     expected = expected_matrix(first, tokens, 0)
     screen = panel.mosaic.grab().toImage()
     table = panel.mosaic.lut
     low, high = panel.mosaic.levels
     keys = PROMPT + len(tokens) - 1
-    layout = panel.layout
-    up_rows, up_columns = layout.upsample
     mosaic = panel.mosaic
     labels = [mosaic.label_rect(text, mosaic.map_from_view(at)) for text, at in mosaic.labels]
     checked = 0
     for slot, head in enumerate(panel.slots):
-        top, left = layout.origin(slot)
         for row in range(keys):
             for key in range(keys):
-                centre = QPointF(left + (key + 0.5) * up_columns, top + (row + 0.5) * up_rows)
-                at = panel.mosaic.map_from_view(panel.mosaic.image_to_view(centre))
+                at = cell_on_screen(panel, slot, row, key)
                 entry = min(max(int((expected[head, row, key] - low) * 256 / (high - low)), 0), 255)
                 assert panel.cell_at(panel.mosaic.map_to_view(at)) == (head, row, key)
                 if any(label.contains(at) for label in labels):
@@ -381,23 +390,11 @@ def test_the_pointer_over_a_cell_writes_its_weight_under_the_mosaic(qtbot, view,
     from PySide6.QtGui import QMouseEvent
     from PySide6.QtWidgets import QApplication
 
-    from tests.ui.test_teaching_panels import show
-
-    show(view, "attention")
-    qtbot.waitExposed(view.docks["attention"])
+    first, tokens = reply_on_screen(qtbot, view, rng)
     panel = view.attention
-    first, tokens = run_reply(view, rng, count=4)
-    view.redraw(force=True)
     expected = expected_matrix(first, tokens, 0)
-    top, left = panel.layout.origin(3)
-    up_rows, up_columns = panel.layout.upsample
-
-    def point(row: int, key: int):  # where head 3's cell of (row, key) is on screen
-        centre = QPointF(left + (key + 0.5) * up_columns, top + (row + 0.5) * up_rows)
-        return panel.mosaic.map_from_view(panel.mosaic.image_to_view(centre)).toPoint()
-
-    for row, key, query, word in ((7, 2, "t2", "p2"), (6, 5, "t1", "t0")):
-        at = QPointF(point(row, key))
+    for row, key, query, word in ((7, 2, "t2", "p2"), (6, 5, "t1", "t0")):  # head 3's cells
+        at = QPointF(cell_on_screen(panel, 3, row, key).toPoint())
         moved = QMouseEvent(
             QEvent.Type.MouseMove,
             at,
@@ -414,20 +411,13 @@ def test_the_pointer_over_a_cell_writes_its_weight_under_the_mosaic(qtbot, view,
 def test_a_drag_across_the_mosaic_opens_no_head_and_a_click_does(qtbot, view, rng):
     from PySide6.QtCore import Qt
 
-    from tests.ui.test_teaching_panels import show
-
-    show(view, "attention")
-    qtbot.waitExposed(view.docks["attention"])
+    reply_on_screen(qtbot, view, rng)
     panel = view.attention
-    run_reply(view, rng, count=4)
-    view.redraw(force=True)
     mosaic, left = panel.mosaic, Qt.MouseButton.LeftButton
 
     def tile_centre(slot: int):
-        top, left_pixel = panel.layout.origin(slot)
-        height, width = panel.layout.tile_shape
-        corner = QPointF(left_pixel + width / 2, top + height / 2)
-        return mosaic.map_from_view(mosaic.image_to_view(corner)).toPoint()
+        middle = (panel.layout.data_rows - 1) / 2, (panel.layout.data_columns - 1) / 2
+        return cell_on_screen(panel, slot, *middle).toPoint()
 
     qtbot.mousePress(mosaic, left, pos=tile_centre(0))
     qtbot.mouseMove(mosaic, tile_centre(1))
