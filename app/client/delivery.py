@@ -9,7 +9,10 @@ before they hear that its job ended.
 
 The GUI must stay responsive however fast events come and however heavy they are (an attention
 row per watched layer grows with the context). So one drain delivers batches for at most
-DRAIN_BUDGET_S and lets the event loop paint and take input before it goes on; and when the
+DRAIN_BUDGET_S and lets the event loop paint and take input before it goes on (a batch holds as
+many events as the budget left has room for, at what events have cost so far), a drain that
+falls due right after the panels' frame waits for the event loop's next turn (ui.turns); and
+when the
 undelivered events weigh more than MAX_BUFFERED_WEIGHT the receiving thread waits for the GUI
 (and so, in turn, does the engine), which keeps memory bounded when the GUI is the slower of
 the two (never with a model decoding at tens of tokens a second; possible with a fast one and
@@ -20,15 +23,16 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from app.client import full_collections
 from app.server.jobs import event_weight
 from engine.events import Event, PrefillDone, StepRows, Token
+from ui.turns import GIVE_WAY_MS, Turns
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,11 @@ SLOWEST_DRAIN_MS = 500
 # the stream is as fast and the stalls shorter.
 DRAIN_BUDGET_S = 0.006
 BATCH_WEIGHT = 256 * 1024  # a batch ends once it holds this much (listeners' work stays short)
+# A batch holds at least this many events: each has a cost of its own (the listeners' calls),
+# so batches sized by a budget nearly spent would cost more in all.
+MIN_BATCH_EVENTS = 8
+# What an event costs the listeners before any was timed (a token's is ~0.1 ms on a slow CPU)
+FIRST_EVENT_COST_S = 1e-4
 MAX_BUFFERED_WEIGHT = 8 * 2**20  # the receiving thread waits while more is undelivered
 
 Batch = Callable[[list[Event]], None]
@@ -72,13 +81,15 @@ class Delivery(QObject):
         self._ends: deque[tuple[int, int]] = deque()  # (events pushed by its end, job)
         self._closed = False
         self.preparer: Batch | None = None  # see prepare
+        self.turns = Turns()  # shared with the panels' frame (EngineClient.share_turns)
+        self._event_cost = FIRST_EVENT_COST_S  # seconds the listeners took an event, lately
 
         self._timer = QTimer(self)
         self._timer.setInterval(DRAIN_INTERVAL_MS)
         self._timer.timeout.connect(self.drain)
         self._again = QTimer(self)  # drains on as soon as the event loop has had its turn
         self._again.setSingleShot(True)
-        self._again.setInterval(0)
+        self._again.setInterval(GIVE_WAY_MS)
         self._again.timeout.connect(self.drain)
         # A reply's start is delivered at once, not at the next tick of a slow drain timer:
         # the time to its first token shown stays what the engine made it.
@@ -128,24 +139,45 @@ class Delivery(QObject):
         """Deliver buffered events; the timer calls this 2 to 30 times a second.
 
         Batches go out until the buffer is empty or DRAIN_BUDGET_S has passed; then the event
-        loop gets its turn (paint, input, timers) and the rest follows right after.
+        loop gets its turn (paint, input, timers) and the rest follows right after. Right
+        after the panels' frame, all of it waits for that turn.
         """
-        started = time.perf_counter()
-        while batch := self._take_batch():
-            self._delivered += len(batch)
-            self._deliver(batch)
-            if time.perf_counter() - started > DRAIN_BUDGET_S:
-                break
-        while self._ends and self._delivered >= self._ends[0][0]:
-            self._reached(self._ends.popleft()[1])
+        if self.turns.just_worked():
+            self._again.start()
+            return
+        with self.turns.piece():
+            self._deliver_for_a_while()
         if self._buffer and not self._closed:
             self._again.start()
 
-    def _take_batch(self) -> list[Event]:
+    def _deliver_for_a_while(self) -> None:
+        """Batches until the buffer is empty or DRAIN_BUDGET_S has passed; then the jobs whose
+        events are all out are reached."""
+        started = perf_counter()
+        while batch := self._take_batch(self._batch_events(started)):
+            self._delivered += len(batch)
+            before = perf_counter()
+            self._deliver(batch)
+            self._learn_cost(len(batch), perf_counter() - before)
+            if perf_counter() - started > DRAIN_BUDGET_S:
+                break
+        while self._ends and self._delivered >= self._ends[0][0]:
+            self._reached(self._ends.popleft()[1])
+
+    def _batch_events(self, started: float) -> int:
+        """How many events the next batch may hold: what the drain's budget left has room for."""
+        left = DRAIN_BUDGET_S - (perf_counter() - started)
+        return max(MIN_BATCH_EVENTS, int(left / self._event_cost))
+
+    def _learn_cost(self, events: int, seconds: float) -> None:
+        """Follow what an event costs the listeners, smoothed over the last few batches."""
+        self._event_cost = 0.7 * self._event_cost + 0.3 * max(seconds / events, 1e-6)
+
+    def _take_batch(self, most: int) -> list[Event]:
         with self._drained:
             batch: list[Event] = []
             weight = 0
-            while self._buffer and weight < BATCH_WEIGHT:
+            while self._buffer and weight < BATCH_WEIGHT and len(batch) < most:
                 event, event_weight_ = self._buffer.popleft()
                 batch.append(event)
                 weight += event_weight_

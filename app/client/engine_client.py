@@ -30,6 +30,7 @@ from app.server import wire
 from app.server.jobs import ReplyTally
 from engine.events import ENGINE_STOPPED, Event, Finished, ModelInfo
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+from ui.turns import Turns
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,11 @@ class EngineClient(QObject):
         return receiver or (self._engine is not None and self._engine.is_alive())
 
     # -- delivery --------------------------------------------------------------------------------
+
+    def share_turns(self, turns: Turns) -> None:
+        """Deliver in turns of the event loop of their own beside the other heavy work that
+        notes itself in `turns` (the panels' frame: ui.turns)."""
+        self._delivery.turns = turns
 
     def set_drain_interval(self, interval_ms: int) -> None:
         """Deliver every `interval_ms` (app.client.delivery's bounds): no more often than the window

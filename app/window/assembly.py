@@ -77,6 +77,7 @@ def assemble(
     internals.frame_interval_changed.connect(worker.set_drain_interval)
     internals.frame_interval_changed.connect(window.chat.set_stream_interval)
     worker.set_drain_interval(internals.busy_interval)
+    worker.share_turns(internals.turns)  # a delivery and a frame never in one turn (ui.turns)
     window.chat.set_stream_interval(internals.busy_interval)
     _connect_engine_notes(window, worker)
     _connect_lens(internals, worker)

@@ -791,9 +791,9 @@ def test_the_chips_whose_kind_changed_are_the_ones_a_look_at_every_chip_finds(se
 
 
 def test_a_long_prompts_chips_come_a_slice_at_a_time_and_all_arrive(qtbot, rng):
-    """One redraw adds CHIPS_PER_REDRAW chips and leaves the rest to the frame's next slices
-    (the frame draws the panel again until it is done); a chip selected before it arrived
-    comes in selected and is scrolled to; a forced redraw adds every chip at once."""
+    """One redraw adds at most CHIPS_PER_REDRAW chips and leaves the rest to the frame's next
+    slices (the frame draws the panel again until it is done); a chip selected before it
+    arrived comes in selected and is scrolled to; a forced redraw adds every chip at once."""
     prompt = 3 * tokens_panel.CHIPS_PER_REDRAW + 17
     views = [InternalsView(), InternalsView()]
     for view in views:
@@ -809,7 +809,7 @@ def test_a_long_prompts_chips_come_a_slice_at_a_time_and_all_arrive(qtbot, rng):
     panel = sliced.tokens
     sliced.timer.stop()  # no ticks: the frame a shown dock starts finishes the chips alone
     panel.redraw()
-    assert panel.shown == tokens_panel.CHIPS_PER_REDRAW
+    assert tokens_panel.CHIPS_BETWEEN_CLOCKS <= panel.shown <= tokens_panel.CHIPS_PER_REDRAW
     assert panel.unfinished and panel.needs_redraw()
     sliced.docks["tokens"].show()
     qtbot.waitUntil(lambda: panel.shown == prompt, timeout=10_000)
@@ -820,6 +820,26 @@ def test_a_long_prompts_chips_come_a_slice_at_a_time_and_all_arrive(qtbot, rng):
         # and the strip went to it, as to a chip selected once it was there
         assert view.tokens.chips.textCursor().position() == view.tokens._starts[prompt - 5]
     assert _chips(panel) == _chips(forced.tokens)
+
+
+def test_a_redraw_adds_chips_for_its_time_slice_only(qtbot, rng, monkeypatch):
+    """Past CHIPS_SLICE_S a redraw stops adding chips at the next look at the clock: with no
+    time at all, one look's worth (CHIPS_BETWEEN_CLOCKS) a redraw, and every chip in the end."""
+    monkeypatch.setattr(tokens_panel, "CHIPS_SLICE_S", 0.0)
+    view = InternalsView()
+    for dock in view.docks.values():
+        qtbot.addWidget(dock)
+    view.timer.stop()
+    prompt = 5 * tokens_panel.CHIPS_BETWEEN_CLOCKS + 3
+    view.set_model(model_info())
+    view.ingest(prefill(rng, prompt=prompt, layers=(0,)))
+    panel = view.tokens
+    redraws = 0
+    while panel.needs_redraw():
+        panel.redraw()
+        redraws += 1
+        assert panel.shown == min(redraws * tokens_panel.CHIPS_BETWEEN_CLOCKS, prompt)
+    assert redraws == 6 and not panel.unfinished
 
 
 # -- the view ----------------------------------------------------------------------------------

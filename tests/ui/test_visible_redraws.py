@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from engine.events import Tally, Token
 from engine.settings import GenerationSettings
 from tests.ui.test_panels import HEADS, causal, model_info, prefill, token
+from ui import turns
 from ui.chat_view import SLOWEST_STREAM_FRAME_MS, STREAM_FRAME_MS, ChatView
 from ui.conversation import Conversation
 from ui.panels import docks, pooled_rows, redraw
@@ -773,6 +774,23 @@ def test_timers_run_between_the_slices_of_a_frame(qtbot, docked, rng, monkeypatc
     assert len(drawn) == len(PANELS)
     between = order[drawn[0] : drawn[-1]]
     assert between.count("beat") >= len(PANELS) - 1  # a timer ran before every later slice
+
+
+def test_a_tick_right_after_a_delivery_draws_at_the_event_loops_next_turn(qtbot, docked, rng):
+    """The timer's tick that falls due as other heavy work ends (a delivery of events, which
+    shares the view's turns: app.window.assembly) gives way: it draws nothing in that turn,
+    and the frame follows at a later one."""
+    view = docked.view
+    view.ingest(prefill(rng))
+    view.ingest(token(rng, 0))
+    before, redraws = view.frames, sum(docked.counts.values())
+    with view.turns.piece():  # a delivery long enough to count
+        time.sleep(2 * turns.LIGHT_S)
+    view._on_timer()
+    if view.turns.just_worked():  # (a very slow machine may have let a turn pass)
+        assert view.frames == before and sum(docked.counts.values()) == redraws
+    qtbot.waitUntil(lambda: view.frames == before + 1, timeout=5000)
+    assert sum(docked.counts.values()) > redraws
 
 
 def test_the_mosaic_paints_once_a_frame_as_its_extent_grows(qtbot, docked, rng):

@@ -22,6 +22,7 @@ from ui.panels.roofline import RooflinePanel
 from ui.panels.state import ATTENTION_CELLS, InternalsState
 from ui.panels.timing import TimingPanel
 from ui.panels.tokens import TokensPanel
+from ui.turns import GIVE_WAY_MS, Turns
 
 
 def window_cpu_share(cores: int | None) -> float:
@@ -145,9 +146,16 @@ class InternalsView(QObject):
             # than show the frame it had when it was hidden until the next tick.
             dock.visibilityChanged.connect(self._on_dock_visibility)
             self.docks[attribute] = dock
+        # Shared with the events' delivery (assembly): a frame and a delivery that fall due
+        # together take turns of the event loop of their own (ui.turns)
+        self.turns = Turns()
         self.timer = QTimer(self)
         self.timer.setInterval(FRAME_MS)
-        self.timer.timeout.connect(self._tick)
+        self.timer.timeout.connect(self._on_timer)
+        self._given_way = QTimer(self)  # a tick that gave way to a delivery, a turn later
+        self._given_way.setSingleShot(True)
+        self._given_way.setInterval(GIVE_WAY_MS)
+        self._given_way.timeout.connect(self._on_timer)
         self._window = (time.perf_counter(), time.process_time())
         self._drawn_in_window = 0  # panel redraws since the window began
         self.busy_interval = FIRST_BUSY_FRAME_MS  # the interval found while panels redraw
@@ -159,7 +167,7 @@ class InternalsView(QObject):
         self._next_slice = QTimer(self)
         self._next_slice.setSingleShot(True)
         self._next_slice.setInterval(1)  # 0 sometimes kept other timers out between slices
-        self._next_slice.timeout.connect(self._draw_queued)
+        self._next_slice.timeout.connect(self._on_next_slice)
         self.frames = 0  # timer ticks that redrew at least one panel (a benchmark reads it)
         self._frame_counted = False
         self._frames_at_window = 0
@@ -300,6 +308,21 @@ class InternalsView(QObject):
         self.sleeps += 1
 
     # -- drawing ---------------------------------------------------------------------------
+
+    def _on_timer(self) -> None:
+        """The timer's tick, at the event loop's next turn if a delivery just ended."""
+        if self.turns.just_worked():
+            self._given_way.start()
+            return
+        with self.turns.piece():
+            self._tick()
+
+    def _on_next_slice(self) -> None:
+        if self.turns.just_worked():
+            self._next_slice.start()
+            return
+        with self.turns.piece():
+            self._draw_queued()
 
     def _tick(self) -> None:
         self._govern()

@@ -9,6 +9,7 @@ step in every panel (InternalsState.select).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterable
 
 from PySide6.QtCore import QUrl
@@ -36,10 +37,13 @@ REPLY = QColor(206, 236, 211)
 SELECTED = QColor(255, 200, 40)
 BYTES_TEXT = QColor(190, 90, 0)
 BLOCK_CHIPS = 100  # the most chips in one paragraph (see _append)
-# The most chips one redraw adds: a model streaming thousands of tokens a second left hundreds
-# to add at each frame, one pass of the event loop long past a frame's budget. The rest are
-# added in the frame's next slices (`unfinished`).
+# The most chips one redraw adds, and the time it may take adding them: a model streaming
+# thousands of tokens a second left hundreds to add at each frame (~30 us each), one pass of
+# the event loop long past a frame's budget. The rest are added in the frame's next slices
+# (`unfinished`), each in a turn of the event loop of its own (ui.panels.docks.FRAME_SLICE_S).
 CHIPS_PER_REDRAW = 200
+CHIPS_SLICE_S = 0.002
+CHIPS_BETWEEN_CLOCKS = 16  # chips added between two looks at the clock
 VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "⇥"})
 
 
@@ -199,6 +203,7 @@ class TokensPanel(StatePanel):
         cursor.movePosition(QTextCursor.MoveOperation.End)
         gap = QTextCharFormat()
         cursor.beginEditBlock()  # the document is laid out once, not after every chip
+        started = time.perf_counter()
         for position in range(self.shown, min(len(trail.ids), self.shown + CHIPS_PER_REDRAW)):
             self._starts.append(cursor.position())
             label = trail.labels[position]
@@ -213,6 +218,9 @@ class TokensPanel(StatePanel):
                 cursor.insertBlock()
                 self._in_block = 0
             self._in_block_after.append(self._in_block)
+            added = position + 1 - first
+            if added % CHIPS_BETWEEN_CLOCKS == 0 and time.perf_counter() - started > CHIPS_SLICE_S:
+                break
         cursor.endEditBlock()
         if self._marked is not None and first <= self._marked < self.shown:
             self._show_chip(self._marked)  # selected before it arrived
