@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.storage.store import DEFAULT_TITLE, ConversationStore, ReplySaver
+from app.storage.store import DEFAULT_TITLE, ConversationStore, JsonArray, ReplySaver
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings
 from ui.confidence import plain_confidences
@@ -43,7 +43,8 @@ class ConversationRecorder:
         self.conversation_id: int | None = None
         self._saver: ReplySaver | None = None
         self._cut_off = False  # the streaming reply's engine stopped under it
-        self._confidence: list[list[Any]] = []  # the streaming reply's (ui.confidence)
+        # the streaming reply's token confidences (ui.confidence), encoded as they come
+        self._confidence = JsonArray()
 
     @property
     def recording_reply(self) -> bool:
@@ -76,7 +77,7 @@ class ConversationRecorder:
         if isinstance(event, PrefillDone):
             reply = self.store.begin_reply(self.conversation_id, model, settings)
             self._saver, self._cut_off = ReplySaver(self.store, reply), False
-            self._confidence = []
+            self._confidence = JsonArray()
         elif isinstance(event, Token):
             self.record_tokens((event,))
         elif isinstance(event, Failed) and event.error_type == ENGINE_STOPPED:

@@ -323,16 +323,20 @@ class ConversationStore:
         message_id: int,
         text: str,
         stats: Mapping[str, Any],
-        confidence: Sequence[Any] = (),
+        confidence: Sequence[Any] | JsonArray = (),
     ) -> None:
         """Store a reply's final text, numbers and token confidences and mark it complete, in
         one transaction."""
         now = self._clock()
+        if isinstance(confidence, JsonArray):
+            encoded = confidence.dumps()
+        else:
+            encoded = json.dumps(list(confidence))
         with self._write() as conn:
             cursor = conn.execute(
                 "UPDATE messages SET text = ?, stats = ?, confidence = ?, complete = 1"
                 " WHERE id = ? AND complete = 0",
-                (text, dumps(stats), json.dumps(list(confidence)), message_id),
+                (text, dumps(stats), encoded, message_id),
             )
             if cursor.rowcount == 0:
                 self._explain_missing_reply(conn, message_id)
@@ -393,6 +397,22 @@ class ConversationStore:
         self.set_state(LAST_OPENED_KEY, conversation_id)
 
 
+class JsonArray:
+    """A JSON array encoded a run of items at a time, as they come: a long reply's token
+    confidences are then stored at its end without encoding them all in one go (thousands of
+    tokens took tens of milliseconds of the window's GUI thread there)."""
+
+    def __init__(self) -> None:
+        self._runs: list[str] = []  # each run's items, encoded, without the brackets
+
+    def extend(self, items: Sequence[Any]) -> None:
+        if items:
+            self._runs.append(json.dumps(list(items))[1:-1])
+
+    def dumps(self) -> str:
+        return "[" + ", ".join(self._runs) + "]"
+
+
 class ReplySaver:
     """Saves a streaming reply at most once per `interval_s`, by the clock it is given.
 
@@ -443,7 +463,10 @@ class ReplySaver:
         return True
 
     def finish(
-        self, stats: Mapping[str, Any], text: str | None = None, confidence: Sequence[Any] = ()
+        self,
+        stats: Mapping[str, Any],
+        text: str | None = None,
+        confidence: Sequence[Any] | JsonArray = (),
     ) -> None:
         """Store the final text (default: what was streamed), stats and token confidences;
         the reply is complete."""

@@ -11,7 +11,7 @@ import pytest
 
 from app.storage.export import to_json, to_markdown
 from app.storage.recorder import ConversationRecorder
-from app.storage.store import ConversationStore
+from app.storage.store import ConversationStore, JsonArray
 from engine.events import Peaks, Token
 from engine.generate.session import ChatSession
 from engine.settings import GenerationSettings, Message, ProbeSettings
@@ -131,3 +131,14 @@ def test_a_database_of_the_previous_schema_gains_the_column_and_keeps_its_messag
     with ConversationStore(path) as store:
         (message,) = store.messages(1)
         assert (message.text, message.confidence) == ("old reply", [])
+
+
+def test_confidences_encoded_run_by_run_are_the_whole_lists_json():
+    """The recorder encodes each delivered run as it comes (JsonArray): the stored text is
+    json.dumps of the whole list, empty runs and an empty reply included."""
+    runs = [[["a", 0.5, [["b", 0.25]]]], [], [["c", None, []], ["é\n", 1.0, []]]]
+    encoded = JsonArray()
+    assert encoded.dumps() == json.dumps([])
+    for run in runs:
+        encoded.extend(run)
+    assert encoded.dumps() == json.dumps([item for run in runs for item in run])
