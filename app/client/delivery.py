@@ -10,13 +10,12 @@ before they hear that its job ended.
 The GUI must stay responsive however fast events come and however heavy they are (an attention
 row per watched layer grows with the context). So one drain delivers batches for at most
 DRAIN_BUDGET_S and lets the event loop paint and take input before it goes on (a batch holds as
-many events as the budget left has room for, at what events have cost so far), a drain that
+many events as the budget left has room for, at what events have cost so far); a drain that
 falls due right after the panels' frame waits for the event loop's next turn (ui.turns); and
-when the
-undelivered events weigh more than MAX_BUFFERED_WEIGHT the receiving thread waits for the GUI
-(and so, in turn, does the engine), which keeps memory bounded when the GUI is the slower of
-the two (never with a model decoding at tens of tokens a second; possible with a fast one and
-long attention rows).
+when the undelivered events weigh more than MAX_BUFFERED_WEIGHT the receiving thread waits for
+the GUI (and so, in turn, does the engine), which keeps memory bounded when the GUI is the
+slower of the two (never with a model decoding at tens of tokens a second; possible with a
+fast one and long attention rows).
 """
 
 from __future__ import annotations
