@@ -370,10 +370,9 @@ class MainWindow(QMainWindow):
         work was a large part of the GUI thread's cost while a reply streamed. Events that
         arrive once no reply is in progress (an abandoned reply's last) are for the panels only.
         """
-        for event in reversed(batch):  # the step the toolbar's state names
-            if isinstance(event, Token):
-                self._last_step = event.index
-                break
+        last_token = next((e for e in reversed(batch) if isinstance(e, Token)), None)
+        if last_token is not None:  # the step the toolbar's state names
+            self._last_step = last_token.index
         if self.replying:
             self.conversation_model.apply_many(batch)
             for event in batch:
@@ -381,14 +380,23 @@ class MainWindow(QMainWindow):
                     self._on_prefill(event)
                 elif isinstance(event, Finished):
                     self._after_reply(event)
+            reply = self.conversation_model.reply
+            if last_token is not None and reply is not None and reply.prefill is not None:
+                self._show_context(reply.prefill.prompt_tokens + last_token.index + 1)
         self.events_received.emit(batch)
 
     def _on_prefill(self, event: PrefillDone) -> None:
         self.show_status(prefill_line(event))
-        limit = self._info.max_context if self._info else 0
-        self.context_label.setText(f"context {event.prompt_tokens:,} / {limit:,}" if limit else "")
+        self._show_context(event.prompt_tokens)
         if event.dropped_messages:
+            limit = self._info.max_context if self._info else 0
             self.show_status(dropped_line(event.dropped_messages, limit), 15000)
+
+    def _show_context(self, tokens: int) -> None:
+        """The tokens the conversation holds now (the prompt, then the reply so far) against
+        the model's context window."""
+        limit = self._info.max_context if self._info else 0
+        self.context_label.setText(f"context {tokens:,} / {limit:,}" if limit else "")
 
     @property
     def replying(self) -> bool:

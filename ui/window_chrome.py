@@ -108,7 +108,9 @@ class StatusBar:
         self.load_progress.setVisible(False)
         self.model_label = QLabel("No model loaded")
         self.context_label = QLabel()
-        self.context_label.setToolTip("Context used: prompt tokens / the model's maximum")
+        self.context_label.setToolTip(
+            "Context used: the prompt and the reply so far, in tokens / the model's maximum"
+        )
         self.speed_label = QLabel()
         for widget in (self.load_progress, self.model_label, self.context_label,
                        self.speed_label):  # fmt: skip

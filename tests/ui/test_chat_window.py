@@ -11,7 +11,7 @@ from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtWidgets import QDockWidget, QLabel
 
 from app.bench.synthetic import BROKEN
-from engine.events import Finished, Tally, Token
+from engine.events import Finished, PrefillDone, Tally, Token
 from engine.settings import GenerationSettings, LoadRequest, Message
 from tests.ui.fakes import REPLY
 from ui.chat_view import ChatView
@@ -52,6 +52,10 @@ def test_a_typed_message_streams_its_reply_in(qtbot, backend, make_window):
     window.events_received.connect(
         lambda batch: tokens.extend(e for e in batch if isinstance(e, Token))
     )
+    prefills: list[PrefillDone] = []
+    window.events_received.connect(
+        lambda batch: prefills.extend(e for e in batch if isinstance(e, PrefillDone))
+    )
     finished = finished_events(window)
 
     type_message(qtbot, window, "Hi there")
@@ -66,8 +70,12 @@ def test_a_typed_message_streams_its_reply_in(qtbot, backend, make_window):
     partial = "".join(REPLY[:6])
     qtbot.waitUntil(lambda: window.chat.reply_text() == partial, timeout=5000)
     assert "**fake**" in window.chat.toPlainText()  # plain text while streaming
+    # the context used: the prompt and the reply so far
+    prompt = prefills[0].prompt_tokens
+    assert window.context_label.text() == f"context {prompt + 6:,} / 2,048"
     backend.gate.release(len(REPLY))
     wait_idle(qtbot, window)
+    assert window.context_label.text() == f"context {prompt + len(REPLY):,} / 2,048"
 
     reply = "".join(t.text for t in tokens)
     assert reply == "".join(REPLY)
