@@ -6,13 +6,14 @@ budget, but timers that fall due together run back to back in one turn of the ev
 input, paint and every other timer then wait for their sum: with both on the same interval
 they fell due together at most ticks. So each piece runs in `turns.piece()`, which notes when
 a piece that took time ended, and a piece whose timer fires right after one ended
-(`just_worked`) runs at the event loop's next turn instead, after what waited in between.
+(`just_worked`) runs at the event loop's next turn instead, after what waited in between
+(`take` does both).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 # Two pieces this close ran in one turn: starting the next timer's slot takes microseconds,
@@ -45,3 +46,12 @@ class Turns:
     def just_worked(self) -> bool:
         """Whether one ended so recently that this turn of the event loop is still its own."""
         return time.perf_counter() - self._ended < SAME_TURN_S
+
+    def take(self, work: Callable[[], None], later: Callable[[], None]) -> None:
+        """Run `work` as a piece now, or, right after another piece, call `later` (which
+        starts a GIVE_WAY_MS timer that tries again)."""
+        if self.just_worked():
+            later()
+            return
+        with self.piece():
+            work()

@@ -141,11 +141,7 @@ class Delivery(QObject):
         loop gets its turn (paint, input, timers) and the rest follows right after. Right
         after the panels' frame, all of it waits for that turn.
         """
-        if self.turns.just_worked():
-            self._again.start()
-            return
-        with self.turns.piece():
-            self._deliver_for_a_while()
+        self.turns.take(self._deliver_for_a_while, self._again.start)
         if self._buffer and not self._closed:
             self._again.start()
 

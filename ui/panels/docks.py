@@ -311,18 +311,10 @@ class InternalsView(QObject):
 
     def _on_timer(self) -> None:
         """The timer's tick, at the event loop's next turn if a delivery just ended."""
-        if self.turns.just_worked():
-            self._given_way.start()
-            return
-        with self.turns.piece():
-            self._tick()
+        self.turns.take(self._tick, self._given_way.start)
 
     def _on_next_slice(self) -> None:
-        if self.turns.just_worked():
-            self._next_slice.start()
-            return
-        with self.turns.piece():
-            self._draw_queued()
+        self.turns.take(self._draw_queued, self._next_slice.start)
 
     def _tick(self) -> None:
         self._govern()
