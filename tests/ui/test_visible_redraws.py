@@ -776,11 +776,15 @@ def test_timers_run_between_the_slices_of_a_frame(qtbot, docked, rng, monkeypatc
     assert between.count("beat") >= len(PANELS) - 1  # a timer ran before every later slice
 
 
-def test_a_tick_right_after_a_delivery_draws_at_the_event_loops_next_turn(qtbot, docked, rng):
+def test_a_tick_right_after_a_delivery_draws_at_the_event_loops_next_turn(
+    qtbot, docked, rng, monkeypatch
+):
     """The timer's tick that falls due as other heavy work ends (a delivery of events, which
     shares the view's turns: app.window.assembly) gives way: it draws nothing in that turn,
     and the frame follows at a later one."""
     view = docked.view
+    # only the tick's frame: a dock that shows late (a loaded machine) starts one of its own
+    monkeypatch.setattr(view, "_frame_for_shown_dock", lambda: None)
     view.ingest(prefill(rng))
     view.ingest(token(rng, 0))
     before, redraws = view.frames, sum(docked.counts.values())
@@ -789,7 +793,7 @@ def test_a_tick_right_after_a_delivery_draws_at_the_event_loops_next_turn(qtbot,
     view._on_timer()
     if view.turns.just_worked():  # (a very slow machine may have let a turn pass)
         assert view.frames == before and sum(docked.counts.values()) == redraws
-    qtbot.waitUntil(lambda: view.frames == before + 1, timeout=5000)
+    qtbot.waitUntil(lambda: view.frames > before, timeout=5000)
     assert sum(docked.counts.values()) > redraws
 
 
