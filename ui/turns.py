@@ -12,9 +12,9 @@ a piece that took time ended, and a piece whose timer fires right after one ende
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from time import perf_counter
 
 # Two pieces this close ran in one turn: starting the next timer's slot takes microseconds,
 # and a turn that ran anything else in between (a paint, input) took longer.
@@ -35,17 +35,17 @@ class Turns:
     @contextmanager
     def piece(self) -> Iterator[None]:
         """Run one piece of work; from LIGHT_S on, the next one gives way to it."""
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             yield
         finally:
-            ended = time.perf_counter()
+            ended = perf_counter()
             if ended - started >= LIGHT_S:
                 self._ended = ended
 
     def just_worked(self) -> bool:
         """Whether one ended so recently that this turn of the event loop is still its own."""
-        return time.perf_counter() - self._ended < SAME_TURN_S
+        return perf_counter() - self._ended < SAME_TURN_S
 
     def take(self, work: Callable[[], None], later: Callable[[], None]) -> None:
         """Run `work` as a piece now, or, right after another piece, call `later` (which

@@ -22,7 +22,7 @@ def _token(index: int) -> Token:
 
 
 class FakeClock:
-    """The delivery's perf_counter: moves only when told to."""
+    """The delivery's and the turns' perf_counter: moves only when told to."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -35,6 +35,7 @@ class FakeClock:
 def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr(delivery_module, "perf_counter", fake)
+    monkeypatch.setattr(turns_module, "perf_counter", fake)
     return fake
 
 
