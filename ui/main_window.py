@@ -389,14 +389,18 @@ class MainWindow(QMainWindow):
         self.show_status(prefill_line(event))
         self._show_context(event.prompt_tokens)
         if event.dropped_messages:
-            limit = self._info.max_context if self._info else 0
-            self.show_status(dropped_line(event.dropped_messages, limit), 15000)
+            self.show_status(dropped_line(event.dropped_messages, self._context_limit), 15000)
 
     def _show_context(self, tokens: int) -> None:
         """The tokens the conversation holds now (the prompt, then the reply so far) against
         the model's context window."""
-        limit = self._info.max_context if self._info else 0
+        limit = self._context_limit
         self.context_label.setText(f"context {tokens:,} / {limit:,}" if limit else "")
+
+    @property
+    def _context_limit(self) -> int:
+        """The loaded model's context window in tokens (0 before a model)."""
+        return self._info.max_context if self._info else 0
 
     @property
     def replying(self) -> bool:
@@ -409,8 +413,7 @@ class MainWindow(QMainWindow):
         prefill = reply.prefill if reply is not None else None
         if prefill is not None and prefill.dropped_messages:
             # Noted once the reply has ended: a note while it streams would split its block.
-            limit = self._info.max_context if self._info else 0
-            self.chat.add_note(dropped_line(prefill.dropped_messages, limit))
+            self.chat.add_note(dropped_line(prefill.dropped_messages, self._context_limit))
         stats = finished_stats(finished)
         if finished.generated_tokens:
             self.speed_label.setText(speed_line(stats))
