@@ -153,8 +153,9 @@ class Delivery(QObject):
             self._delivered += len(batch)
             before = perf_counter()
             self._deliver(batch)
-            self._learn_cost(len(batch), perf_counter() - before)
-            if perf_counter() - started > DRAIN_BUDGET_S:
+            after = perf_counter()
+            self._learn_cost(len(batch), after - before)
+            if after - started > DRAIN_BUDGET_S:
                 break
         while self._ends and self._delivered >= self._ends[0][0]:
             self._reached(self._ends.popleft()[1])
