@@ -98,6 +98,24 @@ def menus_and_toolbar(
     return chat_menu, view_menu, toolbar
 
 
+class SteadyLabel(QLabel):
+    """A status bar label whose text changes while a reply streams. A QLabel's new text asks
+    its parents to lay out again, and in the status bar that relays the whole main window, its
+    docks included, once per delivery of events. This label keeps a fixed size, the widest
+    text it has held, so a new text only repaints it; it grows when a text needs more room and
+    gives its room back when emptied."""
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        needed = self.sizeHint()
+        if not text:
+            needed.setWidth(0)
+        elif needed.width() <= self.minimumWidth():
+            needed.setWidth(self.minimumWidth())
+        if needed != self.minimumSize() or needed != self.maximumSize():
+            self.setFixedSize(needed)
+
+
 class StatusBar:
     """The status bar's permanent widgets: a load's progress, the model, context, speed."""
 
@@ -107,11 +125,11 @@ class StatusBar:
         self.load_progress.setMaximumWidth(160)
         self.load_progress.setVisible(False)
         self.model_label = QLabel("No model loaded")
-        self.context_label = QLabel()
+        self.context_label = SteadyLabel()
         self.context_label.setToolTip(
             "Context used: the prompt and the reply so far, in tokens / the model's maximum"
         )
-        self.speed_label = QLabel()
+        self.speed_label = SteadyLabel()
         for widget in (self.load_progress, self.model_label, self.context_label,
                        self.speed_label):  # fmt: skip
             bar.addPermanentWidget(widget)

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from PySide6.QtCore import QCoreApplication, Qt
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt
 from PySide6.QtWidgets import QDockWidget, QLabel
 
 from app.bench.synthetic import BROKEN
@@ -469,3 +469,45 @@ def test_the_status_bar_says_when_the_decode_step_is_compiled(window):
     worker.decode_step.emit("eager: RuntimeError: no C compiler")
     message = window.statusBar().currentMessage()
     assert "uncompiled" in message and "no C compiler" in message and "eager:" not in message
+
+
+class LayoutRequests(QObject):
+    """Counts the layout requests the object it filters receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.LayoutRequest:
+            self.count += 1
+        return False
+
+
+def settle() -> None:
+    for _ in range(3):  # a label's request reaches the status bar, whose layout asks the window
+        QCoreApplication.processEvents()
+
+
+@pytest.mark.parametrize("label", ["context_label", "speed_label"])
+def test_a_status_line_that_changes_per_delivery_does_not_lay_out_the_window(window, label):
+    """The status bar's context and speed lines change while a reply streams: each new text
+    repaints the label alone, where a plain label's made the main window (every dock) lay out
+    again. A text wider than any before makes room once."""
+    shown = getattr(window, label)
+    requests = LayoutRequests()
+    window.installEventFilter(requests)
+    shown.setText("context 88,888 / 2,048")
+    settle()
+    assert requests.count >= 1  # a wider text makes room, once
+    assert shown.width() >= shown.sizeHint().width()
+    requests.count = 0
+    for tokens in range(1_101, 1_165):
+        shown.setText(f"context {tokens:,} / 2,048")
+        settle()
+        assert shown.width() >= shown.sizeHint().width()  # the text is not cut
+    assert requests.count == 0
+    assert shown.text() == "context 1,164 / 2,048"
+    shown.setText("")
+    settle()
+    assert shown.width() == 0  # an empty line gives its room back
