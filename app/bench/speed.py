@@ -43,6 +43,7 @@ VIEW_ON = ProbeSettings(attention_layers=(0,), top_k=10, token_rows=False)
 PREFILL_TOKENS = 500
 LONG_CONTEXT = 5000  # tokens of context for the long-context step
 STEPS = 16  # decode steps timed at each context length
+VIEW_ON_SUFFIX = "_view_on"  # a variant with the view on, beside its name without it
 
 
 def generate_decode_rate(
@@ -115,7 +116,9 @@ def run(
         variants["generate"] = lambda: generate_decode_rate(loaded, exact_ids, new_tokens)
     for name, session in sessions.items():
         variants[name] = partial(engine_run, session, messages, new_tokens, ProbeSettings.off())
-        variants[f"{name}_view_on"] = partial(engine_run, session, messages, new_tokens, VIEW_ON)
+        variants[name + VIEW_ON_SUFFIX] = partial(
+            engine_run, session, messages, new_tokens, VIEW_ON
+        )
     main = "fast" if fast is not None else "engine"  # the path the chat takes
     variants[f"{main}_sampled"] = partial(
         engine_run, sessions[main], messages, new_tokens, ProbeSettings.off(), sampled=True
@@ -131,8 +134,9 @@ def run(
         generate_decode_rate(loaded, exact_ids, 4)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     ttft: dict[str, list[float]] = {name: [] for name in variants if name != "generate"}
-    for _ in range(repeats):
-        for name, variant in list(variants.items()):
+    for repeat in range(repeats):
+        for name in run_order(list(variants), repeat):
+            variant = variants[name]
             try:
                 result = variant()
             except PeerFailed as error:  # llama.cpp died: the comparison is lost, not the run
@@ -188,10 +192,30 @@ def run(
     return report
 
 
+def run_order(names: Sequence[str], repeat: int) -> list[str]:
+    """The variants' order in repeat `repeat`: each (a view-off one and its view-on one as one)
+    goes first in turn, and a view-on variant runs right beside its view-off one, before it
+    in every other repeat.
+
+    A fixed order times every variant in the same place of the cycle (the view on always
+    right after the view off, the view off always right after the slow eager step): a
+    position's bias then reads as the variants' difference."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        base = name.removesuffix(VIEW_ON_SUFFIX)
+        if base != name and base in groups:
+            groups[base].insert(0 if repeat % 2 else 1, name)
+        else:
+            groups[name] = [name]
+    order = list(groups.values())
+    turn = repeat % len(order) if order else 0
+    return [name for group in order[turn:] + order[:turn] for name in group]
+
+
 def paired_cost(on: Sequence[float], off: Sequence[float]) -> float:
     """1 - the median of on/off over repeats: each repeat runs the two variants one after the
-    other, so a ratio within a repeat shares the machine's state of that moment (a noisy
-    machine's drift cancels, where a ratio of separate medians keeps it)."""
+    other (`run_order`), so a ratio within a repeat shares the machine's state of that moment
+    (a noisy machine's drift cancels, where a ratio of separate medians keeps it)."""
     return 1 - statistics.median(a / b for a, b in zip(on, off, strict=True))
 
 

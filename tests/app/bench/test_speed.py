@@ -32,3 +32,17 @@ def test_without_llama_cpp_the_report_says_how_to_install_it(monkeypatch):
         None,
         "not installed (pip install llama-cpp-python to compare)",
     )
+
+
+def test_each_variant_goes_first_in_turn_and_the_view_on_runs_beside_its_view_off():
+    names = ["generate", "engine", "engine_view_on", "fast", "fast_view_on", "fast_sampled"]
+    orders = [benchmark.run_order(names, repeat) for repeat in range(8)]
+    for order in orders:
+        assert sorted(order) == sorted(names)
+        for off in ("engine", "fast"):  # a pair shares the machine's state of its moment
+            assert abs(order.index(off) - order.index(off + "_view_on")) == 1
+    firsts = {order[0].removesuffix("_view_on") for order in orders}
+    assert firsts == {"generate", "engine", "fast", "fast_sampled"}  # each in turn
+    for off in ("engine", "fast"):  # the view on first in every other repeat
+        on_first = [o.index(off + "_view_on") < o.index(off) for o in orders]
+        assert on_first == [False, True] * 4
