@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from engine.model.prompt_attention import in_float32_here
 from engine.weights import ggml_kernel
 
 ATTN_IMPLEMENTATION = "glassbox"
@@ -88,7 +89,13 @@ def glassbox_attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     probe: AttentionProbe | None = kwargs.pop(PROBE_KWARG, None)
-    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    q, k, v, mask = query, key, value, attention_mask
+    if in_float32_here(query):  # torch's bf16 kernel does not run on this CPU
+        q, k, v = query.float(), key.float(), value.float()
+        if mask is not None and mask.is_floating_point():
+            mask = mask.float()
+    output, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+    output = output.to(query.dtype)
     layer = getattr(module, "layer_idx", None)
     if probe is not None and layer is not None and probe.wants(layer) and query.shape[0] == 1:
         scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5

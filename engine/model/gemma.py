@@ -18,12 +18,12 @@ subclasses only fill them in.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from engine.model import llama
 from engine.model.attention_probe import attention_weights
 from engine.model.kv_buffer import KVBuffer, WindowedKVBuffer
 from engine.model.llama import QKNormAttention, decode_attention
+from engine.model.prompt_attention import prompt_attention
 from engine.weights.linear import Linear, RowReader
 
 
@@ -62,7 +62,7 @@ def attend_window(
     k, v, mask = visible(k, v, start, q.shape[2], window)
     if q.shape[2] == 1:  # a decode step: the keys it sees, no mask (llama.decode_attention)
         return decode_attention(q, k, v, scale)
-    return F.scaled_dot_product_attention(
+    return prompt_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
     )
 

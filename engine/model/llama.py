@@ -39,6 +39,7 @@ from engine.model.layer import (
     post_norm_row,
     qk_norm,
 )
+from engine.model.prompt_attention import prompt_attention
 from engine.weights import ggml_kernel
 from engine.weights.linear import Linear, RowReader
 
@@ -160,7 +161,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> tor
     else:  # a prompt after reused positions: row i sees keys up to start + i
         rows = torch.arange(start, total, device=q.device)[:, None]
         mask, causal = torch.arange(total, device=q.device)[None, :] <= rows, False
-    return F.scaled_dot_product_attention(
+    return prompt_attention(
         q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
     )
 
