@@ -1,5 +1,6 @@
 """The largest logits in two short passes equal torch's argmax and topk."""
 
+import math
 import types
 
 import pytest
@@ -130,7 +131,10 @@ def test_top_k_softmax_is_the_rows_softmax_at_their_top_k(monkeypatch):
     torch_indices, torch_probs = top_k_softmax(rows, 10)
     assert torch.equal(torch_indices.gather(1, torch.zeros(3, 1, dtype=torch.long)),
                        got_indices[:, :1])  # fmt: skip
-    torch.testing.assert_close(torch_probs, got_probs, rtol=2e-6, atol=1e-9)
+    # torch's float32 softmax sums the row in float32: its rounding grows with the row's
+    # length (2.3e-6 under the AVX2 kernel set here, 0.9e-6 under AVX-512), the op's does not
+    float32_sum = math.sqrt(stacked.shape[1]) * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(torch_probs.double(), exact, rtol=float32_sum, atol=1e-9)
 
 
 @pytest.mark.skipif(ggml_kernel.ensure() is not None, reason="no GGML kernels here")
