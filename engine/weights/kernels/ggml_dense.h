@@ -154,7 +154,11 @@ at::Tensor ggml_dense_mm(const at::Tensor& x, const at::Tensor& raw, int64_t qty
   const int64_t row_bytes = w.size(1);
   at::Tensor out = at::empty({m, n}, dtype);  // a panel's product: columns of it
   const uint8_t* rows = w.data_ptr<uint8_t>();
+  // The caller's inference mode for the threads that write `out` in place: it is per thread,
+  // and at::mm_out on another thread refused an `out` made under it (the logit lens's pass).
+  const bool inference = c10::InferenceMode::is_enabled();
   share(n, panel, [&](int64_t first, int64_t end) {
+    const c10::InferenceMode mode(inference);
     const int64_t count = end - first;
     at::Tensor weights = panel_buffer(count * k, dtype).view({count, k});
     dequantize_panel(qtype, rows + first * row_bytes, row_bytes, k, weights);

@@ -7,6 +7,7 @@
 // Built and loaded by engine/weights/ggml_kernel.py; the layouts are in engine/gguf/blocks.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 #include <torch/library.h>

@@ -96,6 +96,26 @@ def test_the_dense_product_is_the_dequantised_matmul_panel_by_panel(qtype):
     assert torch.ops.glassbox.ggml_dense_mm(x.float(), raw, qtype).dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_dense_product_runs_under_inference_mode_on_every_thread(dtype):
+    """The logit lens multiplies its layers' rows under torch.inference_mode, which is per
+    thread: the panels' other threads wrote an output made under it and at::mm_out refused
+    ("Inplace update to inference tensor outside InferenceMode"), whenever one took a panel."""
+    raw = random_blocks(quant.Q4_K, 2048, 1536, seed=5)  # 4+ panels: both threads take some
+    x = torch.randn(28, 1536, generator=torch.Generator().manual_seed(5)).to(dtype)
+    expected = torch.ops.glassbox.ggml_dense_mm(x, raw, quant.Q4_K)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(8):
+            with torch.inference_mode():
+                inside = torch.ops.glassbox.ggml_dense_mm(x, raw, quant.Q4_K)
+            assert torch.equal(inside, expected)
+            assert torch.equal(torch.ops.glassbox.ggml_dense_mm(x, raw, quant.Q4_K), expected)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("qtype", [quant.Q4_K, quant.Q6_K, quant.Q8_0])
 def test_float_activations_multiply_float_panels_of_gguf_values(qtype):
     """Float32 x takes float32 panels (a CPU without bf16 dot products): gguf's dequantised
