@@ -5,10 +5,6 @@ in a process of its own; the float32 fallback is checked in this one."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +14,7 @@ import torch.nn.functional as F
 from engine.model import attention_probe, prompt_attention
 from engine.model.gemma import attend_window
 from engine.model.llama import attend
+from tests.kernel_sets import KERNEL_SETS, report_under
 
 CHILD = """
 import json, torch
@@ -38,14 +35,9 @@ print(json.dumps({"set": torch.backends.cpu.get_cpu_capability(), "errors": erro
 """
 
 
-@pytest.mark.parametrize("kernel_set", ["avx2", "avx512", "default"])
+@pytest.mark.parametrize("kernel_set", KERNEL_SETS)
 def test_a_bf16_prompt_attends_under_each_kernel_set(kernel_set):
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": kernel_set}
-    result = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = report_under(kernel_set, CHILD)
     assert report["dtypes"] == ["torch.bfloat16"], report
     # bf16 inputs and output: a few hundredths at most on weights averaging unit vectors
     assert max(report["errors"].values()) < 0.05, report

@@ -5,12 +5,9 @@ multiplies to garbage under the other. torch picks the set once per process
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.kernel_sets import KERNEL_SETS, report_under
 
 CHILD = """
 import json, gguf, numpy as np, torch
@@ -32,14 +29,9 @@ print(json.dumps({"set": torch.backends.cpu.get_cpu_capability(),
 """
 
 
-@pytest.mark.parametrize("kernel_set", ["avx2", "avx512", "default"])
+@pytest.mark.parametrize("kernel_set", KERNEL_SETS)
 def test_int4_weights_multiply_right_under_each_kernel_set(kernel_set):
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": kernel_set}
-    result = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = report_under(kernel_set, CHILD)
     # a CPU without AVX-512 runs its best set instead: the layout must follow what runs
     expected_block = {"AVX512": 64, "AVX2": 32}.get(report["set"])
     assert report["block"] == expected_block, report
