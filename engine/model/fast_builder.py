@@ -94,7 +94,8 @@ def build_fast(
         if layout.startswith(GGML):  # the file's own blocks: nothing to repack or keep
             viewed = in_file and not _reordered(shape, parts[0])
             weight = in_place(parts) if viewed else take(*parts)
-            return quant.GGMLLinear(weight, file.tensors[parts[0]].type, columns)
+            part_rows = tuple(file.tensors[p].shape[0] for p in parts)
+            return quant.GGMLLinear(weight, file.tensors[parts[0]].type, columns, part_rows)
 
         def build() -> quant.Part:
             if layout == BF16:

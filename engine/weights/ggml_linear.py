@@ -29,10 +29,15 @@ class GGMLLinear(torch.nn.Module):
 
     raw: torch.Tensor  # a buffer, declared for the type checker
 
-    def __init__(self, raw: torch.Tensor, qtype: int, in_features: int) -> None:
+    def __init__(
+        self, raw: torch.Tensor, qtype: int, in_features: int, part_rows: tuple[int, ...] = ()
+    ) -> None:
+        """`part_rows`: the rows of each of the file's tensors joined in `raw` (q, k and v),
+        each multiplied on its own in a prefill (see `_dense`); empty: one tensor."""
         super().__init__()
         self.register_buffer("raw", raw, persistent=False)  # uint8 [out, row bytes]
         self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
+        self.part_rows = part_rows if len(part_rows) > 1 else ()
 
     @classmethod
     def requantized(cls, weight: torch.Tensor, qtype: int = Q4_1) -> GGMLLinear:
@@ -59,8 +64,19 @@ class GGMLLinear(torch.nn.Module):
         x = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         y: torch.Tensor
         if x.shape[0] >= dense_rows():
-            panels = x.to(ggml_kernel.dense_dtype())  # bf16 only where the CPU multiplies it
-            y = torch.ops.glassbox.ggml_dense_mm(panels, self.raw, self.qtype).to(x.dtype)
+            y = self._dense(x.to(ggml_kernel.dense_dtype())).to(x.dtype)  # bf16 where multiplied
         else:
             y = torch.ops.glassbox.ggml_mm(x, self.raw, self.qtype)
         return y if len(shape) == 2 else y.reshape(*shape[:-1], self.out_features)
+
+    def _dense(self, panels: torch.Tensor) -> torch.Tensor:
+        """A prefill's product, each joined tensor on its own: a matrix unit sums a column
+        differently in panels of different widths, and the widths follow the rows, so q, k and
+        v joined here must be multiplied as a placed model multiplies them apart."""
+        multiply = torch.ops.glassbox.ggml_dense_mm
+        if not self.part_rows:
+            whole: torch.Tensor = multiply(panels, self.raw, self.qtype)
+            return whole
+        starts = [sum(self.part_rows[:i]) for i in range(len(self.part_rows))]
+        parts = [self.raw.narrow(0, a, n) for a, n in zip(starts, self.part_rows, strict=True)]
+        return torch.cat([multiply(panels, rows, self.qtype) for rows in parts], dim=1)

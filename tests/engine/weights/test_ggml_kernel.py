@@ -96,6 +96,22 @@ def test_the_dense_product_is_the_dequantised_matmul_panel_by_panel(qtype):
     assert torch.ops.glassbox.ggml_dense_mm(x.float(), raw, qtype).dtype == torch.float32
 
 
+def test_a_joined_weight_multiplies_a_prompt_as_its_parts_do():
+    """q, k and v of one type are one weight in memory and three where a placed model maps
+    them from the file: a prompt's products must agree bit for bit. Panels of bf16 rows summed
+    by a matrix unit differ with the panel's width (which follows the rows), so a joined
+    weight multiplies each of its tensors on its own."""
+    rows = (1536, 256, 256)  # Qwen2.5-1.5B's q, k and v
+    parts = [random_blocks(quant.Q4_K, n, 1536, seed=i) for i, n in enumerate(rows)]
+    joined = quant.GGMLLinear(torch.cat(parts), quant.Q4_K, 1536, rows)
+    apart = quant.PartsLinear([quant.GGMLLinear(raw, quant.Q4_K, 1536) for raw in parts])
+    for m in (17, 36, 64, 100, 200):  # prompts: the dense product (and its panels) from 16
+        x = torch.randn(m, 1536, generator=torch.Generator().manual_seed(m)).bfloat16()
+        assert torch.equal(joined.forward(x), apart.forward(x)), m
+    step = torch.randn(1, 1536).bfloat16()  # a decode step's product sums integers: any way
+    assert torch.equal(joined.forward(step), apart.forward(step))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_dense_product_runs_under_inference_mode_on_every_thread(dtype):
     """The logit lens multiplies its layers' rows under torch.inference_mode, which is per
