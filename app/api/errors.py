@@ -53,12 +53,40 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+SHOULD = "Input should be "  # how pydantic begins each type's failure
+
+
 def invalid(error: ValidationError | RequestValidationError) -> ApiError:
-    """The first problem pydantic found, named by its field path (`messages.0.role`)."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-    message = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg"))
+    """The first problem pydantic found, named by its field path (`messages.0.role`).
+
+    A field that takes one of several types (`stop`: a string or a list) fails once per
+    type; the failure of the type the client did send says what is wrong (`stop`: at most 4
+    items), and where none matched, every type the field takes is named.
+    """
+    problems = error.errors()
+    matched = [p for p in problems if not p["type"].endswith("_type")]
+    first = matched[0] if matched else problems[0]
+    where = field_path(first.get("loc", ()))
+    if matched:
+        said = str(first.get("msg", "invalid"))
+    else:
+        wanted = [p["msg"] for p in problems if field_path(p.get("loc", ())) == where]
+        said = " or ".join(dict.fromkeys(m.removeprefix(SHOULD) for m in wanted))
+        said = SHOULD + said if wanted[0].startswith(SHOULD) else said
+    message = f"{where}: {said}" if where else said
     return ApiError(400, message, param=where or None, code="invalid_value")
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """`messages.0.content` from pydantic's location, without the body and the type tags
+    (`str`, `list[TextPart]`) it adds for each type a field may take."""
+    return ".".join(str(part) for part in loc if part != "body" and not _type_tag(part))
+
+
+def _type_tag(part: int | str) -> bool:
+    return isinstance(part, str) and (
+        part in {"str", "int", "float", "bool", "none"} or "[" in part or part[:1].isupper()
+    )
 
 
 async def on_api_error(_request: Request, error: Exception) -> JSONResponse:

@@ -9,7 +9,10 @@ import time
 import httpx
 import openai
 import pytest
+from pydantic import ValidationError
 
+from app.api.errors import invalid
+from app.api.requests import ChatRequest
 from app.api.server import Limits
 from engine.events import Failed, Tally
 from tests.app.api.conftest import KEY, TINY_CONTEXT
@@ -191,3 +194,28 @@ def test_an_engine_failure_is_500_whole_or_an_error_event_streamed():
             ):
                 pass
         assert httpx.get(served.base_url + "/models").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 items"),
+        ({"stop": 5}, "stop", "a valid string or a valid list"),
+        ({"temperature": "hot"}, "temperature", "a valid number"),
+        ({"max_tokens": "5"}, "max_tokens", "a valid integer"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages.0.content.0.type",
+            "'text'",
+        ),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "a valid list"),
+    ],
+)
+def test_a_field_of_several_types_is_refused_for_the_type_sent(fields, param, says):
+    """`stop` takes a string or a list: a list of five is refused as a list (too long), not as
+    a string, and the param names the field, not pydantic's tag for a type."""
+    with pytest.raises(ValidationError) as refused:
+        ChatRequest.model_validate(chat("m") | fields)
+    error = invalid(refused.value)
+    assert error.param == param and error.message.startswith(f"{param}: ")
+    assert says in error.message, error.message
