@@ -73,17 +73,20 @@ class GGUFFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         with self.path.open("rb") as handle:
+            if not self.path.stat().st_size:
+                raise GGUFError("the file is empty")
             # Copy-on-write: tensors made from the map are writable (torch warns on read-only
             # buffers) while nothing is ever written back to the file.
             self.mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
         try:
             self.metadata, self.tensors = self._parse()
-        except (struct.error, IndexError, UnicodeDecodeError, OverflowError, MemoryError) as error:
-            self.close()
-            raise GGUFError(f"damaged or truncated header ({type(error).__name__})") from None
         except GGUFError:
             self.close()
             raise
+        except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as error:
+            # ValueError: numpy's reads past the end, and bytes that are not UTF-8
+            self.close()
+            raise GGUFError(f"damaged or truncated header ({type(error).__name__})") from None
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -191,6 +194,8 @@ class GGUFFile:
         if item in SCALARS:
             dtype = np.dtype("<" + SCALARS[item])
             end = pos + dtype.itemsize * count
+            if end > len(self.mapping):
+                raise GGUFError("a metadata array runs past the end of the file (truncated?)")
             return np.frombuffer(self.mapping, dtype, count, pos).copy(), end
         if item == STRING:  # skipped now, decoded on request (vocabularies are large)
             start, buf, length_at = pos, self.mapping, _LENGTH.unpack_from
