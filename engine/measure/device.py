@@ -18,9 +18,17 @@ def pick_device(requested: str = "auto") -> torch.device:
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    device = torch.device(requested)
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        device = torch.device("meta")  # refused below with the choices
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {requested!r}: choose auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("CUDA was requested but no CUDA device is available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(f"{requested} was requested but this machine has {count} CUDA devices")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError("MPS was requested but Apple's Metal backend is not available")
     return device

@@ -353,6 +353,20 @@ def test_cuda_without_cuda_is_refused():
         pick_device("cuda:0")
 
 
+@pytest.mark.parametrize("name", ["tpu", "xla", "meta", "cuda:x", ""])
+def test_an_unknown_device_names_the_choices(name):
+    with pytest.raises(ValueError, match=r"unknown device .*auto, cpu, cuda, cuda:N or mps"):
+        pick_device(name)
+
+
+def test_a_cuda_index_beyond_the_cards_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match="cuda:1 was requested but this machine has 1 CUDA"):
+        pick_device("cuda:1")
+
+
 # -- describe ----------------------------------------------------------------------------------
 
 
