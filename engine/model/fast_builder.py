@@ -57,92 +57,17 @@ def build_fast(
     holds the parts side by side (llama's q/k, whose rows are reordered, are copied all the
     same). With `device_blocks`, every weight of a type engine/gguf/torch_blocks.py reads
     stays the file's blocks, for engine/model/to_device.py to dequantise on the device."""
-    shape = read_shape(file)
-    ggml = device_blocks or (kernels and ggml_kernel.in_use())
-    names = list(file.tensors)
-    done = [0]
-    dense_parts: list[str] = []
-
-    def advance(tensors: int) -> None:
-        done[0] += tensors
-        if progress is not None:
-            progress(done[0], len(names))
-
-    def take(*parts: str) -> torch.Tensor:
-        advance(len(parts))
-        rows = [raw_rows(file, shape, p) for p in parts]
-        return rows[0] if len(rows) == 1 else torch.cat(rows)  # a lone part: not copied again
-
-    def in_place(parts: list[str]) -> torch.Tensor:
-        """The parts' rows as a view of the mapped file (adjacent there: see _in_file_runs)."""
-        advance(len(parts))
-        return torch.from_numpy(file.raw_run(parts))
-
-    def linear(*parts: str, in_file: bool = False) -> quant.Linear:
-        """The fused weight of `parts`: each run of parts of one layout is one product (with
-        `in_file`, GGML runs are cut where the parts cannot be one view of the file)."""
-        runs = _runs(file, parts, ggml, device_blocks)
-        if in_file:
-            runs = _in_file_runs(file, shape, runs)
-        built = [layout_linear(layout, run, in_file) for layout, run in runs]
-        return built[0] if len(built) == 1 else quant.PartsLinear(built)
-
-    def layout_linear(layout: str, parts: list[str], in_file: bool = False) -> quant.Part:
-        rows = sum(file.tensors[p].shape[0] for p in parts)
-        columns = file.tensors[parts[0]].shape[-1]
-
-        if layout.startswith(GGML):  # the file's own blocks: nothing to repack or keep
-            viewed = in_file and not _reordered(shape, parts[0])
-            weight = in_place(parts) if viewed else take(*parts)
-            part_rows = tuple(file.tensors[p].shape[0] for p in parts)
-            return quant.GGMLLinear(weight, file.tensors[parts[0]].type, columns, part_rows)
-
-        def build() -> quant.Part:
-            if layout == BF16:
-                advance(len(parts))
-                return quant.DenseLinear(_dense(file, shape, parts).to(torch.bfloat16))
-            if layout == Q6_INT4:
-                return quant.Q6KLinear.from_blocks(take(*parts))
-            return _int4_run([(take(p), file.tensors[p].type) for p in parts])
-
-        if layout == BF16:
-            dense_parts.extend(parts)
-        if packs is None:
-            return build()
-        before = done[0]
-        built = packs.linear(parts[0], rows, columns, build)
-        advance(len(parts) - (done[0] - before))  # a stored linear read nothing: count it
-        return built
-
-    def vector(name: str) -> torch.Tensor:
-        info = file.tensors[name]
-        return quant.dense(take(name), info.type, info.shape[-1]).reshape(-1).clone()
-
-    gemma = shape.architecture == "gemma3"
-    blocks: list[Block] = []
-    for i in range(shape.layers):
-        p, in_file = f"blk.{i}.", i in mapped_layers
-        qkv = linear(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight", in_file=in_file)
-        out = linear(p + "attn_output.weight", in_file=in_file)
-        gate_up = linear(p + "ffn_gate.weight", p + "ffn_up.weight", in_file=in_file)
-        down = linear(p + "ffn_down.weight", in_file=in_file)
-        if gemma:
-            blocks.append(_gemma_block(shape, i, (qkv, out, gate_up, down), p, vector))
-            release_freed_memory()
-            continue
-        attention = _attention(shape, qkv, out, p, file, vector)
-        feed_forward = FeedForward(gate_up, down, shape.ffn)
-        norms = (vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"))
-        blocks.append(Block(attention, feed_forward, norms, shape.eps))
-        release_freed_memory()
-    output = _head(file, shape, packs, ggml, device_blocks)
-    advance(1)
+    builder = _Builder(file, progress, packs, kernels, device_blocks)
+    shape = builder.shape
+    blocks = [builder.block(i, i in mapped_layers) for i in range(shape.layers)]
+    output = _head(file, shape, packs, builder.ggml, device_blocks)
+    builder.advance(1)
     embedding = _embedding(file, shape)
-    norm = vector("output_norm.weight")
-    if dense_parts:
-        log.info(_dense_note(file, dense_parts))
+    norm = builder.vector("output_norm.weight")
+    if builder.dense_parts:
+        log.info(_dense_note(file, builder.dense_parts))
     model: GGUFLlama
-    if gemma:
+    if shape.architecture == "gemma3":
         local = _frequencies(shape.head_dim, shape.local_rope_base)
         embedding = GemmaEmbedding(embedding.lookup, shape.dim)
         model = GGUFGemma(shape, embedding, blocks, norm, output, _inv_freq(file, shape), local)
@@ -153,6 +78,103 @@ def build_fast(
     if packs is not None:
         packs.save()
     return model
+
+
+class _Builder:
+    """One file's layers built weight by weight, the tensors read counted for `progress`."""
+
+    def __init__(
+        self,
+        file: GGUFFile,
+        progress: TensorProgress | None,
+        packs: PackCache | None,
+        kernels: bool,
+        device_blocks: bool,
+    ) -> None:
+        self.file, self.progress, self.packs = file, progress, packs
+        self.shape = read_shape(file)
+        self.device_blocks = device_blocks
+        self.ggml = device_blocks or (kernels and ggml_kernel.in_use())
+        self.total = len(file.tensors)
+        self.done = 0
+        self.dense_parts: list[str] = []  # dequantised to bf16 (the log says which)
+
+    def advance(self, tensors: int) -> None:
+        self.done += tensors
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    def block(self, i: int, in_file: bool) -> Block:
+        """Layer i; with `in_file`, its GGML weights are views of the mapped file."""
+        p, shape = f"blk.{i}.", self.shape
+        attention_weights = (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
+        qkv = self.linear(*attention_weights, in_file=in_file)
+        out = self.linear(p + "attn_output.weight", in_file=in_file)
+        gate_up = self.linear(p + "ffn_gate.weight", p + "ffn_up.weight", in_file=in_file)
+        down = self.linear(p + "ffn_down.weight", in_file=in_file)
+        if shape.architecture == "gemma3":
+            block: Block = _gemma_block(shape, i, (qkv, out, gate_up, down), p, self.vector)
+        else:
+            attention = _attention(shape, qkv, out, p, self.file, self.vector)
+            feed_forward = FeedForward(gate_up, down, shape.ffn)
+            norms = (self.vector(p + "attn_norm.weight"), self.vector(p + "ffn_norm.weight"))
+            block = Block(attention, feed_forward, norms, shape.eps)
+        release_freed_memory()
+        return block
+
+    def linear(self, *parts: str, in_file: bool = False) -> quant.Linear:
+        """The fused weight of `parts`: each run of parts of one layout is one product (with
+        `in_file`, GGML runs are cut where the parts cannot be one view of the file)."""
+        runs = _runs(self.file, parts, self.ggml, self.device_blocks)
+        if in_file:
+            runs = _in_file_runs(self.file, self.shape, runs)
+        built = [self.layout_linear(layout, run, in_file) for layout, run in runs]
+        return built[0] if len(built) == 1 else quant.PartsLinear(built)
+
+    def layout_linear(self, layout: str, parts: list[str], in_file: bool) -> quant.Part:
+        tensors = self.file.tensors
+        if layout.startswith(GGML):  # the file's own blocks: nothing to repack or keep
+            viewed = in_file and not _reordered(self.shape, parts[0])
+            weight = self.in_place(parts) if viewed else self.take(*parts)
+            part_rows = tuple(tensors[p].shape[0] for p in parts)
+            return quant.GGMLLinear(
+                weight, tensors[parts[0]].type, tensors[parts[0]].shape[-1], part_rows
+            )
+        if layout == BF16:
+            self.dense_parts.extend(parts)
+        if self.packs is None:
+            return self.repacked(layout, parts)
+        rows = sum(tensors[p].shape[0] for p in parts)
+        before = self.done
+        built = self.packs.linear(
+            parts[0], rows, tensors[parts[0]].shape[-1], lambda: self.repacked(layout, parts)
+        )
+        self.advance(len(parts) - (self.done - before))  # a stored linear read nothing: count it
+        return built
+
+    def repacked(self, layout: str, parts: list[str]) -> quant.Part:
+        """`parts` read from the file into `layout` (int4, Q6_K's int4 form or bf16)."""
+        if layout == BF16:
+            self.advance(len(parts))
+            return quant.DenseLinear(_dense(self.file, self.shape, parts).to(torch.bfloat16))
+        if layout == Q6_INT4:
+            return quant.Q6KLinear.from_blocks(self.take(*parts))
+        return _int4_run([(self.take(p), self.file.tensors[p].type) for p in parts])
+
+    def take(self, *parts: str) -> torch.Tensor:
+        """The parts' rows read in (one copy: a lone part is not copied again)."""
+        self.advance(len(parts))
+        rows = [raw_rows(self.file, self.shape, p) for p in parts]
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def in_place(self, parts: list[str]) -> torch.Tensor:
+        """The parts' rows as a view of the mapped file (adjacent there: see _in_file_runs)."""
+        self.advance(len(parts))
+        return torch.from_numpy(self.file.raw_run(parts))
+
+    def vector(self, name: str) -> torch.Tensor:
+        info = self.file.tensors[name]
+        return quant.dense(self.take(name), info.type, info.shape[-1]).reshape(-1).clone()
 
 
 def _attention(
