@@ -3,9 +3,10 @@ file that cannot serve.
 
 The schema is versioned with `PRAGMA user_version`; `MIGRATIONS[n]` takes a database from
 version n to n + 1, so an old file is brought up to date when it is opened. A file that is not
-SQLite, is damaged, holds somebody else's tables or was written by a newer Glassbox is
-`UnusableDatabase`: the store moves it aside (`set_aside`: `<name>.corrupt-<timestamp>`) and
-starts a fresh one.
+SQLite, is damaged or holds somebody else's tables is `UnusableDatabase`: the store moves it
+aside (`set_aside`: `<name>.corrupt-<timestamp>`) and starts a fresh one. A file written by a
+newer Glassbox is `NewerDatabase`: nothing is wrong with it, so it is left as it is for the
+newer version, and this one keeps its conversations elsewhere (the window: in memory).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class UnusableDatabase(Exception):
     """The file cannot serve as our store; the message says why."""
 
 
+class NewerDatabase(Exception):
+    """The file was written by a newer Glassbox: left untouched, for that version to read."""
+
+
 def open_database(path: Path) -> sqlite3.Connection:
     """A connection to the store's file in WAL mode, checked ours and migrated to
     SCHEMA_VERSION; UnusableDatabase if the file cannot serve."""
@@ -99,7 +104,7 @@ def _check(conn: sqlite3.Connection) -> None:
     """Read-only checks, before anything is written to a file that may not be ours."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
-        raise UnusableDatabase(
+        raise NewerDatabase(
             f"written by a newer Glassbox (schema {version}; this one knows {SCHEMA_VERSION})"
         )
     tables = {

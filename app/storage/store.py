@@ -37,6 +37,7 @@ from app.storage.records import (
 from app.storage.schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
+    NewerDatabase,
     UnusableDatabase,
     open_database,
     set_aside,
@@ -45,9 +46,11 @@ from engine.settings import GenerationSettings
 
 __all__ = [
     "DEFAULT_TITLE",
+    "IN_MEMORY",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "ConversationStore",
+    "NewerDatabase",
     "ReplySaver",
     "StoredConversation",
     "StoredMessage",
@@ -59,6 +62,7 @@ __all__ = [
 
 ROLES = frozenset({"system", "user", "assistant"})
 DEFAULT_TITLE = "New chat"
+IN_MEMORY = ":memory:"  # a store's path that is no file: kept until the store is closed
 LAST_OPENED_KEY = "last_opened_conversation"
 
 
@@ -68,8 +72,10 @@ class ConversationStore:
     def __init__(
         self, path: Path | str, *, clock: Callable[[], float] = time.time, purge: bool = True
     ) -> None:
-        """Open (or create) the store. `purge=False` leaves deleted conversations for another
-        process to restore: the terminal chat opens the file while the window may be running."""
+        """Open (or create) the store; a damaged file is set aside, a newer Glassbox's raises
+        NewerDatabase (see app.storage.schema). `purge=False` leaves deleted conversations for
+        another process to restore: the terminal chat opens the file while the window may be
+        running."""
         self.path = Path(path)
         self._clock = clock
         # Where a damaged file was moved, and why, when opening had to start afresh.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from PySide6.QtWidgets import QDockWidget
 
 from app import paths
 from app.client.engine_client import EngineClient
-from app.storage.store import ConversationStore
+from app.storage.store import IN_MEMORY, ConversationStore, NewerDatabase
 from app.window.controller import ConversationController
 from app.window.serving import ServeSwitch
 from engine.events import ModelInfo
@@ -61,13 +62,9 @@ def assemble(
     window.add_dock(conversations, Qt.DockWidgetArea.LeftDockWidgetArea)
     _fit_to_screen(window, internals, conversations, screen)
 
-    store = ConversationStore(database or paths.database_path())
-    if store.recovered_from is not None:
-        window.chat.add_note(
-            f"The conversation database was damaged ({store.recovery_reason}). It was kept"
-            f" aside as {store.recovered_from} and a new one started.",
-            error=True,
-        )
+    store, problem = open_store(database)
+    if problem is not None:
+        window.chat.add_note(problem, error=True)
     controller = ConversationController(window, store, sidebar)
     _connect_internals(window, internals)
     _connect_rows(window, worker, internals)
@@ -84,6 +81,26 @@ def assemble(
     controller.reopen_last()
     serve = ServeSwitch(window, worker, controller, settings)
     return Parts(window, worker, internals, controller, serve)
+
+
+def open_store(database: Path | None = None) -> tuple[ConversationStore, str | None]:
+    """The conversation store (by default the user's), and a line for the chat where it could
+    not be used as it was: a damaged file set aside, or, where the file cannot be opened at
+    all or belongs to a newer Glassbox, a store in memory that the window keeps until it
+    closes (the file, if any, left as it is)."""
+    try:
+        store = ConversationStore(database or paths.database_path())
+    except (OSError, sqlite3.Error, NewerDatabase) as error:
+        kept = "Conversations are kept only until this window closes"
+        return ConversationStore(
+            IN_MEMORY
+        ), f"The conversation database cannot be used ({error}). {kept}."
+    if store.recovered_from is None:
+        return store, None
+    return store, (
+        f"The conversation database was damaged ({store.recovery_reason}). It was kept"
+        f" aside as {store.recovered_from} and a new one started."
+    )
 
 
 def _fit_to_screen(

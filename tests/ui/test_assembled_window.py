@@ -6,6 +6,7 @@ that reached them, and every message against what SQLite holds afterwards.
 
 from __future__ import annotations
 
+import sqlite3
 from functools import partial
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from app.bench.synthetic import SyntheticSession
 from app.client.delivery import SLOWEST_DRAIN_MS
 from app.storage import recorder
-from app.storage.store import ConversationStore, ReplySaver
+from app.storage.store import SCHEMA_VERSION, ConversationStore, ReplySaver
 from engine.events import Finished, PrefillDone, StepRows, Token
 from engine.settings import GenerationSettings, Message
 from tests.ui.fakes import REPLY, FakeBackend, fake_info
@@ -152,6 +153,38 @@ def test_a_damaged_database_is_set_aside_and_the_window_says_so(qtbot, build, tm
     assert "damaged" in text and "kept aside" in text
     assert list(tmp_path.glob("chats.sqlite3.corrupt*"))
     assert parts.window.send("still works")
+
+
+def test_a_database_that_cannot_be_opened_keeps_chats_in_memory_and_says_so(qtbot, build, tmp_path):
+    """Its folder cannot be made (a file stands where it should be): the window opens, says
+    why, and a chat goes on, kept until the window closes."""
+    (tmp_path / "data").write_text("a file, not a folder")
+    backend = FakeBackend()
+    parts = build(backend.load, backend.make_session, database=tmp_path / "data" / "chats.sqlite3")
+    text = parts.window.chat.toPlainText()
+    assert "cannot be used" in text and "until this window closes" in text
+    assert parts.window.send("still works")
+    qtbot.waitUntil(lambda: not parts.window.replying, timeout=30000)
+    store = parts.controller.store
+    (conversation,) = store.list_conversations()
+    user, reply = store.messages(conversation.id)
+    assert user.text == "still works" and reply.role == "assistant" and reply.text
+
+
+def test_a_newer_glassboxs_database_is_left_as_it_is(qtbot, build, tmp_path):
+    database = tmp_path / "chats.sqlite3"
+    with ConversationStore(database) as store:
+        store.create_conversation("kept for the newer version")
+    with sqlite3.connect(database) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    before = database.read_bytes()
+    backend = FakeBackend()
+    parts = build(backend.load, backend.make_session, database=database)
+    assert "newer Glassbox" in parts.window.chat.toPlainText()
+    assert parts.controller.store.list_conversations() == []  # this window's, in memory
+    assert parts.window.send("a chat of its own")
+    qtbot.waitUntil(lambda: not parts.window.replying, timeout=30000)
+    assert database.read_bytes() == before and not list(tmp_path.glob("*.corrupt-*"))
 
 
 def test_tokens_delivered_together_are_stored_and_shown_as_one_by_one(qtbot, build, monkeypatch):

@@ -18,6 +18,7 @@ from app.storage.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     ConversationStore,
+    NewerDatabase,
     ReplySaver,
     generation_settings,
     set_aside,
@@ -446,16 +447,17 @@ def test_unknown_tables_in_our_database_are_set_aside(db_path):
         assert store.recovered_from is not None and "somebody_elses" in store.recovery_reason
 
 
-def test_a_newer_schema_version_is_set_aside(db_path):
+def test_a_newer_schema_is_left_as_it_is(db_path):
+    """Not damaged: the newer Glassbox that wrote it still reads it, so it is not moved."""
     with ConversationStore(db_path) as store:
         store.create_conversation("from the future")
     with sqlite3.connect(db_path) as conn:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
-    with ConversationStore(db_path) as store:
-        assert store.recovered_from is not None
-        assert "newer" in store.recovery_reason
-        assert store.list_conversations() == []
-    with sqlite3.connect(store.recovered_from) as kept:
+    before = db_path.read_bytes()
+    with pytest.raises(NewerDatabase, match="newer Glassbox"):
+        ConversationStore(db_path)
+    assert db_path.read_bytes() == before and not list(db_path.parent.glob("*.corrupt-*"))
+    with sqlite3.connect(db_path) as kept:
         assert kept.execute("SELECT title FROM conversations").fetchall() == [("from the future",)]
 
 
