@@ -37,6 +37,7 @@ from app.server.jobs import (
     SessionFactory,
     describe_error,
     event_weight,
+    explained,
     load_session,
     proposed_request,
     run_generation,
@@ -321,7 +322,10 @@ class EngineServer:
             with collector.paused():
                 session = load_session(self._loader, self._session_factory, request, progress)
         except Exception as error:
-            log.exception("loading %r failed", request.spec)
+            if explained(error):  # the user's to act on: the message says all
+                log.warning("loading %r failed: %s", request.spec, error)
+            else:
+                log.exception("loading %r failed", request.spec)
             fits_as = proposed_request(request, error)
             self.outbox.put(LoadFailed(job, describe_error(error), fits_as))
             return

@@ -96,10 +96,17 @@ def proposed_request(request: LoadRequest, error: BaseException) -> LoadRequest 
     )
 
 
+def explained(error: BaseException) -> bool:
+    """Whether the error is one the loader explains in the user's terms (a wrong path, a file
+    it cannot read, a model that does not fit), not a fault of the program. By name: the
+    engine's side (and torch) is imported only where a model is loaded."""
+    return type(error).__name__ == "ModelLoadError" and bool(str(error).strip())
+
+
 def describe_error(error: BaseException) -> str:
     """A one-line message for the user; load errors already read as sentences."""
     text = str(error).strip()
-    if type(error).__name__ == "ModelLoadError" and text:
+    if explained(error):
         return text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 

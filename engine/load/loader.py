@@ -8,6 +8,7 @@ becomes a `ModelLoadError` whose message a user can act on (engine/load/loaded.p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,10 +72,27 @@ def load_model(
 ) -> LoadedModel:
     """Load what `request.spec` names onto the requested device, ready for a ChatSession."""
     report = progress or (lambda stage, fraction: None)
-    route = choose(request, cache_dir or default_cache_dir(), report)
+    route = choose(request, writable(cache_dir or default_cache_dir()), report)
     loaded = ROUTES[route.kind](route, report)
     guess = route.file is not None and instruction_tuned(Path(route.location))
     loaded = with_chat_format(loaded, guess, request.chat_template)
     measure_peaks(route.device, loaded.info.dtype, report)
     report("Ready", 1.0)
     return loaded
+
+
+def writable(folder: Path) -> Path:
+    """The cache folder, made if missing; a ModelLoadError where it cannot be made or written
+    (a load writes its tokenizer, packs and kernels there)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        problem = error.strerror or str(error)
+    else:
+        if os.access(folder, os.W_OK):
+            return folder
+        problem = "not writable"
+    raise ModelLoadError(
+        f"The cache folder {folder} cannot be used ({problem}): set GLASSBOX_CACHE_DIR to a"
+        " folder you can write."
+    )

@@ -107,6 +107,16 @@ def test_random_bytes_gguf(tmp_path):
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
 
+def test_a_cache_folder_that_cannot_be_made_is_a_load_error(tmp_path):
+    """Where GLASSBOX_CACHE_DIR points under a file: a sentence naming the folder, no
+    traceback (the tokenizer, packs and kernels are written there)."""
+    (tmp_path / "a-file").write_text("not a folder")
+    cache = tmp_path / "a-file" / "cache"
+    with pytest.raises(ModelLoadError, match="GLASSBOX_CACHE_DIR") as caught:
+        load_model(LoadRequest(spec="bundled", device="cpu"), cache_dir=cache)
+    assert str(cache) in str(caught.value)
+
+
 def test_truncated_bundled_gguf(tmp_path):
     """The first megabyte of the real file: a valid header whose tensors run off the end."""
     with bundled_gguf_path().open("rb") as source:
