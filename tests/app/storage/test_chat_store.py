@@ -18,7 +18,7 @@ import pytest
 
 from app.paths import DATABASE_NAME
 from app.storage.chat_log import ChatLog, open_store
-from app.storage.store import ConversationStore
+from app.storage.store import SCHEMA_VERSION, ConversationStore
 from engine.events import Failed, Finished, PrefillDone, Token
 from engine.settings import GenerationSettings
 from tests.models import make_tiny
@@ -284,3 +284,15 @@ def test_a_store_that_fails_mid_chat_is_reported_once_and_the_chat_goes_on(tmp_p
     (conversation,) = reopened.list_conversations()
     assert [m.text for m in reopened.messages(conversation.id)] == ["Saved"]
     reopened.close()
+
+
+def test_a_newer_glassboxs_store_is_left_alone_and_the_chat_is_not_saved(tmp_path):
+    path = tmp_path / DATABASE_NAME
+    ConversationStore(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    said: list[str] = []
+    assert open_store(path, report=said.append) is None
+    (line,) = said
+    assert "newer Glassbox" in line and "not saved" in line
+    assert not list(tmp_path.glob("*.corrupt-*"))
