@@ -249,6 +249,9 @@ class ChatSession(PacedGeneration):
                 token_id = int(chosen)  # the one host sync a step waits on (on a GPU)
             self.lens_probe.keep(index, forward.residuals, token_id)
             reason = self._stop_reason(token_id, index, budget, settings)
+            # A teacher stepping or slowing a reply sees each token's text with its step, not
+            # held until the next token completes the word
+            stream.per_token = settings.text_per_token or not self.pacer.at_full_speed
             token = self._token_event(index, token_id, stream, reason, probes, per_layer)
             # token 0's latency starts with the prefill
             step_s = clock.stop() + (tally.prefill_s if index == 0 else 0.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -232,3 +233,22 @@ def test_an_errand_that_fails_does_not_stop_the_reply(session):
     finished = reply.finished()
     assert finished.reason == "length"
     assert [t.token_id for t in reply.tokens()] == [t.token_id for t in reference.tokens()]
+
+
+def test_a_stepped_token_shows_its_text_with_its_step(session):
+    """At full speed the window's text comes by whole words (a word piece waits for the next
+    token); a stepped token's text comes with it, as with `text_per_token`."""
+
+    def texts(reply: Reply) -> list[str]:
+        reply.finished()
+        return [t.text for t in reply.tokens()][:3]
+
+    per_token = texts(Reply(session, replace(GREEDY, text_per_token=True)))
+    assert texts(Reply(session, GREEDY)) != per_token  # some piece is held by whole words
+    reply = Reply(session, STEPPED)
+    for shown in range(1, 4):
+        until(lambda: session.pacer.pace.waiting)
+        session.pacer.step()
+        until(lambda shown=shown: len(reply.tokens()) == shown)
+    session.pacer.resume()
+    assert texts(reply) == per_token
