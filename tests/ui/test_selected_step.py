@@ -100,3 +100,19 @@ def test_the_tokens_panel_says_what_the_selected_token_is(view, rng):
     state.select(2)
     view.redraw(force=True)
     assert panel.step_line.text().startswith("Prompt token #2 is token 2 'p2' processed by")
+
+
+def test_the_next_token_panel_says_a_selected_steps_sentence_once(view, rng):
+    """Stepping or a step chosen: the sentence in the step line, the readout below it hidden;
+    otherwise the readout says it."""
+    show(view, "next_token")
+    run_reply(view, rng, count=4)
+    state, panel = view.state, view.next_token
+    view.redraw(force=True)
+    assert panel.readout.isVisibleTo(panel) and not panel.step_line.isVisibleTo(panel)
+    state.select(PROMPT + 2)
+    view.redraw(force=True)
+    assert panel.step_line.isVisibleTo(panel) and not panel.readout.isVisibleTo(panel)
+    assert panel.step_line.text() == panel.summary.text() and panel.summary.text().startswith(
+        "Step 2"
+    )

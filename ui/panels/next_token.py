@@ -113,7 +113,8 @@ class NextTokenPanel(StatePanel):
         layout.addLayout(browse)
         self.step_line = StepLine()
         layout.addWidget(self.step_line)
-        layout.addWidget(ReadoutBox(self.summary))
+        self.readout = ReadoutBox(self.summary)
+        layout.addWidget(self.readout)
         layout.addWidget(self.tokens)
         layout.addWidget(self.key)
         layout.addWidget(self.chart, 1)
@@ -150,6 +151,8 @@ class NextTokenPanel(StatePanel):
         step = min(self.spin.value(), steps - 1)
         self._draw_step(step)
         self.step_line.say(self.summary.text(), self._state.showing_step and step >= 0)
+        # the step's sentence once: in the step line while it shows, else in the readout
+        self.readout.setHidden(self.step_line.isVisibleTo(self))
         self.tracker.drawn(revisions)
 
     # -- internals -------------------------------------------------------------------------
