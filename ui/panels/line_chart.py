@@ -82,11 +82,12 @@ class Series:
             self.chart.update()
 
 
-def nice_ticks(limit: float, count: int = TICKS) -> np.ndarray:
-    """Ticks from 0 to at most `limit` at a step of 1, 2 or 5 times a power of ten."""
+def nice_ticks(limit: float, count: int = TICKS, whole: bool = False) -> np.ndarray:
+    """Ticks from 0 to at most `limit` at a step of 1, 2 or 5 times a power of ten; `whole`:
+    a step of 1 at least (an axis of counts has no token 0.5)."""
     if limit <= 0 or not math.isfinite(limit):
         return np.zeros(1)
-    raw = limit / count
+    raw = max(limit / count, 1.0) if whole else limit / count
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     return np.arange(0, limit + step * 1e-9, step)
@@ -144,10 +145,13 @@ class LineChart(QWidget):
         y_label: str,
         y_units: Sequence[tuple[float, str]] = ((1.0, ""),),
         parent: QWidget | None = None,
+        x_counts: bool = True,
     ) -> None:
         """`y_units`: (size, name) pairs, smallest first; the y labels use the largest unit
-        the range reaches (e.g. ((1e-3, "ms"), (1, "s")) or bytes in B, KiB, MiB)."""
+        the range reaches (e.g. ((1e-3, "ms"), (1, "s")) or bytes in B, KiB, MiB). `x_counts`:
+        x counts something (tokens, steps), so its ticks are whole numbers."""
         super().__init__(parent)
+        self.x_counts = x_counts
         self.title = title
         self.x_label, self.y_label, self.y_units = x_label, y_label, tuple(y_units)
         self.series: list[Series] = []
@@ -287,7 +291,8 @@ class LineChart(QWidget):
         painter.drawLine(area.bottomLeft(), area.bottomRight())
         painter.drawLine(area.topLeft(), area.bottomLeft())
         # No more ticks than their labels have room for (a short plot crowded them).
-        x_ticks = nice_ticks(self.x_limit, max(1, min(TICKS, int(area.width() / 70))))
+        x_count = max(1, min(TICKS, int(area.width() / 70)))
+        x_ticks = nice_ticks(self.x_limit, x_count, whole=self.x_counts)
         x_step = float(x_ticks[1] - x_ticks[0]) if x_ticks.size > 1 else 1.0
         for tick in x_ticks.tolist():
             x = area.left() + tick / self.x_limit * area.width()
