@@ -127,7 +127,7 @@ class ModelPicker(QDialog):
             "folder": "Local folder",
             "gguf": "GGUF file",
         }
-        editors = {"hub": self._hub, "folder": self._folder, "gguf": self._gguf}
+        editors = self._editors
         for row, source in enumerate(SOURCES):
             radio = QRadioButton(labels[source])
             self._radios[source] = radio
@@ -184,8 +184,13 @@ class ModelPicker(QDialog):
     def set_source(self, source: str) -> None:
         self._radios[source].setChecked(True)
 
+    @property
+    def _editors(self) -> dict[str, QLineEdit]:
+        """Each source's location, where it has one."""
+        return {"hub": self._hub, "folder": self._folder, "gguf": self._gguf}
+
     def set_location(self, source: str, text: str) -> None:
-        {"hub": self._hub, "folder": self._folder, "gguf": self._gguf}[source].setText(text)
+        self._editors[source].setText(text)
         self.set_source(source)
 
     def set_device(self, device: str) -> None:
@@ -309,6 +314,12 @@ class ModelPicker(QDialog):
         self.fit_button.setVisible(fits_as is not None)
         if fits_as is not None:
             self.fit_button.setText(f"Load with {placement_words(fits_as)}")
+        # Back to the location to correct (the disabled Load button had passed the focus on
+        # to the first field, the hub id, where a typed path changed the source)
+        editor = self._editors.get(self.source())
+        if editor is not None:
+            editor.setFocus()
+            editor.selectAll()
 
     def _load_fitting(self) -> None:
         if self._fits_as is not None:

@@ -308,6 +308,23 @@ def test_the_picker_refuses_a_missing_folder_or_gguf(qtbot, tmp_path):
     assert picker.is_loading()
 
 
+def test_a_failed_load_gives_the_focus_back_to_the_location(qtbot, tmp_path):
+    """Its text selected, so a corrected path typed at once replaces it, in the same source."""
+    picker = ModelPicker(LoadRequest())
+    qtbot.addWidget(picker)
+    picker.show()
+    qtbot.waitExposed(picker)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    picker.set_location("gguf", str(tmp_path / "model.gguf"))
+    qtbot.mouseClick(picker.load_button, Qt.MouseButton.LeftButton)
+    assert picker.is_loading()
+    picker.set_failed("model.gguf is not a readable GGUF model")
+    editor = picker.focusWidget()
+    assert editor is picker._gguf and editor.selectedText() == str(tmp_path / "model.gguf")
+    qtbot.keyClicks(editor, str(tmp_path / "other.gguf"))
+    assert picker.request().spec == str(tmp_path / "other.gguf")
+
+
 def test_closing_mid_reply_is_quick_and_leaves_no_thread(qtbot, backend, make_window):
     backend.gate = threading.Semaphore(0)  # the reply would never end by itself
     window = make_window(backend)
