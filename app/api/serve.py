@@ -8,9 +8,11 @@ $GLASSBOX_API_KEY), without which it refuses to start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
+import socket
 import sys
 
 import uvicorn
@@ -71,22 +73,51 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.generate.session import ChatSession
     from engine.load.loader import ModelLoadError, load_model
 
+    try:  # before the model loads: a port in use is said at once, and stays ours
+        listener = bound_listener(args.host, args.port)
+    except OSError as error:
+        print(f"glassbox serve: {cannot_listen(args.host, args.port, error)}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        loaded = load_model(load_request(args), progress=_progress)
-    except ModelLoadError as error:
-        print(f"glassbox serve: {error}", file=sys.stderr)
-        return 1
-    engine = SessionEngine(ChatSession(loaded))
-    app = create_app(engine, limits)
-    print(
-        f"Serving {engine.model_id} at http://{args.host}:{args.port}/v1"
-        + (" (API key required)" if limits.api_key else ""),
-        file=sys.stderr,
-        flush=True,
-    )
-    uvicorn.Server(uvicorn_config(app, args.host, args.port, limits)).run()
+    with listener:
+        try:
+            loaded = load_model(load_request(args), progress=_progress)
+        except ModelLoadError as error:
+            print(f"glassbox serve: {error}", file=sys.stderr)
+            return 1
+        engine = SessionEngine(ChatSession(loaded))
+        app = create_app(engine, limits)
+        print(
+            f"Serving {engine.model_id} at http://{args.host}:{args.port}/v1"
+            + (" (API key required)" if limits.api_key else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+        server = uvicorn.Server(uvicorn_config(app, args.host, args.port, limits))
+        # uvicorn shuts down on Ctrl+C, then raises it again for the caller: the way to stop
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[listener])
+    print("glassbox serve: stopped", file=sys.stderr)
     return 0
+
+
+def bound_listener(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port for uvicorn to listen on (port 0: any free one); OSError
+    where the port is in use or the address is not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    # as uvicorn binds: a port served a moment ago is free again at once
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def cannot_listen(host: str, port: int, error: OSError) -> str:
+    return f"cannot listen on {host}:{port}: {error.strerror or error}"
 
 
 def uvicorn_config(

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 
 import uvicorn
 from PySide6.QtCore import QObject, QSettings
 from PySide6.QtGui import QAction
 
-from app.api.serve import listen_refusal, uvicorn_config
+from app.api.serve import bound_listener, cannot_listen, listen_refusal, uvicorn_config
 from app.api.server import Limits, create_app
 from app.client.engine_client import EngineClient
 from app.options import KEY_VARIABLE
@@ -40,15 +39,7 @@ class ApiServer:
     """uvicorn on a bound socket, in a thread; `stop` ends it and joins the thread."""
 
     def __init__(self, bridge: ApiBridge, options: ServeOptions, limits: Limits) -> None:
-        family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        # as uvicorn binds: a port this window served a moment ago is free again at once
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self.listener.bind((options.host, options.port))  # OSError: in use, no such address
-        except OSError:
-            self.listener.close()
-            raise
+        self.listener = bound_listener(options.host, options.port)  # OSError: in use, ...
         self.port = int(self.listener.getsockname()[1])
         self.bridge = bridge
         app = create_app(bridge.engine, limits)
@@ -142,7 +133,7 @@ class ServeSwitch(QObject):
             except OSError as error:
                 bridge.close()
                 bridge.deleteLater()
-                refusal = f"cannot listen on {options.host}:{options.port}: {error.strerror}"
+                refusal = cannot_listen(options.host, options.port, error)
         if refusal is not None:
             self._refuse(refusal)
             return

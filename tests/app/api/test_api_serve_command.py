@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import uvicorn
 
-from app.api.serve import is_loopback, serve_limits
+from app.api.serve import bound_listener, is_loopback, serve_limits
 from app.cli import main
 from app.options import parser
 
@@ -47,3 +48,31 @@ def test_loopback_addresses():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
     assert not is_loopback("example.com")
+
+
+def test_a_port_in_use_refuses_before_the_model_loads(monkeypatch, capsys):
+    taken = bound_listener("127.0.0.1", 0)
+    taken.listen()
+    port = taken.getsockname()[1]
+    monkeypatch.setattr("engine.load.loader.load_model", lambda *a, **k: pytest.fail("loaded"))
+    with taken:
+        assert main(["serve", "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_the_server_quietly(monkeypatch, capsys, tokenizer):
+    """uvicorn raises Ctrl+C again once it has shut down: the command ends with status 0."""
+    from tests.models import make_tiny
+
+    def interrupted(self, sockets=None):
+        assert sockets and sockets[0].getsockname()[1] > 0  # served on the bound socket
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(
+        "engine.load.loader.load_model", lambda *a, **k: make_tiny(tokenizer, "llama")
+    )
+    monkeypatch.setattr(uvicorn.Server, "run", interrupted)
+    with bound_listener("127.0.0.1", 0) as free:  # a port free a moment ago
+        port = free.getsockname()[1]
+    assert main(["serve", "--port", str(port)]) == 0
+    assert "stopped" in capsys.readouterr().err
