@@ -44,6 +44,23 @@ TENSOR_TYPES = {
 }  # fmt: skip
 
 
+# Types of files one may download that this reader does not hold (llama.cpp's numbering)
+UNREAD_TYPES = {
+    16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
+    22: "IQ2_S", 23: "IQ4_XS", 28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
+}  # fmt: skip
+
+
+def unread_type(tensor: str, kind: int) -> str:
+    """Why a tensor of ggml type `kind` stops the read, and which files do read."""
+    named = f"{UNREAD_TYPES[kind]} (ggml type {kind})" if kind in UNREAD_TYPES else f"type {kind}"
+    readable = ", ".join(name for name, _, _ in TENSOR_TYPES.values())
+    return (
+        f"tensor {tensor} is {named}, which Glassbox does not read: choose a file of {readable}"
+        " (a Q4_K_M file, for example)"
+    )
+
+
 class GGUFError(ValueError):
     """The file is not a GGUF this reader understands; the message says what is wrong."""
 
@@ -164,7 +181,7 @@ class GGUFFile:
         tensors = {}
         for name, shape, kind, offset in infos:
             if kind not in TENSOR_TYPES:
-                raise GGUFError(f"tensor {name} has ggml type {kind}, unknown to this reader")
+                raise GGUFError(unread_type(name, kind))
             _, per_block, block_bytes = TENSOR_TYPES[kind]
             values = int(np.prod(shape))
             nbytes = values // per_block * block_bytes

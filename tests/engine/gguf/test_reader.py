@@ -72,3 +72,19 @@ def test_damaged_bytes_are_a_gguf_error_or_read(small_gguf, tmp_path):
         except GGUFError:
             refused += 1
     assert 0 < refused < header  # the magic, counts and lengths are refused; a name's byte reads
+
+
+def test_a_tensor_type_it_does_not_read_is_named_with_the_types_it_does(small_gguf, tmp_path):
+    """An IQ4_XS file (type 23): the message names the type and the files that do read."""
+    whole = bytearray(small_gguf.read_bytes())
+    file = GGUFFile(small_gguf)
+    info = file.tensors["b.weight"]
+    file.close()
+    name = b"b.weight"
+    at = whole.index(name) + len(name) + 4 + 8 * len(info.shape)  # after its dims: its type
+    assert int.from_bytes(whole[at : at + 4], "little") == info.type
+    whole[at : at + 4] = (23).to_bytes(4, "little")
+    other = tmp_path / "iq4_xs.gguf"
+    other.write_bytes(whole)
+    with pytest.raises(GGUFError, match=r"b\.weight is IQ4_XS \(ggml type 23\).*Q4_K, .*Q4_K_M"):
+        GGUFFile(other)
