@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 import threading
@@ -33,6 +34,9 @@ from engine.settings import (
 )
 from engine.text import chat_format
 from ui.reply_stats import finished_stats, stats_line
+
+COMMANDS = "/new starts over, /quit leaves"
+COMMAND = re.compile(r"/[A-Za-z]+")  # what a command looks like, known or not
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -95,20 +99,22 @@ def _interactive(
 ) -> int:
     if not args.json:
         mode = " Completion mode: what you type is continued as written." if args.complete else ""
-        print(
-            f"{session.info.name} on {session.info.device}. /new starts over, /quit leaves.{mode}"
-        )
+        print(f"{session.info.name} on {session.info.device}. {COMMANDS}.{mode}")
     while True:
         try:
             line = input("" if args.json else "\ntext> " if args.complete else "\nyou> ")
         except (EOFError, KeyboardInterrupt):
             return 0
-        if line.strip() == "/quit":
+        command = line.strip()
+        if command == "/quit":
             return 0
-        if line.strip() == "/new":
+        if command == "/new":
             history[:] = [m for m in history if m.role == "system"]
             session.reset()
             chat_log.new_conversation()
+            continue
+        if COMMAND.fullmatch(command):  # a mistyped command is not a message ("/etc/x" is)
+            print(f"glassbox chat: no command {command}: {COMMANDS}", file=sys.stderr)
             continue
         _turn(session, history, line, settings, probes, args, chat_log)
 

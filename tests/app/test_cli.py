@@ -288,6 +288,18 @@ def test_interactive_answers_each_line_then_exits_on_eof(tiny_folder):
     assert 0 < second["reused_tokens"] < second["prompt_tokens"]
 
 
+def test_a_mistyped_command_is_said_and_not_sent(tiny_folder):
+    """'/foo' looks like a command: refused with the commands; '/etc/x ...' is a message."""
+    result = run_app(
+        "chat", "--model", str(tiny_folder), "--greedy", "--max-new-tokens", "3", "--json",
+        stdin="/foo\n/etc/hosts holds what?\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "no command /foo: /new starts over, /quit leaves" in result.stderr
+    finished = [e for e in json_lines(result.stdout) if e["event"] == "finished"]
+    assert len(finished) == 1  # the path's question only
+
+
 def test_bench_reports_decode_rates(tiny_folder):
     result = run_app(
         "bench", "--model", str(tiny_folder), "--json", "--new-tokens", "8", "--repeats", "1"
