@@ -27,7 +27,15 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QByteArray, QEvent, QObject, QRect, QSettings, QSize, Qt, QTimer
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QStyle, QWidget
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFrame,
+    QMainWindow,
+    QScrollArea,
+    QStyle,
+    QTabBar,
+    QWidget,
+)
 
 CHAT_MIN_WIDTH = 380  # the chat and the message box below it stay usable
 CHAT_WIDTH = 960  # lines longer than this read badly: on wide screens the panels get the rest
@@ -365,6 +373,31 @@ def float_on_screen(saved: QRect, available: QRect, screens: Sequence[QRect] = (
 
 def screens_available() -> list[QRect]:
     return [screen.availableGeometry() for screen in QGuiApplication.screens()]
+
+
+class WholeTabNames(QObject):
+    """The window's dock tab bars show each panel's whole name, with scroll arrows where the
+    names do not fit: cut to fit, eight panels on a laptop's screen read 'Ti…', 'KV c…'.
+    Qt makes those tab bars as docks are tabbed together (the user can, at any time), so each
+    is set as it joins the window."""
+
+    def __init__(self, window: QMainWindow) -> None:
+        super().__init__(window)
+        window.installEventFilter(self)
+        for bar in window.findChildren(QTabBar):
+            whole_names(bar)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ChildPolished:  # a child made and set up: a tab bar?
+            child = event.child()  # type: ignore[attr-defined]  # a QChildEvent
+            if isinstance(child, QTabBar):
+                whole_names(child)
+        return False
+
+
+def whole_names(bar: QTabBar) -> None:
+    bar.setElideMode(Qt.TextElideMode.ElideNone)
+    bar.setUsesScrollButtons(True)
 
 
 class KeepFrameOnScreen(QObject):

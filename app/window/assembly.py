@@ -117,6 +117,7 @@ def _fit_to_screen(
     layout.arrange(window, internals.docks, [window.settings_dock, sidebar], available)
     window.restore_layout(screen)  # now that every dock exists, the saved layout can place them
     layout.KeepFrameOnScreen(window, screen)  # the title bar is known once it is shown
+    layout.WholeTabNames(window)
 
 
 def _connect_engine_notes(window: MainWindow, worker: EngineClient) -> None:

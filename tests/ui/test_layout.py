@@ -9,8 +9,15 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from PySide6.QtCore import QPoint, QRect, QSettings, QSize
-from PySide6.QtWidgets import QApplication, QDockWidget, QScrollArea, QWidget
+from PySide6.QtCore import QPoint, QRect, QSettings, QSize, Qt
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QMainWindow,
+    QScrollArea,
+    QTabBar,
+    QWidget,
+)
 
 from app.window import assembly
 from engine.settings import LoadRequest
@@ -294,3 +301,26 @@ def test_the_window_benchs_docked_layout_is_a_desktops_not_the_offscreen_platfor
     arrange_docks(lens, "docked-layers")
     QApplication.processEvents()
     assert [n for n, d in lens.internals.docks.items() if on_screen(d)] == ["timing", "layers"]
+
+
+def test_dock_tabs_show_whole_names_with_arrows_where_they_do_not_fit(qtbot):
+    """Tab bars Qt makes later (docks tabbed together after the window was set up) too."""
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    layout.WholeTabNames(window)
+    docks = []
+    for name in ("Timing", "KV cache", "Attention", "Next token", "Roofline", "Placement"):
+        dock = QDockWidget(name, window)
+        dock.setObjectName(name)
+        dock.setWidget(QWidget())
+        window.addDockWidget(layout.RIGHT, dock)
+        docks.append(dock)
+    for dock in docks[1:]:
+        window.tabifyDockWidget(docks[0], dock)
+    window.resize(500, 400)
+    window.show()
+    qtbot.waitExposed(window)
+    bars = [bar for bar in window.findChildren(QTabBar) if bar.count() > 1]
+    assert bars, "the docks were tabbed into a tab bar"
+    for bar in bars:
+        assert bar.elideMode() == Qt.TextElideMode.ElideNone and bar.usesScrollButtons()
