@@ -16,7 +16,7 @@ from engine.settings import FEWEST_ROWS
 from ui.panels import pooled_rows
 from ui.panels import tokens as tokens_panel
 from ui.panels.docks import InternalsView, build_docks
-from ui.panels.kv_cache import STACKED, formula_text
+from ui.panels.kv_cache import STACKED, formula_text, layer_formula_text
 from ui.panels.mosaic import GAP_VALUE, LEVEL_EDGES, MOSAIC_LEVELS
 from ui.panels.pooled_rows import DISPLAY_KEYS, DISPLAY_ROWS
 from ui.panels.state import AttentionRows, GrowableArray
@@ -283,6 +283,35 @@ def test_kv_per_layer_and_stacked_views(view, rng):
     top = view.kv_cache.stack_curves[-1]
     assert top.isVisible() and not view.kv_cache.curve.isVisible()
     assert top.getData()[1][-1] == tokens[-1].kv_bytes
+
+
+def test_one_layers_view_says_that_layers_formula_and_its_own_bytes(view, rng):
+    """Showing layer 1 alone, the text is that layer's (what its tensors hold against its
+    share of the formula), not the whole cache's."""
+    _first, tokens = run_reply(view, rng, count=5)  # 9 tokens cached
+    view.kv_cache.select_view("layer 1")
+    view.redraw(force=True)
+    text = view.kv_cache.formula.text()
+    own = tokens[-1].kv_bytes_per_layer[1]
+    assert text.startswith(
+        f"Layer 1: 2 (K and V) × {KV_HEADS} KV heads × {HEAD_DIM} dims × 9 tokens"
+    )
+    assert f"= {9 * PER_TOKEN // LAYERS:,} bytes" in text
+    assert f"Measured: {own:,} bytes" in text and "matches the formula" in text
+    assert f"All {LAYERS} layers: {tokens[-1].kv_bytes:,} bytes" in text
+    view.kv_cache.select_view(STACKED)
+    view.redraw(force=True)
+    assert f"{LAYERS} layers × {KV_HEADS} KV heads" in view.kv_cache.formula.text()
+
+
+def test_a_sliding_layers_formula_holds_its_window():
+    info = model_info(layers=4, sliding_layers=(0, 2), sliding_window=3)
+    per_token = 2 * KV_HEADS * HEAD_DIM * BYTES
+    sliding = layer_formula_text(info, 0, 10, 2 * per_token, None)
+    assert "Layer 0 (sliding: at most the last 2 tokens)" in sliding
+    assert f"= {2 * per_token:,} bytes" in sliding and "matches" in sliding
+    full = layer_formula_text(info, 1, 10, 2 * per_token, None)
+    assert f"= {10 * per_token:,} bytes" in full and "differs from the formula" in full
 
 
 def test_a_new_chat_keeps_the_kv_layer_curves_a_new_model_makes_them_again(view, rng):

@@ -90,6 +90,26 @@ def formula_text(info: ModelInfo, tokens: int, measured: int | None) -> str:
     return "\n".join(lines)
 
 
+def layer_formula_text(
+    info: ModelInfo, layer: int, tokens: int, measured: int | None, whole: int | None
+) -> str:
+    """One layer's cache (the view of one layer): its formula, what its own tensors hold, and
+    the whole cache's measured size for scale."""
+    sliding = info.sliding_window is not None and layer in info.sliding_layers
+    held = sliding_tokens(info, tokens) if sliding else tokens
+    expected = 2 * info.kv_heads * info.head_dim * held * info.bytes_per_value
+    kind = f" (sliding: at most the last {held:,} tokens)" if sliding else ""
+    lines = [
+        f"Layer {layer}{kind}: 2 (K and V) × {info.kv_heads} KV heads × {info.head_dim} dims ×"
+        f" {held:,} tokens × {info.bytes_per_value} bytes",
+        f"= {expected:,} bytes ({human_bytes(expected)})",
+        _measured_line(expected, measured),
+    ]
+    if whole is not None:
+        lines.append(f"All {info.layers} layers: {whole:,} bytes ({human_bytes(whole)}).")
+    return "\n".join(lines)
+
+
 def _measured_line(expected: int, measured: int | None) -> str:
     if measured is None:
         return "Measured: nothing yet."
@@ -248,11 +268,10 @@ class KvCachePanel(StatePanel):
             for layer, curve in enumerate(self.stack_curves[: cumulative.shape[1]]):
                 curve.setData(*self._fit(tokens, cumulative[:, layer]))
             values = cumulative[:, -1] if cumulative.size else np.zeros(0)
-        elif choice.startswith("layer "):
-            layer = int(choice.split()[1])
-            fits = per_layer is not None and layer < per_layer.shape[1]
+        elif (shown := self._shown_layer()) is not None:
+            fits = per_layer is not None and shown < per_layer.shape[1]
             values = (
-                per_layer[:, layer].astype(np.float64)
+                per_layer[:, shown].astype(np.float64)
                 if fits and per_layer is not None
                 else np.zeros(0)
             )
@@ -261,6 +280,11 @@ class KvCachePanel(StatePanel):
             values = state.kv_bytes.view().astype(np.float64)
             self.curve.setData(*self._fit(tokens, values))
         self._set_range(float(tokens[-1]) if len(tokens) else 0.0, values)
+
+    def _shown_layer(self) -> int | None:
+        """The layer the view shows alone (None: all of them, total or stacked)."""
+        choice = self.view_choice.currentText()
+        return int(choice.split()[1]) if choice.startswith("layer ") else None
 
     def _fit(self, tokens: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # The cache only grows or holds: every k-th point of its steps loses nothing visible.
@@ -282,5 +306,12 @@ class KvCachePanel(StatePanel):
             self.formula.setText("Load a model to see the KV-cache formula.")
             return
         measured = int(state.kv_bytes.last()) if len(state.kv_bytes) else None
-        self.formula.setText(formula_text(info, tokens, measured))
+        layer = self._shown_layer()
+        if layer is None:
+            self.formula.setText(formula_text(info, tokens, measured))
+        else:  # the layer the curve shows, from its own tensors' bytes
+            per_layer = state.kv_layers.view() if state.kv_layers is not None else None
+            held = per_layer is not None and len(per_layer) and layer < per_layer.shape[1]
+            own = int(per_layer[-1, layer]) if held and per_layer is not None else None
+            self.formula.setText(layer_formula_text(info, layer, tokens, own, measured))
         set_bar(self.context, min(tokens, max(info.max_context, 1)), max(info.max_context, 1))
