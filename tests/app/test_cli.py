@@ -274,13 +274,19 @@ def test_empty_prompt_is_refused_before_loading(tiny_folder):
     assert "Loading" not in result.stderr
 
 
-def test_interactive_answers_each_line_then_exits_on_eof(tiny_folder):
+def interactive(folder, stdin: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """An interactive `glassbox chat --json` fed `stdin` (it ends at EOF), and its replies'
+    finished events."""
     result = run_app(
-        "chat", "--model", str(tiny_folder), "--greedy", "--max-new-tokens", "3", "--json",
-        stdin="hi\nagain\n",
+        "chat", "--model", str(folder), "--greedy", "--max-new-tokens", "3", "--json",
+        stdin=stdin,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    finished = [e for e in json_lines(result.stdout) if e["event"] == "finished"]
+    return result, [e for e in json_lines(result.stdout) if e["event"] == "finished"]
+
+
+def test_interactive_answers_each_line_then_exits_on_eof(tiny_folder):
+    _result, finished = interactive(tiny_folder, "hi\nagain\n")
     assert len(finished) == 2
     first, second = finished
     # The second turn extends the first: its prompt holds the first reply, mostly cached.
@@ -290,13 +296,8 @@ def test_interactive_answers_each_line_then_exits_on_eof(tiny_folder):
 
 def test_a_mistyped_command_is_said_and_not_sent(tiny_folder):
     """'/foo' looks like a command: refused with the commands; '/etc/x ...' is a message."""
-    result = run_app(
-        "chat", "--model", str(tiny_folder), "--greedy", "--max-new-tokens", "3", "--json",
-        stdin="/foo\n/etc/hosts holds what?\n",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    result, finished = interactive(tiny_folder, "/foo\n/etc/hosts holds what?\n")
     assert "no command /foo: /new starts over, /quit leaves" in result.stderr
-    finished = [e for e in json_lines(result.stdout) if e["event"] == "finished"]
     assert len(finished) == 1  # the path's question only
 
 
