@@ -91,10 +91,11 @@ def open_store(database: Path | None = None) -> tuple[ConversationStore, str | N
     try:
         store = ConversationStore(database or paths.database_path())
     except (OSError, sqlite3.Error, NewerDatabase) as error:
-        kept = "Conversations are kept only until this window closes"
-        return ConversationStore(
-            IN_MEMORY
-        ), f"The conversation database cannot be used ({error}). {kept}."
+        note = (
+            f"The conversation database cannot be used ({error}). Conversations are kept"
+            " only until this window closes."
+        )
+        return ConversationStore(IN_MEMORY), note
     if store.recovered_from is None:
         return store, None
     return store, (
