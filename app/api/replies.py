@@ -35,6 +35,9 @@ class Reply:
     kind: Kind
     model: str
     top: int | None
+    # Where the reply's text starts in the text a completion's `text_offset` counts in: the
+    # prompt's, then the reply's (OpenAI's offsets include the prompt without `echo` too)
+    text_start: int = 0
     id: str = field(default_factory=lambda: f"glassbox-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
     text: list[str] = field(default_factory=list)
@@ -104,7 +107,8 @@ class Reply:
             return None
         if self.kind == "chat":
             return {"content": [self._chat_entry(t) for t in tokens], "refusal": None}
-        offsets, at = [], sum(len(t.text) for t in self.tokens[: len(self.tokens) - len(tokens)])
+        before = self.tokens[: len(self.tokens) - len(tokens)]
+        offsets, at = [], self.text_start + sum(len(t.text) for t in before)
         for token in tokens:
             offsets.append(at)
             at += len(token.text)

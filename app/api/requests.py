@@ -109,9 +109,12 @@ class CompletionRequest(Sampling):
     def asked_tokens(self) -> int | None:
         return self.max_tokens
 
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
     def engine_messages(self) -> list[Message]:
-        text = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        return [Message("user", text)]
+        return [Message("user", self.prompt_text)]
 
     def probes(self) -> ProbeSettings:
         return _probes(self.logprobs is not None)

@@ -196,7 +196,8 @@ async def answer(
     agent = request.headers.get("user-agent", "")
     ask = Ask(tuple(body.engine_messages()), settings, body.probes(), agent)
     job = await queue.start(ask, lambda: disconnected(request))
-    reply = Reply("chat" if chat else "text", queue.engine.model_id, top)
+    start = 0 if isinstance(body, ChatRequest) else len(body.prompt_text)
+    reply = Reply("chat" if chat else "text", queue.engine.model_id, top, text_start=start)
     log.info(
         "%s reply for %r after %.3f s in the queue", kind, agent, time.perf_counter() - started
     )

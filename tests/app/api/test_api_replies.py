@@ -149,6 +149,13 @@ def test_completion_logprobs_in_the_legacy_shape(server, tiny_session, tiny_engi
     assert [list(d) for d in logprobs.top_logprobs] == [
         [c.text for c in t.top_k[:2]] for t in tokens
     ]
+    # offsets into the prompt and the reply, as OpenAI counts them without `echo` too; the
+    # API streams text per token
+    apart, _p, _f = engine_reply(
+        tiny_session, prompt, completion=True, top_k=20, tokens=3, text_per_token=True
+    )
+    starts = [len("The sky is") + len("".join(t.text for t in apart[:i])) for i in range(3)]
+    assert logprobs.text_offset == starts
 
 
 def test_a_seed_makes_a_sampled_reply_repeat(server, tiny_engine):
