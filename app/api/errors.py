@@ -68,7 +68,7 @@ def invalid(error: ValidationError | RequestValidationError) -> ApiError:
     first = matched[0] if matched else problems[0]
     where = field_path(first.get("loc", ()))
     if matched:
-        said = str(first.get("msg", "invalid"))
+        said = str(first.get("msg", "invalid")).removeprefix("Value error, ")  # our own check
     else:
         wanted = [p["msg"] for p in problems if field_path(p.get("loc", ())) == where]
         said = " or ".join(dict.fromkeys(m.removeprefix(SHOULD) for m in wanted))

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 
 from engine.settings import GenerationSettings, Message, ProbeSettings
 
@@ -89,6 +99,14 @@ class ChatRequest(Sampling):
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: StrictBool = False
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        """OpenAI refuses alternatives asked for without the log-probabilities they go with."""
+        if top is not None and not info.data.get("logprobs"):
+            raise ValueError("only allowed when logprobs is true")
+        return top
 
     def asked_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -209,6 +209,7 @@ def test_an_engine_failure_is_500_whole_or_an_error_event_streamed():
             "'text'",
         ),
         ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "a valid list"),
+        ({"top_logprobs": 2}, "top_logprobs", "top_logprobs: only allowed when logprobs is true"),
     ],
 )
 def test_a_field_of_several_types_is_refused_for_the_type_sent(fields, param, says):
