@@ -16,7 +16,7 @@ from typing import Any
 
 from app import paths
 from app.storage.recorder import ConversationRecorder
-from app.storage.store import ConversationStore, NewerDatabase, settings_to_dict
+from app.storage.store import CANNOT_OPEN, ConversationStore, settings_to_dict
 from engine.events import Event
 from engine.settings import GenerationSettings
 
@@ -34,7 +34,7 @@ def open_store(
     """
     try:
         store = ConversationStore(path or paths.database_path(), purge=False)
-    except (OSError, sqlite3.Error, NewerDatabase) as error:
+    except CANNOT_OPEN as error:
         report(f"cannot open the conversation database ({error}); this chat is not saved")
         return None
     if store.recovered_from is not None:

@@ -45,6 +45,7 @@ from app.storage.schema import (
 from engine.settings import GenerationSettings
 
 __all__ = [
+    "CANNOT_OPEN",
     "DEFAULT_TITLE",
     "IN_MEMORY",
     "MIGRATIONS",
@@ -63,6 +64,9 @@ __all__ = [
 ROLES = frozenset({"system", "user", "assistant"})
 DEFAULT_TITLE = "New chat"
 IN_MEMORY = ":memory:"  # a store's path that is no file: kept until the store is closed
+# What opening a store raises where its file cannot serve at all (a folder that cannot be
+# made, a file SQLite cannot open, a newer Glassbox's file): the caller runs without it
+CANNOT_OPEN = (OSError, sqlite3.Error, NewerDatabase)
 LAST_OPENED_KEY = "last_opened_conversation"
 
 

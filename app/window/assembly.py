@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from PySide6.QtWidgets import QDockWidget
 
 from app import paths
 from app.client.engine_client import EngineClient
-from app.storage.store import IN_MEMORY, ConversationStore, NewerDatabase
+from app.storage.store import CANNOT_OPEN, IN_MEMORY, ConversationStore
 from app.window.controller import ConversationController
 from app.window.serving import ServeSwitch
 from engine.events import ModelInfo
@@ -90,7 +89,7 @@ def open_store(database: Path | None = None) -> tuple[ConversationStore, str | N
     closes (the file, if any, left as it is)."""
     try:
         store = ConversationStore(database or paths.database_path())
-    except (OSError, sqlite3.Error, NewerDatabase) as error:
+    except CANNOT_OPEN as error:
         note = (
             f"The conversation database cannot be used ({error}). Conversations are kept"
             " only until this window closes."
