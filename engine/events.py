@@ -278,6 +278,9 @@ class LayerLens:
     probs: tuple[tuple[float, ...], ...]  # [layers][top]
     chosen_ranks: tuple[int, ...]  # [layers]
     chosen_probs: tuple[float, ...]  # [layers]
+    # How long working it out took the engine (every layer through the head): while a reply
+    # runs, the time it waits between two steps for this lens, which is what following it costs
+    seconds: float
 
     @property
     def layers(self) -> int:

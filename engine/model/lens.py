@@ -25,6 +25,7 @@ Two kinds of model:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -142,9 +143,12 @@ def layer_lens(
     token_id: int,
     piece: Callable[[int], str],
     top: int = LENS_TOP,
+    started: float | None = None,
 ) -> LayerLens:
     """Each layer's `top` guesses from its logits [layers, vocab], and where the token the
-    step chose stood in each layer's distribution (rank 0: its first guess)."""
+    step chose stood in each layer's distribution (rank 0: its first guess). `started`: when
+    the lens's work began (perf_counter; default now), for its `seconds`."""
+    began = time.perf_counter() if started is None else started
     probs = torch.softmax(logits.float(), dim=-1)  # [layers, vocab]
     best = probs.topk(top, dim=-1)
     chosen = probs[:, token_id]  # [layers]
@@ -160,6 +164,7 @@ def layer_lens(
         probs=tuple(tuple(row) for row in best.values.cpu().tolist()),
         chosen_ranks=tuple(ranks.cpu().tolist()),
         chosen_probs=tuple(chosen.cpu().tolist()),
+        seconds=time.perf_counter() - began,
     )
 
 
@@ -191,4 +196,5 @@ class LayerLensProbe:
         if kept is None:
             return None
         residuals, token_id = kept
-        return layer_lens(step, self.head.logits(residuals), token_id, piece, top)
+        started = time.perf_counter()
+        return layer_lens(step, self.head.logits(residuals), token_id, piece, top, started)

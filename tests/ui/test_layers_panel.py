@@ -75,7 +75,7 @@ def test_the_sentence_names_the_layer_where_the_answer_leads():
         token_ids=((5, 7), (5, 7), (7, 5), (7, 5)),
         texts=((" much", " sunny"), (" much", " sunny"), (" sunny", " much"), (" sunny", " much")),
         probs=((0.3, 0.1), (0.4, 0.2), (0.5, 0.1), (0.6, 0.1)),
-        chosen_ranks=(1, 1, 0, 0), chosen_probs=(0.1, 0.2, 0.5, 0.6),
+        chosen_ranks=(1, 1, 0, 0), chosen_probs=(0.1, 0.2, 0.5, 0.6), seconds=0.02,
     )  # fmt: skip
     assert lead_layer(lens) == 2
     assert lens_sentence(lens) == (
@@ -195,7 +195,7 @@ def test_following_a_running_reply_shows_the_newest_lens_received(view, monkeypa
     rows = ((tokens[0].token_id, 7),) * 3
     lens = LayerLens(
         0, tokens[0].token_id, "a", rows, (("a", "b"),) * 3, ((0.6, 0.1),) * 3, (0,) * 3,
-        (0.6,) * 3,
+        (0.6,) * 3, 0.02,
     )  # fmt: skip
     panel.asked(1, 0)
     panel.set_lens(1, lens)
@@ -224,3 +224,46 @@ def test_a_reply_shorter_than_the_interval_has_its_lens_asked_at_its_end(view, m
     view.ingest(finished(tokens))
     view.redraw(force=True)
     assert asked == [1, 3]  # the reply's end: its last step
+
+
+def a_lens(step: int, token_id: int, seconds: float):
+    from engine.events import LayerLens
+
+    rows = ((token_id, 7),) * 3
+    return LayerLens(
+        step, token_id, "a", rows, (("a", "b"),) * 3, ((0.6, 0.1),) * 3, (0,) * 3, (0.6,) * 3,
+        seconds,
+    )  # fmt: skip
+
+
+def test_following_asks_as_often_as_the_lens_cost_allows(view, monkeypatch):
+    """Each lens holds the running reply up by its cost: following the latest step, the panel
+    asks no more often than keeps that at LENS_SHARE of the model's time, says so, and asks
+    for the reply's last step at once when it ends."""
+    from tests.ui.test_panels import finished, token
+    from ui.panels import layers as layers_panel
+
+    panel, asked, rng = follow_a_reply(view, monkeypatch, seed=6)
+    assert panel.follow_interval() == layers_panel.FOLLOW_INTERVAL_S  # no lens yet
+    monkeypatch.setattr(layers_panel, "FOLLOW_INTERVAL_S", 0.0)
+    tokens = [token(rng, index) for index in range(8)]
+    view.ingest(tokens[0])
+    view.redraw(force=True)
+    assert asked == [0]
+    panel.asked(1, 0)
+    panel.set_lens(1, a_lens(0, tokens[0].token_id, seconds=0.12))  # a large vocabulary's
+    assert panel.follow_interval() == pytest.approx(0.12 / layers_panel.LENS_SHARE)  # 6 s
+    view.redraw(force=True)
+    assert "a new lens every 6.0 s, as each holds the model up 120 ms" in panel.sentence.text()
+    for event in tokens[1:]:
+        view.ingest(event)
+        view.redraw(force=True)
+    assert asked == [0]  # the cost's interval has not passed (FOLLOW_INTERVAL_S is 0 now)
+    view.ingest(finished(tokens))
+    view.redraw(force=True)
+    assert asked == [0, 7]  # the reply's end: its last step at once
+    panel.asked(2, 7)
+    panel.set_lens(2, a_lens(7, tokens[7].token_id, seconds=0.001))  # a GPU's
+    view.redraw(force=True)
+    assert panel.shown_step == 7 and "Following" not in panel.sentence.text()  # it ended
+    assert panel.follow_interval() == layers_panel.FOLLOW_FLOOR_S  # cheap: the floor

@@ -5,12 +5,15 @@ the token the step chose outlined wherever it appears; at the right, that token'
 probability at each layer; above, one sentence with the real numbers. It shows the selected
 step, else the latest. The lens is not sent per token: the panel asks the engine for the step
 it shows (`lens_wanted`) and draws the answer (`set_lens`), one ask at a time; the engine keeps
-steps only while the panel is on screen (`watch_changed`). Following the latest step of a
-running reply it asks at most once every FOLLOW_INTERVAL_S: each ask is every layer's product
-through the output head, which the engine computes between two of the reply's steps and so
-delays the next one by that long (~20 ms on the bundled model). A new reply is first asked for
-once it has decoded for FOLLOW_INTERVAL_S, or at its end if it is shorter; a selected step or a
-teacher's step is asked for at once.
+steps only while the panel is on screen (`watch_changed`). Each ask is every layer's product
+through the output head, which the engine computes between two of a running reply's steps and
+so holds the next one up by that long (`LayerLens.seconds`: tens of ms on the bundled model on
+a CPU, over 100 ms with a 150,000-token vocabulary, a few ms on a GPU). Following the latest
+step of a running reply, the panel therefore asks no more often than keeps that under
+LENS_SHARE of the model's time (and says so under the grid), at most every FOLLOW_FLOOR_S;
+before the first answer tells the cost, every FOLLOW_INTERVAL_S. A new reply is first asked for
+once it has decoded for an interval; its end, a selected step and a teacher's step are asked
+for at once.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ TEXT = QColor(220, 220, 220)
 DIM = QColor(150, 150, 150)
 CELL = (66, 133, 244)  # a guess's shade at probability 1
 CHOSEN = QColor(217, 48, 37)
-FOLLOW_INTERVAL_S = 1.0  # the latest step's lens, while it changes, at most this often
+FOLLOW_INTERVAL_S = 1.0  # following a reply before a lens's cost is known: an ask this often
+FOLLOW_FLOOR_S = 0.2  # however cheap the lens, no more often than this
+LENS_SHARE = 0.02  # of the model's time that following a running reply's lens may take
 
 
 def cell_colour(prob: float) -> QColor:
@@ -144,6 +149,7 @@ class LayersPanel(StatePanel):
         self.shown_step: int | None = None
         self._shown_reply = 0
         self._asks = Throttle()  # `pending`: a step waits to be asked for
+        self.lens_cost_s: float | None = None  # what the last lens took the engine
 
     def wanted_step(self) -> int | None:
         """The selected step, else the latest (None before any token, or a prompt token)."""
@@ -155,8 +161,10 @@ class LayersPanel(StatePanel):
     def set_lens(self, ask: int, lens: LayerLens | None) -> None:
         """The engine's answer to an ask (GUI thread). A lens whose token is not the one this
         step chose belongs to a reply the engine began meanwhile: it counts as not kept."""
-        if lens is not None and not self._chose(lens.step, lens.token_id):
-            lens = None
+        if lens is not None:
+            self.lens_cost_s = lens.seconds
+            if not self._chose(lens.step, lens.token_id):
+                lens = None
         if self.book.answered(ask, lens):
             self.tracker.mark()
 
@@ -191,21 +199,31 @@ class LayersPanel(StatePanel):
             return True
         if state.selected is None and self._reply_just_began():
             return False
-        return self._asks.due(FOLLOW_INTERVAL_S, self._ask_shape())
+        return self._asks.due(self.follow_interval(), self._ask_shape())
+
+    def follow_interval(self) -> float:
+        """Seconds between two asks for a running reply's latest step: LENS_SHARE of the
+        model's time at the last lens's cost, no less than FOLLOW_FLOOR_S."""
+        if self.lens_cost_s is None:
+            return FOLLOW_INTERVAL_S
+        return max(FOLLOW_FLOOR_S, self.lens_cost_s / LENS_SHARE)
+
+    def _reply_running(self) -> bool:
+        reply = self._state.reply
+        return reply is not None and reply.finished is None and reply.error is None
 
     def _reply_just_began(self) -> bool:
-        """Following a reply that has decoded for less than FOLLOW_INTERVAL_S: its first lens
-        waits until it has (or until it ends). Asked at its first token, it held the reply's
-        first steps up by a lens's product (~20 ms on the bundled model, a few percent of a
-        short reply) for a panel that follows at that rate anyway."""
+        """Following a reply that has decoded for less than an interval: its first lens waits
+        until it has (or until it ends). Asked at its first token, it held the reply's first
+        steps up by a lens's product for a panel that follows at that rate anyway."""
         reply = self._state.reply
-        if reply is None or reply.finished is not None or reply.error is not None:
-            return False
-        return reply.decode_s < FOLLOW_INTERVAL_S
+        return (
+            self._reply_running() and reply is not None and reply.decode_s < self.follow_interval()
+        )
 
     def _ask_shape(self) -> tuple[object, ...]:
-        """What, changed, is asked for at once: the selection and the reply."""
-        return (self._state.selected, self.book.reply)
+        """What, changed, is asked for at once: the selection, the reply, and its end."""
+        return (self._state.selected, self.book.reply, self._reply_running())
 
     def _draw(self, step: int | None) -> None:
         if step is None or self.book.reply != self._shown_reply:
@@ -227,9 +245,20 @@ class LayersPanel(StatePanel):
                 self.pages.show_content(False)
             return
         self.shown_step = step
-        self.sentence.setText(f"Step {step}: {lens_sentence(lens)}")
+        self.sentence.setText(f"Step {step}: {lens_sentence(lens)}{self._following_note()}")
         self.grid.set_lens(lens)
         self.pages.show_content(True)
+
+    def _following_note(self) -> str:
+        """While it follows a running reply, how often and why no more often."""
+        if self._state.selected is not None or not self._reply_running():
+            return ""
+        if self.lens_cost_s is None:
+            return ""
+        return (
+            f"\nFollowing the reply: a new lens every {self.follow_interval():.1f} s, as each"
+            f" holds the model up {self.lens_cost_s * 1000:.0f} ms."
+        )
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
