@@ -105,6 +105,7 @@ class StallRun:
         self.largest_batch = 0
         self.tokens_shown = 0
         self.rows_shown = 0
+        self.shown_at: list[float] = []  # when the first and the latest Token arrived
         self.window.events_received.connect(self._on_batch)
         self.window.load_model(LoadRequest(spec="synthetic", extra={"delay": str(delay)}))
         run_until(lambda: self.worker.info is not None and not self.worker.busy, 30.0)
@@ -127,6 +128,8 @@ class StallRun:
                 self.finished = event
             elif isinstance(event, Token):
                 self.tokens_shown += 1
+                now = time.perf_counter()
+                self.shown_at = [self.shown_at[0] if self.shown_at else now, now]
             elif isinstance(event, StepRows):
                 self.rows_shown += 1
 
@@ -140,6 +143,7 @@ class StallRun:
         )
         self.finished, self.largest_batch = None, 0
         self.tokens_shown = self.rows_shown = 0
+        self.shown_at = []
         self.redraws = dict.fromkeys(self.redraws, 0)
         sender_before = self._sender_cpu_s()
         cpu_before = time.process_time()
@@ -168,7 +172,9 @@ class StallRun:
             "redraws": sum(self.redraws.values()),
             "redraws_per_panel": dict(self.redraws),
             "seconds": round(streamed_s, 3),  # a short run lasts well under 0.1 s
-            "tokens_per_s": round(tokens / streamed_s, 1),
+            "tokens_per_s": round(tokens / streamed_s, 1),  # from sending to the reply's end
+            # from the first token shown to the last: the engine's rate as the window saw it
+            "shown_tokens_per_s": self._shown_rate(),
             "largest_batch": self.largest_batch,
             "heartbeat_ms": heartbeat_ms,
             "watched_layers": list(self.window.probe_settings().attention_layers),
@@ -182,6 +188,11 @@ class StallRun:
             else None,
             "through_pipe": self.engine_pid is not None,
         }
+
+    def _shown_rate(self) -> float | None:
+        if len(self.shown_at) < 2 or self.tokens_shown < 2:
+            return None
+        return round((self.tokens_shown - 1) / (self.shown_at[1] - self.shown_at[0]), 1)
 
     def _sender_cpu_s(self) -> float | None:
         if self.engine_pid is None:

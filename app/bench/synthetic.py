@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from app.bench.synthetic_rows import DeviceRows, ReplyNoise, statistics, unnormalised
 from engine.events import (
     Attention,
     Candidate,
@@ -60,6 +61,7 @@ BUNDLED_SHAPES = ModelInfo(
 TOKENIZE_S = 0.001
 STEP_S = 0.04  # what each decode step reports: the bundled model's ~25 tokens/s on a laptop
 BROKEN = "the synthetic model broke"  # the error `raise_after` raises
+CATCH_UP_S = 0.02  # how far a paced session may fall behind its schedule and make it up
 
 # Prose with paragraphs, as a reply reads: a chat lays out blocks of realistic length.
 PASSAGE = (
@@ -125,9 +127,8 @@ class SyntheticSession(PacedGeneration):
         vocabulary = sorted(set(self.pieces if self.pieces is not None else passage_pieces()))
         self._ids = {piece: 1000 + i for i, piece in enumerate(vocabulary)}
         self._candidates = {p: self._top_k(p) for p in vocabulary}
-        self._noise: dict[int, np.ndarray] = {}
-        self._sums: dict[int, np.ndarray] = {}  # see _weights
-        self._maxima: dict[int, np.ndarray] = {}
+        self._noise: dict[int, np.ndarray] = {}  # [heads, keys] a layer's (synthetic_rows.py)
+        self._reply_noise: ReplyNoise | None = None  # the watched layers' for this reply
         self.steps = StepRing(ProbeSettings().ring_bytes)  # as ChatSession's
         self._next_at = 0.0  # when the next paced token is due (perf_counter)
 
@@ -149,12 +150,14 @@ class SyntheticSession(PacedGeneration):
         layers = tuple(probes.attention_layers)
         self.token_texts = []
         self.steps.start_reply(probes.ring_bytes)
+        self._reply_noise = None
         prefill = self._prefill(prompt, layers, probes)
         tally.add(prefill)
         yield prefill
         if settings.pause_after_prefill:
             self.pacer.pause()
         reason: FinishReason = "eos"
+        self._next_at = time.perf_counter()  # the schedule starts with the first step
         for index, piece in enumerate(self._reply_pieces(settings.max_new_tokens)):
             tally.paused_s += self.pacer.wait(self._cancel)
             if self._wait():
@@ -183,8 +186,12 @@ class SyntheticSession(PacedGeneration):
                 if self._cancel.is_set():
                     return True
         elif self.delay:  # on a schedule: `delay` apart on average, whatever a token took
+            # A wait wakes a little late (the timer's slack, the interpreter's lock, a pull of
+            # rows): up to CATCH_UP_S behind, the next steps come at once, so that the rate is
+            # the one asked for; later than that, the schedule starts again from now.
             now = time.perf_counter()
-            self._next_at = max(self._next_at + self.delay, now - self.delay)
+            behind = max(self.delay, CATCH_UP_S)
+            self._next_at = max(self._next_at + self.delay, now - behind)
             if self._next_at > now:
                 self._cancel.wait(self._next_at - now)
         return self._cancel.is_set()
@@ -223,7 +230,7 @@ class SyntheticSession(PacedGeneration):
                 for layer, block in attention.items()
                 if probes.prompt_layers is None or layer in probes.prompt_layers
             },
-            head_stats={layer: _statistics(block) for layer, block in attention.items()},
+            head_stats={layer: statistics(block) for layer, block in attention.items()},
         )
 
     def _token(
@@ -233,12 +240,12 @@ class SyntheticSession(PacedGeneration):
         attention: Attention = {}
         stats: HeadStatistics = {}
         if index > 0:
-            for layer in layers:
-                weights = self._weights(layer, keys)
-                total = weights.sum(axis=1, keepdims=True, dtype=np.float64)
-                attention[layer] = frozen_array(weights / total.astype(np.float32))
-                stats[layer] = self._row_statistics(layer, keys, weights, total[:, 0])
-            self.steps.put(index, ATTENTION, attention)
+            rows: dict[int, DeviceRows] = {}
+            if layers:
+                rows, stats = self._noise_of_reply(layers, keys).step(keys)
+            self.steps.put(index, ATTENTION, rows)  # kept as a GPU engine keeps its rows
+            if probes.token_rows:
+                attention = {layer: frozen_array(np.asarray(row)) for layer, row in rows.items()}
         kv_bytes, per_layer = self._kv(prompt + index + 1, probes)
         return Token(
             index=index,
@@ -249,43 +256,35 @@ class SyntheticSession(PacedGeneration):
             seconds=self.step_s * (2 if index == 0 else 1),
             kv_bytes=kv_bytes,
             kv_bytes_per_layer=per_layer,
-            attention=attention if probes.token_rows else {},
+            attention=attention,
             top_k=self._candidates_of(piece)[: probes.top_k],
             head_stats=stats,
         )
 
     def _weights(self, layer: int, keys: int) -> np.ndarray:
-        """Unnormalised [heads, keys]: noise, a sink on the first key, weight on the last few."""
-        noise = self._noise.get(layer)
-        if noise is None or noise.shape[1] < keys:
-            size = max(keys, 1024) * 2
-            noise = self._rng.random((self.info.heads, size), dtype=np.float32) ** 4
-            self._noise[layer] = noise
-            # Running sums of the noise's w·log w and maxima, so that a row's statistics take
-            # a few numbers per head, not a pass over its keys (a model's engine works them out
-            # on its device; this one must keep up with a GPU's token rate on a CPU)
-            wide = noise.astype(np.float64)
-            self._sums[layer] = np.cumsum(wide * np.log(np.maximum(wide, TINY)), axis=1)
-            self._maxima[layer] = np.maximum.accumulate(wide, axis=1)
-        weights = noise[:, :keys].copy()
-        weights[:, 0] += 0.2 * keys
-        weights[:, -4:] += 0.05 * keys
-        return weights
+        """[heads, keys] a row of `layer` before normalising (synthetic_rows.py)."""
+        return unnormalised(self._layer_noise((layer,), keys)[layer], keys)
 
-    def _row_statistics(
-        self, layer: int, keys: int, weights: np.ndarray, total: np.ndarray
-    ) -> np.ndarray:
-        """[2, heads] HeadStatistics of the row `weights` / `total` (see _weights): from the
-        running sums over its untouched middle keys, and its first and last four directly."""
-        if keys < 16:
-            return _statistics((weights / total[:, None])[:, None, :])[:, :, 0]
-        edges = np.concatenate([weights[:, :1], weights[:, -4:]], axis=1).astype(np.float64)
-        sums, maxima = self._sums[layer], self._maxima[layer]
-        middle = sums[:, keys - 5] - sums[:, 0]  # keys 1 .. keys - 5
-        w_log_w = middle + (edges * np.log(np.maximum(edges, TINY))).sum(axis=1)
-        largest = np.maximum(maxima[:, keys - 5], edges.max(axis=1))
-        entropy = (np.log(total) - w_log_w / total) / np.log(max(keys, 2))
-        return frozen_array(np.stack([largest / total, entropy]))
+    def _layer_noise(self, layers: tuple[int, ...], keys: int) -> dict[int, np.ndarray]:
+        """Each layer's noise, at least `keys` keys of it (lengthened, its keys kept)."""
+        for layer in layers:
+            noise = self._noise.get(layer)
+            have = 0 if noise is None else noise.shape[1]
+            if have < keys:
+                shape = (self.info.heads, max(keys, 1024) * 2 - have)
+                fresh = self._rng.random(shape, dtype=np.float32) ** 4
+                self._noise[layer] = fresh if noise is None else np.concatenate([noise, fresh], 1)
+        return self._noise
+
+    def _noise_of_reply(self, layers: tuple[int, ...], keys: int) -> ReplyNoise:
+        """The reply's watched layers' noise and running sums, remade longer as it grows."""
+        reply = self._reply_noise
+        if reply is None or reply.keys <= keys:
+            longest = max(keys, 1024) * 2
+            reply = self._reply_noise = ReplyNoise(
+                self._layer_noise(layers, longest), layers, longest
+            )
+        return reply
 
     def _id(self, piece: str) -> int:
         """Pieces get ids as they are first seen (tests may change `pieces` between replies)."""
@@ -306,19 +305,6 @@ class SyntheticSession(PacedGeneration):
             Candidate(self._id(t), t, float(p), 1.0 if rank == 0 else 0.0)  # greedy
             for rank, (t, p) in enumerate(zip(texts, probs, strict=True))
         )
-
-
-TINY = float(np.finfo(np.float32).tiny)
-
-
-def _statistics(rows: np.ndarray) -> np.ndarray:
-    """[2, heads, n] HeadStatistics of [heads, n, keys] causal rows (the last n positions),
-    in numpy: the synthetic engine has no torch (engine/generate/head_stats.py is the model's)."""
-    keys = rows.shape[2]
-    positions = np.arange(keys - rows.shape[1], keys)
-    largest = rows.max(axis=2)
-    entropy = -(rows * np.log(np.maximum(rows, np.finfo(np.float32).tiny))).sum(axis=2)
-    return frozen_array(np.stack([largest, entropy / np.log(np.maximum(positions + 1, 2))]))
 
 
 # The synthetic engine in an engine process (EngineSpec names them; the child imports this
