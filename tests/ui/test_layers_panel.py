@@ -267,3 +267,7 @@ def test_following_asks_as_often_as_the_lens_cost_allows(view, monkeypatch):
     view.redraw(force=True)
     assert panel.shown_step == 7 and "Following" not in panel.sentence.text()  # it ended
     assert panel.follow_interval() == layers_panel.FOLLOW_FLOOR_S  # cheap: the floor
+    from app.bench.synthetic import model_info
+
+    view.state.set_model(model_info(name="another model"))
+    assert panel.follow_interval() == layers_panel.FOLLOW_INTERVAL_S  # its lens's cost unknown

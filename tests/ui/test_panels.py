@@ -266,10 +266,12 @@ def test_kv_curve_ends_at_the_last_events_bytes(view, rng):
     view.redraw(force=True)
     x, y = view.kv_cache.curve.getData()
     assert y[-1] == tokens[-1].kv_bytes
-    # Empty cache, one jump for the prompt, then one step per decoded token.
+    # The empty cache, the prompt's end, then one point per decoded token.
     np.testing.assert_array_equal(x, [0, 5, 6, 7, 8])
     np.testing.assert_array_equal(y, [0, first.kv_bytes] + [t.kv_bytes for t in tokens[1:]])
-    assert view.kv_cache.curve.step  # each size holds until the next token
+    # Straight between them: the prompt, written in one pass, is one line from the empty cache
+    # (bytes in proportion to tokens), not an empty cache up to its last token and a jump.
+    assert not view.kv_cache.curve.step
 
 
 def test_kv_per_layer_and_stacked_views(view, rng):
@@ -1043,7 +1045,7 @@ def test_the_step_latency_chart_paints_each_step_where_its_latency_is(qtbot, vie
 
 
 def test_the_kv_chart_paints_the_cache_size_and_the_stacked_layers(qtbot, view, rng):
-    """The pixels: the total's step line runs at the last event's bytes; stacked, the bands
+    """The pixels: the total's line runs through the last event's bytes; stacked, the bands
     fill the area under the total and nothing above it."""
     from PySide6.QtGui import QColor
 
@@ -1065,15 +1067,19 @@ def test_the_kv_chart_paints_the_cache_size_and_the_stacked_layers(qtbot, view, 
 
     x, y = view.kv_cache.curve.getData()
     image = chart.grab().toImage()
-    assert near(image, chart.point_at(x[-1] + 0.5, y[-1]), QColor(66, 133, 244))
+    middle = (x[-2] + x[-1]) / 2, (y[-2] + y[-1]) / 2  # of the last step's segment
+    assert near(image, chart.point_at(*middle), QColor(66, 133, 244))
+    # the prompt's segment, from the empty cache to its end: half way, half its bytes
+    assert (x[0], y[0]) == (0, 0)
+    assert near(image, chart.point_at(x[1] / 2, y[1] / 2), QColor(66, 133, 244))
     assert y[-1] == tokens[-1].kv_bytes and y[-1] <= chart.view_range()[1][1]
     assert chart.y_title() in ("cache (B)", "cache (KiB)", "cache (MiB)")
     view.kv_cache.select_view(STACKED)
     view.redraw(force=True)
     image = chart.grab().toImage()
     ratio = image.devicePixelRatio()
-    inside = chart.point_at(x[-1] + 0.5, y[-1] * 0.5)
-    above = chart.point_at(x[-1] + 0.5, min(y[-1] * 1.15, chart.view_range()[1][1]))
+    inside = chart.point_at(x[-1] - 0.5, y[-1] * 0.5)
+    above = chart.point_at(x[-1] - 0.5, min(y[-1] * 1.15, chart.view_range()[1][1]))
     assert image.pixelColor(int(inside.x() * ratio), int(inside.y() * ratio)) != QColor(0, 0, 0)
     assert image.pixelColor(int(above.x() * ratio), int(above.y() * ratio)) in (
         QColor(0, 0, 0),

@@ -162,7 +162,10 @@ class KvCachePanel(StatePanel):
         # frame a repaint of the plot's scene.
         self.plot_widget = LineChart("KV cache size", "tokens in the cache", "cache", BYTE_UNITS)
         self._x_limit, self._y_limit = AxisLimit(), AxisLimit()  # see _set_range
-        self.curve = self.plot_widget.add_series(Series((66, 133, 244), width=1, step=True))
+        # Straight between its points: the cache's bytes are proportional to its tokens, and the
+        # prompt, written in one pass, goes from the cache it started from to its end in one
+        # line (as steps it drew an empty cache up to the prompt's last token, then a jump).
+        self.curve = self.plot_widget.add_series(Series((66, 133, 244), width=1))
         self.stack_curves: list[Series] = []
         # The model the layer curves were made for: a new chat clears the data, not the model,
         # and making 30 curves again made its first frame a long one.
@@ -250,7 +253,7 @@ class KvCachePanel(StatePanel):
         self.stack_curves = []
         for layer in range(layers):
             red, green, blue = (int(c) for c in colours[layer][:3])
-            curve = Series((red, green, blue), width=1, step=True, fill=(red, green, blue, 150))
+            curve = Series((red, green, blue), width=1, fill=(red, green, blue, 150))
             curve.setVisible(False)
             self.stack_curves.append(chart.add_series(curve))
 
@@ -293,8 +296,7 @@ class KvCachePanel(StatePanel):
 
     def _set_range(self, last_token: float, values: np.ndarray) -> None:
         """Leave room to grow: the range changes a few times per reply, not every token."""
-        # A step curve draws its last value one token on.
-        self._x_limit.update(last_token + 1)
+        self._x_limit.update(last_token)
         self._y_limit.update(float(values.max()) if values.size else 0.0)
         self.plot_widget.set_range(self._x_limit.limit, self._y_limit.limit)
 

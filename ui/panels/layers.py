@@ -150,6 +150,7 @@ class LayersPanel(StatePanel):
         self._shown_reply = 0
         self._asks = Throttle()  # `pending`: a step waits to be asked for
         self.lens_cost_s: float | None = None  # what the last lens took the engine
+        self._cost_of: object = None  # the model (ModelInfo) that lens was of
 
     def wanted_step(self) -> int | None:
         """The selected step, else the latest (None before any token, or a prompt token)."""
@@ -162,7 +163,7 @@ class LayersPanel(StatePanel):
         """The engine's answer to an ask (GUI thread). A lens whose token is not the one this
         step chose belongs to a reply the engine began meanwhile: it counts as not kept."""
         if lens is not None:
-            self.lens_cost_s = lens.seconds
+            self.lens_cost_s, self._cost_of = lens.seconds, self._state.info
             if not self._chose(lens.step, lens.token_id):
                 lens = None
         if self.book.answered(ask, lens):
@@ -204,9 +205,12 @@ class LayersPanel(StatePanel):
     def follow_interval(self) -> float:
         """Seconds between two asks for a running reply's latest step: LENS_SHARE of the
         model's time at the last lens's cost, no less than FOLLOW_FLOOR_S."""
-        if self.lens_cost_s is None:
-            return FOLLOW_INTERVAL_S
-        return max(FOLLOW_FLOOR_S, self.lens_cost_s / LENS_SHARE)
+        cost = self._lens_cost()
+        return FOLLOW_INTERVAL_S if cost is None else max(FOLLOW_FLOOR_S, cost / LENS_SHARE)
+
+    def _lens_cost(self) -> float | None:
+        """What the last lens took the engine, if it was of the model loaded now."""
+        return self.lens_cost_s if self._cost_of is self._state.info else None
 
     def _reply_running(self) -> bool:
         reply = self._state.reply
@@ -253,11 +257,12 @@ class LayersPanel(StatePanel):
         """While it follows a running reply, how often and why no more often."""
         if self._state.selected is not None or not self._reply_running():
             return ""
-        if self.lens_cost_s is None:
+        cost = self._lens_cost()
+        if cost is None:
             return ""
         return (
             f"\nFollowing the reply: a new lens every {self.follow_interval():.1f} s, as each"
-            f" holds the model up {self.lens_cost_s * 1000:.0f} ms."
+            f" holds the model up {cost * 1000:.0f} ms."
         )
 
     def showEvent(self, event: QShowEvent) -> None:

@@ -73,7 +73,6 @@ def test_cancel_from_another_thread_ends_the_reply_within_a_step():
     assert end.text == "".join(t.text for t in tokens)
 
 
-
 def pushed_and_pulled(tokens: int, layers: tuple[int, ...]) -> tuple[dict, SyntheticSession]:
     """The same reply sent with its rows (by index) and kept in the ring (its session)."""
     pushed = ProbeSettings(attention_layers=layers, top_k=5, token_rows=True)
