@@ -285,7 +285,7 @@ def print_text(results: dict[str, Any]) -> None:
     stepping = results.get("stepping")
     if stepping:
         print(f"{stepping['model']}: Next token, {stepping['presses']} presses (ms)")
-        for key in ("next_token_ms", "engine_step_ms", "window_share_ms"):
+        for key in ("next_token_ms", "engine_step_ms", "window_share_ms", "select_step_ms"):
             print(f"  {key:18} {stepping[key]}")
         print(f"  held               {stepping['held']}")
     gui = results.get("gui")

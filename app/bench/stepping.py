@@ -8,7 +8,10 @@ sent with Pause after prefill; once the engine says it is held, Next token is pr
 screen has drawn it (no panel left with something to draw, no frame half drawn). The window's
 own part of a press is that time less the engine's step, as the step's Token measured it.
 Then, held, the CPU both processes use over `paused_s` is read from /proc: a held engine waits
-on a condition and the window's panel timer sleeps, so both should be near zero.
+on a condition and the window's panel timer sleeps, so both should be near zero. Last, a second
+reply runs to its end and `selections` of its steps, spread over it, are selected as a click
+on a token of the chat selects them, each timed until its rows (pulled from the engine's ring
+of recent steps) are in and every panel on screen has drawn it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ SCREEN = (1600, 1000)
 
 
 def measure_stepping(
-    request: LoadRequest, engine: EngineProcess, presses: int = 12, paused_s: float = 30.0
+    request: LoadRequest,
+    engine: EngineProcess,
+    presses: int = 12,
+    paused_s: float = 30.0,
+    selections: int = 8,
 ) -> dict[str, Any]:
     parts = _open(engine)
     window, worker = parts.window, parts.worker
@@ -49,6 +56,7 @@ def measure_stepping(
     held = _held_cpu(parts, engine, paused_s)
     window.stop_action.trigger()
     run_until(lambda: not window.replying, 60)
+    selected, aged_out = _select_steps(parts, selections)
     visible = [type(panel).__name__ for panel in _shown(parts)]
     parts.shutdown()  # the engine process too: nothing is left running
     own = [total - step for total, step in zip(pressed, steps, strict=True)]
@@ -59,7 +67,14 @@ def measure_stepping(
         "engine_step_ms": _spread(list(steps)),
         "window_share_ms": _spread(own),
         "visible_panels": visible,
-        "runs": {"next_token_ms": _rounded(pressed), "engine_step_ms": _rounded(steps)},
+        # a past step of a finished reply selected: until its rows are in and drawn
+        "select_step_ms": _spread(selected) if selected else None,
+        "selected_aged_out": aged_out,  # steps the ring no longer held (said so, not timed)
+        "runs": {
+            "next_token_ms": _rounded(pressed),
+            "engine_step_ms": _rounded(steps),
+            "select_step_ms": _rounded(selected),
+        },
         "held": held,
     }
 
@@ -106,6 +121,43 @@ def _press(parts: Parts) -> tuple[float, float]:
     # Token 0's logits came from the prefill, before the press: its seconds are the prefill's
     step_s = state.step_seconds[index] if index > 0 else 0.0
     return (done - started) * 1000, step_s * 1000
+
+
+def _select_steps(parts: Parts, count: int) -> tuple[list[float], int]:
+    """A reply run to its end, then `count` of its steps selected in turn as a click on a chat
+    token selects them: milliseconds each took until its rows were in and drawn on screen, and
+    how many had left the engine's ring (those are not timed)."""
+    window, state = parts.window, parts.internals.state
+    window.settings_panel.set_pause_after_prefill(False)
+    window.pace.resume_action.trigger()  # the pacer stays paused across replies until Resume
+    if not window.send(QUESTION + " Then say why sunsets are red, in detail."):
+        raise RuntimeError("the window did not send the second question")
+    run_until(lambda: window.replying, 60)
+    run_until(lambda: not window.replying, 600)
+    run_for(0.5)
+    generated = state.trail.generated
+    times, aged_out = [], 0
+    for step in sorted({1 + i * (generated - 2) // max(count - 1, 1) for i in range(count)}):
+        query = state.prompt_tokens + step - 1  # the row of the query that chose it
+        started = time.perf_counter()
+        state.select(state.prompt_tokens + step)  # what clicking the step's token does
+
+        def shown(query: int = query) -> bool:
+            if query in state.pulled.aged_out:
+                return True
+            # as InternalsState asks for a step: its rows are here for a layer a panel draws
+            rows = any(state.row_at(layer, query) is not None for layer in state.watched_layers)
+            busy = parts.internals.frame_in_progress
+            return rows and not busy and not any(p.needs_redraw() for p in _shown(parts))
+
+        done = run_until(shown, 30)
+        if query in state.pulled.aged_out:
+            aged_out += 1
+        else:
+            times.append((done - started) * 1000)
+        run_for(0.2)
+    state.select(None)
+    return times, aged_out
 
 
 def _held_cpu(parts: Parts, engine: EngineProcess, seconds: float) -> dict[str, Any]:

@@ -964,3 +964,21 @@ def test_a_line_chart_draws_its_axes_again_only_when_they_change(qtbot):
     image = chart.grab().toImage()
     point = chart.point_at(20, 0.03).toPoint()
     assert image.pixelColor(point).green() > 100
+
+
+def test_a_selection_draws_at_once_whatever_the_frame_rate(qtbot, docked, rng):
+    """A click that selects a step is drawn at the event loop's next turn, not at the next
+    tick of the governed timer (stopped here: 250-500 ms away while a reply streams or just
+    after); so is the rows' arrival it asked for. Only the panels on screen draw."""
+    view = docked.view
+    view.ingest(prefill(rng))
+    for index in range(4):
+        view.ingest(token(rng, index))
+    docked.tick()
+    assert not any(panel.needs_redraw() for panel in view.panels if shown(panel))
+    before = dict(docked.counts)
+    view.state.select(view.state.prompt_tokens + 2)  # what a click on the third token does
+    qtbot.waitUntil(lambda: docked.counts["attention"] > before["attention"], timeout=5000)
+    qtbot.waitUntil(lambda: not view.frame_in_progress)
+    assert not any(panel.needs_redraw() for panel in view.panels if shown(panel))
+    assert docked.counts["kv_cache"] == before["kv_cache"]  # tabbed behind: it waits

@@ -176,8 +176,9 @@ class InternalsView(QObject):
         self._active_at = time.monotonic()  # last redraw or wake-up: sleep comes after it
         self.sleeps = 0  # times the timer went to sleep (tests read it)
         self.state.panel_changed = self._on_panel_changed
-        # While a teacher steps, a panel's own change (a sentence that moved its plot, a
-        # selection) draws at once rather than at the next tick, 250 ms or more away
+        # A panel's own change (a selection, a choice on a panel, the rows or lens a selection
+        # asked for, a teacher's step) draws at once rather than at the next tick, which while
+        # a reply streams or just after is 250-500 ms away
         self._soon = QTimer(self)
         self._soon.setSingleShot(True)
         self._soon.setInterval(1)
@@ -287,8 +288,7 @@ class InternalsView(QObject):
 
     def _on_panel_changed(self) -> None:
         self.wake()
-        if self.state.explaining:
-            self._soon.start()
+        self._soon.start()
 
     def _wake_for_data(self) -> None:
         # A panel off screen draws when it is shown (its dock's visibilityChanged wakes us).
