@@ -56,7 +56,7 @@ def measure_stepping(
     held = _held_cpu(parts, engine, paused_s)
     window.stop_action.trigger()
     run_until(lambda: not window.replying, 60)
-    selected, aged_out = _select_steps(parts, selections)
+    selected, fetched, aged_out = _select_steps(parts, selections)
     visible = [type(panel).__name__ for panel in _shown(parts)]
     parts.shutdown()  # the engine process too: nothing is left running
     own = [total - step for total, step in zip(pressed, steps, strict=True)]
@@ -69,6 +69,7 @@ def measure_stepping(
         "visible_panels": visible,
         # a past step of a finished reply selected: until its rows are in and drawn
         "select_step_ms": _spread(selected) if selected else None,
+        "selected_fetched": fetched,  # of those, steps whose rows came from the engine's ring
         "selected_aged_out": aged_out,  # steps the ring no longer held (said so, not timed)
         "runs": {
             "next_token_ms": _rounded(pressed),
@@ -123,10 +124,11 @@ def _press(parts: Parts) -> tuple[float, float]:
     return (done - started) * 1000, step_s * 1000
 
 
-def _select_steps(parts: Parts, count: int) -> tuple[list[float], int]:
+def _select_steps(parts: Parts, count: int) -> tuple[list[float], int, int]:
     """A reply run to its end, then `count` of its steps selected in turn as a click on a chat
-    token selects them: milliseconds each took until its rows were in and drawn on screen, and
-    how many had left the engine's ring (those are not timed)."""
+    token selects them: milliseconds each took until its rows were in and drawn on screen, how
+    many of them were fetched from the engine's ring (the others' rows were in the window), and
+    how many had left the ring (those are not timed)."""
     window, state = parts.window, parts.internals.state
     window.settings_panel.set_pause_after_prefill(False)
     window.pace.resume_action.trigger()  # the pacer stays paused across replies until Resume
@@ -136,11 +138,12 @@ def _select_steps(parts: Parts, count: int) -> tuple[list[float], int]:
     run_until(lambda: not window.replying, 600)
     run_for(0.5)
     generated = state.trail.generated
-    times, aged_out = [], 0
+    times, fetched, aged_out = [], 0, 0
     for step in sorted({1 + i * (generated - 2) // max(count - 1, 1) for i in range(count)}):
         query = state.prompt_tokens + step - 1  # the row of the query that chose it
         started = time.perf_counter()
         state.select(state.prompt_tokens + step)  # what clicking the step's token does
+        asked = query in state.pulled.asked  # its rows are not in the window: fetched
 
         def shown(query: int = query) -> bool:
             if query in state.pulled.aged_out:
@@ -155,9 +158,10 @@ def _select_steps(parts: Parts, count: int) -> tuple[list[float], int]:
             aged_out += 1
         else:
             times.append((done - started) * 1000)
+            fetched += asked
         run_for(0.2)
     state.select(None)
-    return times, aged_out
+    return times, fetched, aged_out
 
 
 def _held_cpu(parts: Parts, engine: EngineProcess, seconds: float) -> dict[str, Any]:

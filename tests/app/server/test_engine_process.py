@@ -559,4 +559,5 @@ def test_bench_stepping_times_next_token_and_a_held_replys_cpu(qapp):
     assert 0 <= held["engine_cpu_per_s"] < 0.5 and 0 <= held["window_cpu_per_s"] < 1
     selected = result["select_step_ms"]  # eight steps of a second reply, each pulled and drawn
     assert len(result["runs"]["select_step_ms"]) + result["selected_aged_out"] == 8
+    assert 0 <= result["selected_fetched"] <= len(result["runs"]["select_step_ms"])
     assert selected is not None and 0 < selected["min"] <= selected["max"]
