@@ -28,7 +28,7 @@ from engine.events import LayerLens
 from ui.panels.empty import fill_with_pages
 from ui.panels.redraw import StatePanel, Throttle
 from ui.panels.state import NEXT_TOKEN, InternalsState
-from ui.panels.state.lens import EMPTY_TEXT, LensBook, lens_sentence
+from ui.panels.state.lens import EMPTY_TEXT, LensBook, lens_sentence, quoted
 
 COLUMNS = 5  # guesses a layer shows
 MIN_TEXT_PX = 7  # rows lower than this show the shades alone
@@ -119,7 +119,7 @@ class LensGrid(QWidget):
                     painter.drawRect(rect)
                 if texts:
                     painter.setPen(TEXT)
-                    text = f"{lens.texts[layer][column]!r} {lens.probs[layer][column]:.0%}"
+                    text = f"{quoted(lens.texts[layer][column])} {lens.probs[layer][column]:.0%}"
                     painter.drawText(rect, centre, text)
             rank = cell_rect(row, COLUMNS).adjusted(1, 1, -1, -1)
             painter.fillRect(rank, cell_colour(lens.chosen_probs[layer]))

@@ -8,7 +8,11 @@ and whether an ask is on its way, so at most one is.
 
 from __future__ import annotations
 
+import unicodedata
+
 from engine.events import LayerLens
+
+RIGHT_TO_LEFT = frozenset({"R", "AL"})  # Unicode bidirectional classes of Hebrew, Arabic...
 
 
 class LensBook:
@@ -60,6 +64,17 @@ class LensBook:
             self.revision += 1
 
 
+def quoted(text: str) -> str:
+    """A token's text as repr quotes it; one with right-to-left letters (Hebrew, Arabic) is
+    isolated inside its quotes (U+2068 ... U+2069), so that it reads in its own direction
+    without pulling the closing quote and the probability after it into its run, which
+    showed the percentage before the token and the quotes out of place."""
+    shown = repr(text)
+    if not any(unicodedata.bidirectional(c) in RIGHT_TO_LEFT for c in text):
+        return shown
+    return f"{shown[0]}\u2068{shown[1:-1]}\u2069{shown[-1]}"
+
+
 def lead_layer(lens: LayerLens) -> int:
     """The first layer (0-based) from which the last layer's first guess stays first."""
     final = lens.token_ids[-1][0]
@@ -77,17 +92,18 @@ def lens_sentence(lens: LayerLens) -> str:
     lead = lead_layer(lens)
     prob = lens.probs[-1][0]
     if lead == 0:
-        sentence = f"{final!r} ({prob:.0%}) is the first guess at every layer of {layers}."
+        sentence = f"{quoted(final)} ({prob:.0%}) is the first guess at every layer of {layers}."
     else:
         earlier = lead // 2
         guess, share = lens.texts[earlier][0], lens.probs[earlier][0]
         sentence = (
-            f"{final!r} ({prob:.0%} at the end) leads from layer {lead + 1} of {layers} on;"
-            f" at layer {earlier + 1} the best guess was {guess!r} ({share:.0%})."
+            f"{quoted(final)} ({prob:.0%} at the end) leads from layer {lead + 1} of {layers}"
+            f" on; at layer {earlier + 1} the best guess was {quoted(guess)} ({share:.0%})."
         )
     if lens.token_id != lens.token_ids[-1][0]:
         rank, chosen = lens.chosen_ranks[-1], lens.chosen_probs[-1]
-        sentence += f" The sampler chose {lens.token_text!r}, rank {rank + 1} ({chosen:.1%})."
+        chose = quoted(lens.token_text)
+        sentence += f" The sampler chose {chose}, rank {rank + 1} ({chosen:.1%})."
     return sentence
 
 
