@@ -8,10 +8,12 @@ its bytes instead, as a SentencePiece byte-fallback vocabulary names them: "<0xE
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import cache
 from typing import Any
 
 REPLACEMENT = "\ufffd"
+RIGHT_TO_LEFT = frozenset({"R", "AL"})  # Unicode bidirectional classes of Hebrew, Arabic...
 _BYTE_TOKEN = re.compile(r"^(<0x[0-9A-Fa-f]{2}>)+$")
 
 
@@ -77,3 +79,14 @@ def special_ids(tokenizer: Any) -> frozenset[int]:
         decoder = backend.get_added_tokens_decoder()
         ids.update(i for i, token in decoder.items() if getattr(token, "special", False))
     return frozenset(ids)
+
+
+def quoted(text: str) -> str:
+    """A token's text as repr quotes it; one with right-to-left letters (Hebrew, Arabic) is
+    isolated inside its quotes (U+2068 ... U+2069), so that it reads in its own direction
+    without pulling the closing quote and the probability after it into its run, which
+    showed the percentage before the token and the quotes out of place."""
+    shown = repr(text)
+    if not any(unicodedata.bidirectional(c) in RIGHT_TO_LEFT for c in text):
+        return shown
+    return f"{shown[0]}\u2068{shown[1:-1]}\u2069{shown[-1]}"

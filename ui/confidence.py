@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Token
+from engine.token_labels import quoted
 
 RUNNERS_UP = 3
 
@@ -68,8 +69,8 @@ def tint(prob: float | None) -> tuple[int, int, int, int]:
 def describe(confidence: TokenConfidence) -> str:
     """The hover text: the token's probability and its runners-up."""
     prob = "below the top candidates" if confidence.prob is None else f"{confidence.prob:.1%}"
-    lines = [f"{confidence.text!r}: {prob}"]
-    lines += [f"  {text!r}: {p:.1%}" for text, p in confidence.runners_up]
+    lines = [f"{quoted(confidence.text)}: {prob}"]
+    lines += [f"  {quoted(text)}: {p:.1%}" for text, p in confidence.runners_up]
     return "\n".join(lines)
 
 

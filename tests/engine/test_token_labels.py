@@ -74,3 +74,15 @@ def test_a_byte_label_counts_its_bytes_and_text_counts_none():
     assert byte_count("<0xE2><0x80>") == 2
     assert byte_count(" the") == 0
     assert byte_count("<0xE2> x") == 0  # not only bytes: text
+
+
+def test_a_right_to_left_token_is_isolated_inside_its_quotes():
+    """Hebrew or Arabic letters are isolated (U+2068 ... U+2069): beside them a closing quote
+    and a probability were drawn inside the token's run ("'31 'مرحبا%"). Any other token is
+    shown as repr shows it, nothing added."""
+    from engine.token_labels import quoted
+
+    assert quoted(" the") == "' the'" and quoted("it's") == '"it\'s"'
+    assert quoted("<0xE2>") == "'<0xE2>'"
+    assert quoted("مرحبا") == "'\u2068مرحبا\u2069'"
+    assert quoted(" שלום\n") == "'\u2068 שלום\\n\u2069'"

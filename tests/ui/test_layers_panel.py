@@ -273,17 +273,16 @@ def test_following_asks_as_often_as_the_lens_cost_allows(view, monkeypatch):
     assert panel.follow_interval() == layers_panel.FOLLOW_INTERVAL_S  # its lens's cost unknown
 
 
-def test_a_right_to_left_token_keeps_its_quotes_and_probability_in_place():
-    """A Hebrew or Arabic token is isolated inside its quotes (the grid drew "'31 'مرحبا%");
-    any other token is shown as repr shows it, with nothing added."""
+def test_a_right_to_left_tokens_sentence_keeps_its_quotes_and_probability_in_place():
+    """The sentence (and the grid) isolate a Hebrew or Arabic token inside its quotes, as the
+    other panels' sentences do (engine.token_labels.quoted)."""
     from engine.events import LayerLens
-    from ui.panels.state.lens import quoted
+    from ui.panels.state.sentences import token_text
 
-    assert quoted(" the") == "' the'" and quoted("it's") == '"it\'s"'
-    assert quoted("مرحبا") == "'\u2068مرحبا\u2069'"
-    assert quoted(" שלום\n") == "'\u2068 שלום\\n\u2069'"
     lens = LayerLens(
         step=0, token_id=7, token_text="مرحبا", token_ids=((7,), (7,)), texts=(("مرحبا",),) * 2,
         probs=((0.3,), (0.6,)), chosen_ranks=(0, 0), chosen_probs=(0.3, 0.6), seconds=0.01,
     )  # fmt: skip
     assert lens_sentence(lens).startswith("'\u2068مرحبا\u2069' (60%) is the first guess")
+    assert token_text(5, "שלום") == "token 5 '\u2068שלום\u2069'"
+    assert token_text(5, " the") == "token 5 ' the'"

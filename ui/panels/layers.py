@@ -25,10 +25,11 @@ from PySide6.QtGui import QColor, QFontMetrics, QHideEvent, QPainter, QPaintEven
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.events import LayerLens
+from engine.token_labels import quoted
 from ui.panels.empty import fill_with_pages
 from ui.panels.redraw import StatePanel, Throttle
 from ui.panels.state import NEXT_TOKEN, InternalsState
-from ui.panels.state.lens import EMPTY_TEXT, LensBook, lens_sentence, quoted
+from ui.panels.state.lens import EMPTY_TEXT, LensBook, lens_sentence
 
 COLUMNS = 5  # guesses a layer shows
 MIN_TEXT_PX = 7  # rows lower than this show the shades alone

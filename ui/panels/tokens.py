@@ -16,6 +16,7 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QLabel, QTextBrowser, QWidget
 
+from engine.token_labels import quoted
 from ui.panels.empty import column, fill_with_pages
 from ui.panels.redraw import StatePanel
 from ui.panels.state import InternalsState
@@ -103,7 +104,7 @@ def tooltip(trail: TokenTrail, position: int) -> str:
     token_id = trail.ids[position]
     kind = "reply" if position >= trail.prompt_tokens else "prompt"
     special = ", special token of the template" if trail.is_special(position) else ""
-    return f"#{position} · id {token_id} · {kind}{special} · {trail.labels[position]!r}"
+    return f"#{position} · id {token_id} · {kind}{special} · {quoted(trail.labels[position])}"
 
 
 class TokensPanel(StatePanel):

@@ -8,11 +8,8 @@ and whether an ask is on its way, so at most one is.
 
 from __future__ import annotations
 
-import unicodedata
-
 from engine.events import LayerLens
-
-RIGHT_TO_LEFT = frozenset({"R", "AL"})  # Unicode bidirectional classes of Hebrew, Arabic...
+from engine.token_labels import quoted
 
 
 class LensBook:
@@ -62,17 +59,6 @@ class LensBook:
         if self.missing:
             self.missing.clear()
             self.revision += 1
-
-
-def quoted(text: str) -> str:
-    """A token's text as repr quotes it; one with right-to-left letters (Hebrew, Arabic) is
-    isolated inside its quotes (U+2068 ... U+2069), so that it reads in its own direction
-    without pulling the closing quote and the probability after it into its run, which
-    showed the percentage before the token and the quotes out of place."""
-    shown = repr(text)
-    if not any(unicodedata.bidirectional(c) in RIGHT_TO_LEFT for c in text):
-        return shown
-    return f"{shown[0]}\u2068{shown[1:-1]}\u2069{shown[-1]}"
 
 
 def lead_layer(lens: LayerLens) -> int:

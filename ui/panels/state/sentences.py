@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.events import ModelInfo, Roofline
 from engine.kv_formula import formula_bytes
-from engine.token_labels import byte_count
+from engine.token_labels import byte_count, quoted
 
 
 def size_text(count: float) -> str:
@@ -112,7 +112,7 @@ def token_text(token_id: int, label: str) -> str:
     if count:
         plural = "byte" if count == 1 else "bytes"
         return f"token {token_id:,} {label} ({count} {plural} of a character split across tokens)"
-    return f"token {token_id:,} {label!r}"
+    return f"token {token_id:,} {quoted(label)}"
 
 
 def reply_token_sentence(
