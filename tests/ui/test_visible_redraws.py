@@ -982,3 +982,21 @@ def test_a_selection_draws_at_once_whatever_the_frame_rate(qtbot, docked, rng):
     qtbot.waitUntil(lambda: not view.frame_in_progress)
     assert not any(panel.needs_redraw() for panel in view.panels if shown(panel))
     assert docked.counts["kv_cache"] == before["kv_cache"]  # tabbed behind: it waits
+
+
+def test_a_replys_end_draws_at_once_whatever_the_frame_rate(qtbot, docked, rng):
+    """The panels' final numbers show as the reply ends (when the chat says it is done), not
+    at the governed timer's next tick (stopped here)."""
+    from tests.ui.test_panels import finished
+
+    view = docked.view
+    view.ingest(prefill(rng))
+    tokens = [token(rng, index) for index in range(4)]
+    for event in tokens:
+        view.ingest(event)
+    docked.tick()
+    before = docked.counts["timing"]
+    view.ingest(finished(tokens))
+    qtbot.waitUntil(lambda: docked.counts["timing"] > before, timeout=5000)
+    qtbot.waitUntil(lambda: not view.frame_in_progress)
+    assert not view.timing.needs_redraw()

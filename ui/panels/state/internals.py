@@ -317,6 +317,9 @@ class InternalsState:
             self.reply.finished = event
         self._open = False
         self._bump(TIMING)
+        # Drawn at once: the panels' final numbers as the chat says the reply is done, not
+        # the governed timer's next tick (up to 500 ms) later
+        self.panel_changed()
 
     # -- helpers ---------------------------------------------------------------------------
 
