@@ -105,7 +105,7 @@ class StallRun:
         self.largest_batch = 0
         self.tokens_shown = 0
         self.rows_shown = 0
-        self.shown_at: list[float] = []  # when the first and the latest Token arrived
+        self.first_shown = self.last_shown = 0.0  # when the first and the latest Token came
         self.window.events_received.connect(self._on_batch)
         self.window.load_model(LoadRequest(spec="synthetic", extra={"delay": str(delay)}))
         run_until(lambda: self.worker.info is not None and not self.worker.busy, 30.0)
@@ -123,15 +123,18 @@ class StallRun:
 
     def _on_batch(self, batch: list[Event]) -> None:
         self.largest_batch = max(self.largest_batch, len(batch))
+        shown = self.tokens_shown
         for event in batch:
             if isinstance(event, Finished):
                 self.finished = event
             elif isinstance(event, Token):
                 self.tokens_shown += 1
-                now = time.perf_counter()
-                self.shown_at = [self.shown_at[0] if self.shown_at else now, now]
             elif isinstance(event, StepRows):
                 self.rows_shown += 1
+        if self.tokens_shown > shown:  # once a batch: the time it was handed to the window
+            now = time.perf_counter()
+            self.first_shown = self.first_shown if shown else now
+            self.last_shown = now
 
     def stream(
         self, tokens: int, heartbeat_ms: int = HEARTBEAT_MS, timeout_s: float = 600.0
@@ -143,7 +146,7 @@ class StallRun:
         )
         self.finished, self.largest_batch = None, 0
         self.tokens_shown = self.rows_shown = 0
-        self.shown_at = []
+        self.first_shown = self.last_shown = 0.0
         self.redraws = dict.fromkeys(self.redraws, 0)
         sender_before = self._sender_cpu_s()
         cpu_before = time.process_time()
@@ -190,9 +193,8 @@ class StallRun:
         }
 
     def _shown_rate(self) -> float | None:
-        if len(self.shown_at) < 2 or self.tokens_shown < 2:
-            return None
-        return round((self.tokens_shown - 1) / (self.shown_at[1] - self.shown_at[0]), 1)
+        span = self.last_shown - self.first_shown
+        return round((self.tokens_shown - 1) / span, 1) if span > 0 else None
 
     def _sender_cpu_s(self) -> float | None:
         if self.engine_pid is None:

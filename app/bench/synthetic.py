@@ -271,7 +271,7 @@ class SyntheticSession(PacedGeneration):
             noise = self._noise.get(layer)
             have = 0 if noise is None else noise.shape[1]
             if have < keys:
-                shape = (self.info.heads, max(keys, 1024) * 2 - have)
+                shape = (self.info.heads, keys - have)
                 fresh = self._rng.random(shape, dtype=np.float32) ** 4
                 self._noise[layer] = fresh if noise is None else np.concatenate([noise, fresh], 1)
         return self._noise

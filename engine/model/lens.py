@@ -142,13 +142,12 @@ def layer_lens(
     logits: torch.Tensor,
     token_id: int,
     piece: Callable[[int], str],
-    top: int = LENS_TOP,
-    started: float | None = None,
+    top: int,
+    started: float,
 ) -> LayerLens:
     """Each layer's `top` guesses from its logits [layers, vocab], and where the token the
     step chose stood in each layer's distribution (rank 0: its first guess). `started`: when
-    the lens's work began (perf_counter; default now), for its `seconds`."""
-    began = time.perf_counter() if started is None else started
+    the lens's work began (perf_counter), the head's product included, for its `seconds`."""
     probs = torch.softmax(logits.float(), dim=-1)  # [layers, vocab]
     best = probs.topk(top, dim=-1)
     chosen = probs[:, token_id]  # [layers]
@@ -164,7 +163,7 @@ def layer_lens(
         probs=tuple(tuple(row) for row in best.values.cpu().tolist()),
         chosen_ranks=tuple(ranks.cpu().tolist()),
         chosen_probs=tuple(chosen.cpu().tolist()),
-        seconds=time.perf_counter() - began,
+        seconds=time.perf_counter() - started,
     )
 
 

@@ -8,7 +8,7 @@ it shows (`lens_wanted`) and draws the answer (`set_lens`), one ask at a time; t
 steps only while the panel is on screen (`watch_changed`). Each ask is every layer's product
 through the output head, which the engine computes between two of a running reply's steps and
 so holds the next one up by that long (`LayerLens.seconds`: tens of ms on the bundled model on
-a CPU, over 100 ms with a 150,000-token vocabulary, a few ms on a GPU). Following the latest
+a CPU, over 100 ms with a 150,000-token vocabulary). Following the latest
 step of a running reply, the panel therefore asks no more often than keeps that under
 LENS_SHARE of the model's time (and says so under the grid), at most every FOLLOW_FLOOR_S;
 before the first answer tells the cost, every FOLLOW_INTERVAL_S. A new reply is first asked for
