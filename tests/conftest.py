@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shutil
 import sys
 import tempfile
 import weakref
@@ -90,7 +91,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Loads decode eagerly unless a test compiles the step itself (test_compiled_decode): a
 # background compile would take a core for a minute or two in the middle of other tests.
 os.environ.setdefault("GLASSBOX_COMPILE", "0")
-# Conversations, logs and Qt's saved layout go to a scratch folder, never the user's own.
+# Conversations, logs and Qt's saved layout go to a scratch folder, never the user's own,
+# removed when the run ends (pytest_sessionfinish).
 _scratch = tempfile.mkdtemp(prefix="glassbox-tests-")
 os.environ.setdefault("GLASSBOX_DATA_DIR", os.path.join(_scratch, "data"))
 os.environ.setdefault("XDG_CONFIG_HOME", os.path.join(_scratch, "config"))
@@ -185,6 +187,10 @@ def real_gemma() -> Path:
 
 BUNDLED_FIXTURES = {"bundled", "bundled_fast"}
 REAL_MODEL_FIXTURES = {"real_qwen", "real_gemma"}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_scratch, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

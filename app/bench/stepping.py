@@ -43,7 +43,23 @@ def measure_stepping(
     paused_s: float = 30.0,
     selections: int = 8,
 ) -> dict[str, Any]:
-    parts = _open(engine)
+    # The window's conversations and layout go to a folder of the bench's own, removed after.
+    with tempfile.TemporaryDirectory(prefix="glassbox-stepping-") as folder:
+        parts = _open(engine, Path(folder))
+        try:
+            return _measure(parts, engine, request, presses, paused_s, selections)
+        finally:
+            parts.shutdown()  # the engine process too: nothing is left running
+
+
+def _measure(
+    parts: Parts,
+    engine: EngineProcess,
+    request: LoadRequest,
+    presses: int,
+    paused_s: float,
+    selections: int,
+) -> dict[str, Any]:
     window, worker = parts.window, parts.worker
     window.load_model(request)
     run_until(lambda: worker.info is not None and not worker.busy, 600)
@@ -58,7 +74,6 @@ def measure_stepping(
     run_until(lambda: not window.replying, 60)
     selected, fetched, aged_out = _select_steps(parts, selections)
     visible = [type(panel).__name__ for panel in _shown(parts)]
-    parts.shutdown()  # the engine process too: nothing is left running
     own = [total - step for total, step in zip(pressed, steps, strict=True)]
     return {
         "model": worker.info.name if worker.info else "?",
@@ -80,12 +95,11 @@ def measure_stepping(
     }
 
 
-def _open(engine: EngineProcess) -> Parts:
+def _open(engine: EngineProcess, folder: Path) -> Parts:
     from PySide6.QtCore import QRect, QSettings
 
     from app.window.gui import open_window
 
-    folder = Path(tempfile.mkdtemp(prefix="glassbox-stepping-"))
     remembered = QSettings(str(folder / "layout.ini"), QSettings.Format.IniFormat)
     return open_window(
         engine,

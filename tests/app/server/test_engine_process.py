@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -546,11 +547,18 @@ def test_quitting_while_the_engine_still_imports_does_not_wait_for_it(qtbot):
 
 def test_bench_stepping_times_next_token_and_a_held_replys_cpu(qapp):
     """--stepping's whole path on the fake session: each press's token drawn, the engine's own
-    step beside it, and the CPU of both processes while the reply is held."""
+    step beside it, and the CPU of both processes while the reply is held; its window's
+    conversations and layout are removed after."""
     from app.bench.stepping import measure_stepping
 
+    def folders() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("glassbox-stepping-*"))
+
+    before = folders()
     result = measure_stepping(fake_request(tokens=40), EngineProcess(FAKE), presses=3, paused_s=1)
+    assert folders() == before
     assert result["model"] == "fake" and result["presses"] == 3
+    assert "TimingPanel" in result["visible_panels"]  # the first start's docked layout
     pressed, step = result["next_token_ms"], result["engine_step_ms"]
     assert 0 < pressed["min"] <= pressed["median"] <= pressed["max"]
     assert 0 <= step["min"] <= step["max"]
