@@ -295,6 +295,8 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"  99th percentile    {gui['p99_stall_ms']:8.1f} ms")
         print(f"  redraws            {gui['redraws']:8d}")
         print(f"  streamed in        {gui['seconds']:8.1f} s")
+        costly = sorted(gui["redraw_cpu_ms_per_panel"].items(), key=lambda item: -item[1])
+        print("  redraw CPU (ms)    " + ", ".join(f"{name} {ms:g}" for name, ms in costly))
 
 
 def _print_placement(report: dict[str, Any]) -> None:

@@ -71,6 +71,7 @@ class StallRun:
 
         from app.client.engine_client import EngineClient
         from app.window.assembly import assemble
+        from ui.panels.docks import DOCKS
 
         self.engine_pid: int | None = None
         self.session: SyntheticSession | None = None  # in this process only (not piped)
@@ -98,8 +99,10 @@ class StallRun:
             self.window.set_probe_settings(replace(probes, token_rows=True))
         self.window.show()
         float_docks(self.internals)
-        self.redraws = dict.fromkeys(("timing", "kv_cache", "attention", "next_token"), 0)
-        for name in self.redraws:
+        names = [name for _object_name, _title, name in DOCKS]
+        self.redraws = dict.fromkeys(names, 0)
+        self.redraw_cpu_s = dict.fromkeys(names, 0.0)  # the GUI thread's, in redraw()
+        for name in names:
             self._count_redraws(name)
         self.finished: Finished | None = None
         self.largest_batch = 0
@@ -117,7 +120,11 @@ class StallRun:
 
         def counted() -> None:
             self.redraws[name] += 1
-            redraw()
+            started = time.thread_time()
+            try:
+                redraw()
+            finally:
+                self.redraw_cpu_s[name] += time.thread_time() - started
 
         panel.redraw = counted
 
@@ -148,6 +155,7 @@ class StallRun:
         self.tokens_shown = self.rows_shown = 0
         self.first_shown = self.last_shown = 0.0
         self.redraws = dict.fromkeys(self.redraws, 0)
+        self.redraw_cpu_s = dict.fromkeys(self.redraw_cpu_s, 0.0)
         sender_before = self._sender_cpu_s()
         cpu_before = time.process_time()
         beats: list[float] = []
@@ -174,6 +182,11 @@ class StallRun:
             "p99_stall_ms": round(p99 * 1000, 1),
             "redraws": sum(self.redraws.values()),
             "redraws_per_panel": dict(self.redraws),
+            # What each panel's redraws took of the GUI thread (its paint comes after, in the
+            # event loop, and is not in it): where the window's frames spend their time.
+            "redraw_cpu_ms_per_panel": {
+                name: round(seconds * 1000, 1) for name, seconds in self.redraw_cpu_s.items()
+            },
             "seconds": round(streamed_s, 3),  # a short run lasts well under 0.1 s
             "tokens_per_s": round(tokens / streamed_s, 1),  # from sending to the reply's end
             # from the first token shown to the last: the engine's rate as the window saw it

@@ -13,6 +13,7 @@ import pytest
 
 from app.bench.stall import SOURCE, StallRun, stall_statistics
 from ui.conversation import Change, ReplyTokens
+from ui.panels.docks import DOCKS
 from ui.panels.pooled_rows import DISPLAY_KEYS, DISPLAY_ROWS
 
 TOKENS = 10_000
@@ -59,6 +60,11 @@ def test_ten_thousand_tokens_keep_the_window_responsive_and_reach_every_panel(ru
     assert result["longest_stall_ms"] < MAX_STALL_MS
     assert result["p99_stall_ms"] < MAX_P99_STALL_MS
     assert result["redraws"] > 4 * 10  # the panels kept redrawing while the reply streamed
+    # Every panel floats and is on screen: each redrew, and its redraws' CPU is counted.
+    redrawn, cpu_ms = result["redraws_per_panel"], result["redraw_cpu_ms_per_panel"]
+    assert set(cpu_ms) == set(redrawn) == {name for _object, _title, name in DOCKS}
+    assert all(redrawn[name] > 0 and cpu_ms[name] >= 0 for name in redrawn)
+    assert cpu_ms["attention"] > 0  # its mosaic pooled 10,000 tokens' rows
 
     # Every token's text reached the conversation, in order, and the finished reply is that
     # text, drawn in the chat.
