@@ -59,9 +59,10 @@ def test_ten_thousand_tokens_keep_the_window_responsive_and_reach_every_panel(ru
     assert result["source"] == SOURCE and result["tokens"] == TOKENS
     assert result["longest_stall_ms"] < MAX_STALL_MS
     assert result["p99_stall_ms"] < MAX_P99_STALL_MS
-    assert result["redraws"] > 4 * 10  # the panels kept redrawing while the reply streamed
-    # Every panel floats and is on screen: each redrew, and its redraws' CPU is counted.
+    # Every panel floats and is on screen: each redrew, and its redraws' CPU is counted. The
+    # four that draw every token kept redrawing while the reply streamed.
     redrawn, cpu_ms = result["redraws_per_panel"], result["redraw_cpu_ms_per_panel"]
+    assert sum(redrawn[name] for name in ("timing", "kv_cache", "attention", "next_token")) > 4 * 10
     assert set(cpu_ms) == set(redrawn) == {name for _object, _title, name in DOCKS}
     assert all(redrawn[name] > 0 and cpu_ms[name] >= 0 for name in redrawn)
     assert cpu_ms["attention"] > 0  # its mosaic pooled 10,000 tokens' rows
