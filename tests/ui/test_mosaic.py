@@ -297,7 +297,7 @@ def test_pooling_starts_over_only_when_the_context_doubles(rng):
     assert restarts <= 2 * math.log2(700 / 4)  # row and key factors: once per doubling each
 
 
-@pytest.mark.parametrize("factor", [1, 2, 7, 24, 64])
+@pytest.mark.parametrize("factor", [1, 2, 6, 7, 8, 24, 48, 64])
 def test_max_pooling_keys_takes_the_largest_of_each_run(rng, factor):
     block = rng.random((3, 5, 4 * factor)).astype(np.float32)
     expected = block.reshape(3, 5, 4, factor).max(axis=3)
