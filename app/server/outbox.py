@@ -34,6 +34,11 @@ class Outbox:
     token, its end, a hold, any other reply) goes out at once and takes the waiting ones along,
     and so do tokens that weigh half of MAX_UNSENT_WEIGHT (long rows at a GPU's rate): the
     engine, which waits past that weight, is never held up by the wait.
+
+    While a reply streams, the sending thread sleeps after a message until the next one is due,
+    not until the next token: a later token that comes meanwhile wakes nobody, and the thread
+    wakes once per message instead of twice (the token's wake-up only found the message not yet
+    due). Each wake-up of that thread takes the interpreter lock or a core from the generation.
     """
 
     def __init__(self, write: Write, interval_s: float = TOKEN_INTERVAL_S) -> None:
@@ -44,23 +49,26 @@ class Outbox:
         self._items: deque[tuple[Reply, int, float, bool]] = deque()
         self._weight = 0
         self._urgent = 0  # items queued that may not wait for the next message
+        self._pacing = False  # the sending thread sleeps until the next message is due
+        self._streaming = False  # the last message sent a reply's tokens, and not its end
+        self.wakeups = 0  # the sending thread's wake-ups from a wait (tests read it)
         self._closed = False
         self._condition = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=SENDER_THREAD, daemon=True)
         self._thread.start()
 
     def put(self, reply: Reply, weight: int = 0) -> None:
-        """Queue a reply. The sending thread is woken only where it acts on it at once: the
-        first item, one that may not wait, or the weight past what may wait; a later token
-        otherwise waits for the message already due, and waking the thread per token cost a
-        GPU-rate reply a core's tenth."""
+        """Queue a reply. The sending thread is woken only where it acts on it at once: one
+        that may not wait, the weight past what may wait, or a first item while the thread
+        sleeps with no message due; a later token otherwise waits for the message already
+        due, and waking the thread per token cost a GPU-rate reply a core's tenth."""
         with self._condition:
-            first = not self._items
+            idle = not self._items and not self._pacing
             urgent = not _later_tokens(reply)
             self._items.append((reply, weight, time.monotonic(), not urgent))
             self._weight += weight
             self._urgent += urgent
-            if first or urgent or self._weight >= MAX_UNSENT_WEIGHT // 2:
+            if idle or urgent or self._weight >= MAX_UNSENT_WEIGHT // 2:
                 self._condition.notify_all()
 
     def set_interval(self, interval_s: float) -> None:
@@ -95,13 +103,14 @@ class Outbox:
 
     def _next(self) -> tuple[Reply, int] | None:
         with self._condition:
-            while not self._items and not self._closed:
-                self._condition.wait()
-            while self._may_wait():
+            while not self._due():
                 left = self._last_write + self._interval_s - time.monotonic()
-                if left <= 0:
-                    break
-                self._condition.wait(left)
+                # Until the next message is due where one will be (items wait, or a reply
+                # streams), else until an item comes
+                self._pacing = left > 0 and (bool(self._items) or self._streaming)
+                self._condition.wait(left if self._pacing else None)
+                self._pacing = False
+                self.wakeups += 1
             if not self._items:
                 return None
             reply, weight, queued_at = self._take()
@@ -113,6 +122,7 @@ class Outbox:
                     events.extend(more.events)
                     weight += more_weight
                 reply = Events(reply.job, tuple(events), queued_at)  # the oldest wait counts
+            self._streaming = isinstance(reply, Events) and _goes_on(reply)
             self._weight -= weight
             self._condition.notify_all()
             return reply, weight
@@ -121,6 +131,12 @@ class Outbox:
         reply, weight, queued_at, may_wait = self._items.popleft()
         self._urgent -= not may_wait
         return reply, weight, queued_at
+
+    def _due(self) -> bool:
+        """Whether to stop waiting (the condition held): something to send now, or closed."""
+        if not self._items:
+            return self._closed
+        return not self._may_wait() or time.monotonic() >= self._last_write + self._interval_s
 
     def _may_wait(self) -> bool:
         """Whether what is queued may wait for the next message (the condition held)."""
@@ -150,6 +166,11 @@ def _later_tokens(reply: Reply) -> bool:
         or (isinstance(event, StepRows) and event.latest)
         for event in reply.events
     )
+
+
+def _goes_on(reply: Events) -> bool:
+    """Whether a reply's tokens follow these events (they end with a token or its rows)."""
+    return bool(reply.events) and isinstance(reply.events[-1], Token | StepRows)
 
 
 def _same_job_events(reply: Reply, job: int) -> bool:

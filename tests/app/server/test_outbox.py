@@ -4,7 +4,8 @@ starts or ends a reply waits for them."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -35,6 +36,16 @@ class Written:
         """Whether `count` messages were written within `seconds`."""
         with self.condition:
             return self.condition.wait_for(lambda: len(self.messages) >= count, seconds)
+
+
+def wait_until(done: Callable[[], bool], seconds: float = 30.0) -> bool:
+    """Poll `done` (another thread's state, with no signal of its own) until it holds."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def token(index: int) -> Token:
@@ -79,6 +90,52 @@ def test_a_replys_later_tokens_wait_for_its_end(written, outbox):
     assert not written.within(2, 1.0)
     outbox.put(events(finished()))  # the end takes the waiting tokens along
     assert contents(written.wait_for(2)[1:]) == [(token(1), token(2), token(3), finished())]
+
+
+def test_later_tokens_wake_nobody_while_the_next_message_is_not_due(written, outbox):
+    """After a message of a streaming reply the sending thread sleeps until the next one is
+    due: the tokens that come meanwhile are taken along then, and only what may not wait (here
+    the reply's end) wakes it before, once."""
+    assert wait_until(lambda: outbox._pacing)  # the thread went back to sleep after token 0
+    woken = outbox.wakeups
+    for index in (1, 2, 3):
+        outbox.put(events(token(index)))
+    # Woken by them, it would be within the second; a loaded machine can only make it later.
+    assert not wait_until(lambda: outbox.wakeups > woken, 1.0)
+    outbox.put(events(finished()))
+    assert contents(written.wait_for(2)[1:]) == [(token(1), token(2), token(3), finished())]
+    assert outbox.wakeups == woken + 1
+
+
+def test_after_a_replys_end_the_sending_thread_sleeps_until_something_comes(written):
+    """No reply streams after its end: the thread waits for the next item, not for a message
+    due a cadence later (a wake-up for nothing after every reply and every other message)."""
+    box = Outbox(written.write, interval_s=0.1)
+    try:
+        box.put(events(token(0), finished()))
+        written.wait_for(1)
+        woken = box.wakeups
+        # Paced, it would wake 0.1 s after the end; a loaded machine only makes that later.
+        with written.condition:
+            assert not written.condition.wait_for(lambda: box.wakeups > woken, 1.0)
+        box.put(Events(2, (token(0),)))
+        assert contents(written.wait_for(2)[1:]) == [(token(0),)]
+    finally:
+        box.close()
+
+
+def test_tokens_after_a_message_of_another_kind_go_out_when_due(written):
+    """A message that ends with no token (a hold's Done) leaves the thread waiting for an
+    item; a later token then wakes it, and it sleeps until the token is due, not for good."""
+    box = Outbox(written.write, interval_s=0.1)
+    try:
+        box.put(events(token(0)))
+        box.put(Done(1))
+        written.wait_for(2)
+        box.put(events(token(1)))
+        assert contents(written.wait_for(3)[2:]) == [(token(1),)]
+    finally:
+        box.close()
 
 
 def test_any_other_reply_sends_the_waiting_tokens_first(written, outbox):
