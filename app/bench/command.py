@@ -280,6 +280,11 @@ def print_text(results: dict[str, Any]) -> None:
         print(f"  TTFT s             {window['ttft_s']}")
         print(f"  GUI CPU per second {window['gui_cpu_per_s']}")
         print(f"  idle window        {window['gui_cpu_idle_per_s']}")
+        print(f"  window process CPU {window['window_process_cpu_per_s']}")
+        for side, threads in window["wakeups_per_s"].items():
+            woken = ", ".join(f"{name} {rate['wakeups']:g}" for name, rate in threads.items())
+            print(f"  {side + ' wake-ups/s':18} {woken}")
+        print(f"  engine preempted/s {window['engine_preempted_per_s']}")
         print(f"  stall ms           {window['stall_ms']}")
         print(f"  start s            {window['start_s']}")
     stepping = results.get("stepping")

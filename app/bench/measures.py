@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from app.server.os_threads import switches_per_s
 from engine.events import Event, Finished, Token
 
 
@@ -37,12 +38,19 @@ class WindowReply:
         self.beat_cpu.append(time.thread_time())
 
     engine_cpu_s: float | None = None  # the engine process's CPU over the whole reply
+    # the engine's threads preempted per second over the whole reply, all of them together
+    engine_preempted_per_s: float | None = None
     frames: Any = None  # () -> the internals view's frames drawn so far
     first_frames: int = 0
     end_frames: int = 0
+    # () -> {"window": Switches, "engine": Switches}: read outside the CPU times above
+    switches: Any = None
+    first_switches: Any = None
+    end_switches: Any = None
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, Token) and self.first_token is None:
+            self.first_switches = self.switches() if self.switches else None
             self.first_token, self.first_cpu = time.perf_counter(), time.thread_time()
             self.first_process_cpu = time.process_time()
             self.first_frames = self.frames() if self.frames else 0
@@ -50,7 +58,20 @@ class WindowReply:
             self.end, self.end_cpu = time.perf_counter(), time.thread_time()
             self.end_process_cpu = time.process_time()
             self.end_frames = self.frames() if self.frames else 0
+            self.end_switches = self.switches() if self.switches else None
             self.finished = event
+
+    @property
+    def switches_per_s(self) -> dict[str, dict[str, list[float]]]:
+        """Per process ("window", "engine") and thread name, [wake-ups, preemptions] per wall
+        second between the first token and the Finished (app.server.os_threads)."""
+        wall = (self.end or 0.0) - (self.first_token or 0.0)
+        if not self.first_switches or not self.end_switches:
+            return {}
+        return {
+            side: switches_per_s(self.first_switches[side], self.end_switches[side], wall)
+            for side in self.end_switches
+        }
 
     @property
     def frames_per_s(self) -> float:
@@ -164,3 +185,23 @@ def paired_interval(
     picks = np.random.default_rng(0).integers(0, ratios.size, (draws, ratios.size))
     medians = np.median(ratios[picks], axis=1)
     return [round(float(q), 3) for q in np.percentile(medians, [5, 95])]
+
+
+def median_switches(rates: Sequence[dict[str, dict[str, list[float]]]]) -> dict[str, Any]:
+    """Replies' WindowReply.switches_per_s, as the median per process and thread name of
+    {"wakeups": …, "preempted": …} a second (a name counts the replies it ran in)."""
+    gathered: dict[str, dict[str, list[list[float]]]] = {}
+    for reply in rates:
+        for side, threads in reply.items():
+            for name, pair in threads.items():
+                gathered.setdefault(side, {}).setdefault(name, []).append(pair)
+    return {
+        side: {
+            name: {
+                "wakeups": round(median([pair[0] for pair in pairs]), 1),
+                "preempted": round(median([pair[1] for pair in pairs]), 1),
+            }
+            for name, pairs in sorted(threads.items())
+        }
+        for side, threads in gathered.items()
+    }

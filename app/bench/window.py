@@ -57,6 +57,7 @@ from app.bench.measures import (
     cpu_seconds_of,
     less,
     median,
+    median_switches,
     own_stalls,
     paired,
     paired_interval,
@@ -72,6 +73,7 @@ from app.client.engine_client import EngineClient
 from app.options import WINDOW_LAYOUTS
 from app.server.engine_process import EngineProcess
 from app.server.engine_spec import EngineSpec
+from app.server.os_threads import Switches, context_switches
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
@@ -117,6 +119,7 @@ class WindowBench:
         self._reply: WindowReply | None = None
         self._reply_over: Any = None  # ends the wait for the reply in progress
         self.headless_cpu_s: list[float | None] = []
+        self.headless_preempted_per_s: list[float] = []
         self.window.events_received.connect(self._on_events)
 
     def _since_launch(self) -> float:
@@ -182,7 +185,9 @@ class WindowBench:
         # The panel has no ignore_eos switch: its settings are replaced for the benchmark.
         setattr(self.window.settings_panel, "settings", lambda: settings)  # noqa: B010
         internals = self.parts.internals
-        reply = WindowReply(sent=time.perf_counter(), frames=lambda: internals.frames)
+        reply = WindowReply(
+            sent=time.perf_counter(), frames=lambda: internals.frames, switches=self._switches
+        )
         beats = QTimer()
         beats.setTimerType(Qt.TimerType.PreciseTimer)
         beats.setInterval(HEARTBEAT_MS)
@@ -190,14 +195,28 @@ class WindowBench:
         self._reply = reply
         if heartbeat:
             beats.start()
-        cpu = cpu_seconds_of(self.engine.pid)
+        cpu, switches = cpu_seconds_of(self.engine.pid), self._engine_switches()
         if not self.window.send(text):
             raise RuntimeError("the window refused to send")
         self._wait_for_finished(reply, beats)
         self._reply = None
+        reply.engine_preempted_per_s = self._preempted_per_s(switches, reply.sent)
         run_until(lambda: not self.worker.busy, 60)
         reply.engine_cpu_s = less(cpu_seconds_of(self.engine.pid), cpu)
         return reply
+
+    def _switches(self) -> dict[str, Switches]:
+        return {"window": context_switches(os.getpid()), "engine": self._engine_switches()}
+
+    def _engine_switches(self) -> Switches:
+        return context_switches(self.engine.pid) if self.engine.pid is not None else {}
+
+    def _preempted_per_s(self, before: Switches, since: float) -> float:
+        """How often a thread of the engine was preempted a second since `since`, all of its
+        threads together: with the window drawing beside it, or with nothing (headless)."""
+        after, wall = self._engine_switches(), time.perf_counter() - since
+        preempted = sum(after[name][1] - before.get(name, (0, 0))[1] for name in after)
+        return max(preempted, 0) / wall if wall > 0 else 0.0
 
     def idle_cpu_per_s(self, seconds: float = 2.0, heartbeat: bool = True) -> float:
         """GUI-thread CPU per wall second with the window idle, with or without the heartbeat
@@ -225,8 +244,10 @@ class WindowBench:
     def headless_reply(self, text: str, settings: GenerationSettings) -> Finished:
         messages = self.messages(text)
         probes: ProbeSettings = self.window.probe_settings()
-        cpu = cpu_seconds_of(self.engine.pid)
+        cpu, switches = cpu_seconds_of(self.engine.pid), self._engine_switches()
+        started = time.perf_counter()
         finished = headless(self.worker, messages, settings, probes)
+        self.headless_preempted_per_s.append(self._preempted_per_s(switches, started))
         self.headless_cpu_s.append(less(cpu_seconds_of(self.engine.pid), cpu))
         return finished
 
@@ -466,6 +487,16 @@ def _run(
         "heartbeat_cpu_per_s": round(heartbeat_cpu, 3),
         "stall_replies": len(probed),
         "engine_cpu_s_per_reply": {k: round(v, 2) for k, v in engine_cpu.items()},
+        # Each thread's wake-ups and preemptions a second from the first token to the end, in
+        # both processes: each time one of the window's threads runs on two cores it takes a
+        # core from one of the engine's, steadier to read than the decode ratio it moves.
+        "wakeups_per_s": median_switches([r.switches_per_s for r in windows]),
+        # The engine's threads preempted a second over whole replies, beside the window and
+        # headless (the warm-up left out).
+        "engine_preempted_per_s": {
+            "window": round(median([r.engine_preempted_per_s or 0.0 for r in windows]), 1),
+            "headless": round(median(bench.headless_preempted_per_s[1:]), 1),
+        },
         "stall_ms": spread(stalls),
         # Of each stall, the part the GUI thread spent running (its CPU time in the gap): the
         # window's own work. The rest it waited for a core, which another process held.

@@ -39,3 +39,48 @@ def thread_cpu_s(pid: int, name: str) -> float | None:
     except OSError:
         return None
     return ticks / os.sysconf("SC_CLK_TCK") if found else None
+
+
+# thread name -> (voluntary, involuntary) context switches, summed over its threads
+Switches = dict[str, tuple[int, int]]
+MAIN_THREAD = "main"  # the name `context_switches` gives a process's first thread
+
+
+def context_switches(pid: int) -> Switches:
+    """How often each thread of process `pid` has stopped running so far, by thread name
+    (Linux /proc; empty elsewhere): voluntarily (it waited, for a wake-up, a lock or the
+    interpreter lock) or not (another thread was given its core). The first thread is
+    MAIN_THREAD; the others go by the name the OS shows (torch's OpenMP workers inherit the
+    process's)."""
+    switches: Switches = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return switches
+    for task in tasks:
+        try:
+            name = MAIN_THREAD if task.name == str(pid) else (task / "comm").read_text().strip()
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        counts = dict(line.split(":", 1) for line in status.splitlines() if "ctxt_switches" in line)
+        voluntary = int(counts.get("voluntary_ctxt_switches", 0))
+        involuntary = int(counts.get("nonvoluntary_ctxt_switches", 0))
+        before = switches.get(name, (0, 0))
+        switches[name] = (before[0] + voluntary, before[1] + involuntary)
+    return switches
+
+
+def switches_per_s(before: Switches, after: Switches, seconds: float) -> dict[str, list[float]]:
+    """Each thread name's [wake-ups, preemptions] per second between two readings (a thread
+    that ended in between counts nothing, whatever it did)."""
+    if seconds <= 0:
+        return {}
+    rates = {}
+    for name, (voluntary, involuntary) in after.items():
+        was = before.get(name, (0, 0))
+        rates[name] = [
+            max(voluntary - was[0], 0) / seconds,
+            max(involuntary - was[1], 0) / seconds,
+        ]
+    return rates

@@ -36,6 +36,7 @@ from app.server.wire import Events
 from app.window import assembly
 from engine.events import ENGINE_STOPPED, Failed, Finished, PrefillDone, Token, frozen_array
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
+from tests.waiting import wait_until
 
 FAKE = EngineSpec(
     loader="tests.ui.fakes:process_loader",
@@ -502,6 +503,14 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     assert 0 <= result["stall_ms"]["p50"] <= result["stall_ms"]["p99"] <= result["stall_ms"]["max"]
     assert result["start_s"]["window_shown"] <= result["start_s"]["model_ready"]
     assert result["peak_rss_mb"]["gui"] > 0 and result["peak_rss_mb"]["engine"] > 0
+    # Each process's threads by name, read from /proc while the replies decoded: the window's
+    # first thread (the GUI's) and the engine's sending thread.
+    woken = result["wakeups_per_s"]
+    assert "main" in woken["window"] and "engine-send" in woken["engine"]
+    rates = [r for side in woken.values() for rate in side.values() for r in rate.values()]
+    assert min(rates) >= 0 and max(rates) > 0
+    assert set(result["engine_preempted_per_s"]) == {"window", "headless"}
+    assert min(result["engine_preempted_per_s"].values()) >= 0
 
     assert result["layout"] == "floating"
     closed = measure_window(fake_request(tokens=20), new_tokens=20, repeats=1, spec=FAKE,
@@ -513,6 +522,35 @@ def test_bench_window_and_transport_report_their_numbers(qapp):
     for mode in ("flood", "paced"):
         assert transport[mode]["mb_per_token"] == pytest.approx(per_token, rel=0.05)
         assert transport[mode]["latency_ms_p50"] <= transport[mode]["latency_ms_max"]
+
+
+def test_context_switches_count_each_threads_waits_by_its_name():
+    from app.server.os_threads import context_switches, name_this_thread, switches_per_s
+
+    if not context_switches(os.getpid()):
+        pytest.skip("no /proc here")
+
+    def sleeps() -> int:
+        return context_switches(os.getpid()).get("gb-test-sleeper", (0, 0))[0]
+
+    def sleeper() -> None:
+        name_this_thread("gb-test-sleeper")
+        for _ in range(5):  # each sleep gives the core up: one voluntary switch at least
+            time.sleep(0.002)
+        finished.wait()  # still there when the counts are read
+
+    finished = threading.Event()
+    thread = threading.Thread(target=sleeper)
+    before = context_switches(os.getpid())
+    thread.start()
+    assert wait_until(lambda: sleeps() >= 5)  # counted under its own name
+    after = context_switches(os.getpid())
+    finished.set()
+    thread.join()
+    assert "main" in after and after["main"][0] >= before["main"][0]
+    rates = switches_per_s(before, after, 2.0)
+    assert rates["gb-test-sleeper"][0] == after["gb-test-sleeper"][0] / 2.0 >= 2.5
+    assert switches_per_s(before, after, 0.0) == {}
 
 
 def test_decode_over_wall_time_counts_what_happens_between_steps():

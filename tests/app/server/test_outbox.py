@@ -4,14 +4,14 @@ starts or ends a reply waits for them."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from app.server.outbox import MAX_UNSENT_WEIGHT, SLOWEST_TOKEN_INTERVAL_S, Outbox
 from app.server.wire import Done, Events, Reply
 from engine.events import Finished, Token
+from tests.waiting import wait_until
 
 HOLD_S = 60.0  # far longer than any test: a token that waited for it never arrives in time
 
@@ -36,16 +36,6 @@ class Written:
         """Whether `count` messages were written within `seconds`."""
         with self.condition:
             return self.condition.wait_for(lambda: len(self.messages) >= count, seconds)
-
-
-def wait_until(done: Callable[[], bool], seconds: float = 30.0) -> bool:
-    """Poll `done` (another thread's state, with no signal of its own) until it holds."""
-    deadline = time.monotonic() + seconds
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def token(index: int) -> Token:
