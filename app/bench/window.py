@@ -73,7 +73,7 @@ from app.client.engine_client import EngineClient
 from app.options import WINDOW_LAYOUTS
 from app.server.engine_process import EngineProcess
 from app.server.engine_spec import EngineSpec
-from app.server.os_threads import Switches, context_switches
+from app.server.os_threads import Switches, context_switches, switches_per_s
 from engine.events import ENGINE_STOPPED, Event, Failed, Finished
 from engine.settings import GenerationSettings, LoadRequest, Message, ProbeSettings
 
@@ -214,9 +214,8 @@ class WindowBench:
     def _preempted_per_s(self, before: Switches, since: float) -> float:
         """How often a thread of the engine was preempted a second since `since`, all of its
         threads together: with the window drawing beside it, or with nothing (headless)."""
-        after, wall = self._engine_switches(), time.perf_counter() - since
-        preempted = sum(after[name][1] - before.get(name, (0, 0))[1] for name in after)
-        return max(preempted, 0) / wall if wall > 0 else 0.0
+        rates = switches_per_s(before, self._engine_switches(), time.perf_counter() - since)
+        return sum(preempted for _woken, preempted in rates.values())
 
     def idle_cpu_per_s(self, seconds: float = 2.0, heartbeat: bool = True) -> float:
         """GUI-thread CPU per wall second with the window idle, with or without the heartbeat

@@ -106,8 +106,7 @@ def test_after_a_replys_end_the_sending_thread_sleeps_until_something_comes(writ
         written.wait_for(1)
         woken = box.wakeups
         # Paced, it would wake 0.1 s after the end; a loaded machine only makes that later.
-        with written.condition:
-            assert not written.condition.wait_for(lambda: box.wakeups > woken, 1.0)
+        assert not wait_until(lambda: box.wakeups > woken, 1.0)
         box.put(Events(2, (token(0),)))
         assert contents(written.wait_for(2)[1:]) == [(token(0),)]
     finally:
