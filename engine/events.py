@@ -260,6 +260,50 @@ class StepRows:
 
 
 @dataclass(frozen=True, slots=True)
+class PooledBlock:
+    """One layer's prompt matrix [heads, queries, keys] as the attention mosaic draws it
+    (engine/attention_pooling.py): its first `rows` query rows max-pooled over runs of
+    `row_factor` rows and `key_factor` keys, each row's keys past its own position counted as
+    zeros, and its last query rows as they are (`tail`), so a decoded row that joins their run,
+    or rewrites the last, is pooled with them."""
+
+    cells: np.ndarray  # [heads, rows / row_factor, ceil(keys / key_factor)] float32
+    row_factor: int
+    key_factor: int
+    tail: np.ndarray  # [heads, queries - rows, keys] float32
+
+    @property
+    def rows(self) -> int:
+        return int(self.cells.shape[1]) * self.row_factor
+
+    @property
+    def queries(self) -> int:
+        return self.rows + int(self.tail.shape[1])
+
+    @property
+    def keys(self) -> int:
+        return int(self.tail.shape[2])
+
+    @property
+    def heads(self) -> int:
+        return int(self.cells.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.cells.nbytes + self.tail.nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCells:
+    """The prompt's matrices of the layers a panel draws, pooled at that panel's grid, sent
+    just after a PrefillDone that crossed without them: a few hundred KB where the rows are
+    MBs. The rows follow when the reply ends or is held, or when the window asks
+    (app/server/view_rows.py), as StepRows(0, ..., prompt=True)."""
+
+    attention: dict[int, PooledBlock]
+
+
+@dataclass(frozen=True, slots=True)
 class LayerLens:
     """A logit lens of one step (engine/model/lens.py): each layer's guess at the next token.
 
@@ -365,7 +409,7 @@ class Tally:
         )  # fmt: skip
 
 
-Event = PrefillDone | Token | StepRows | Failed | Finished
+Event = PrefillDone | PromptCells | Token | StepRows | Failed | Finished
 
 
 def token_runs(

@@ -264,11 +264,15 @@ class EngineClient(QObject):
         if not self._shut_down and self._engine is not None:
             self._engine.send(wire.Pace(action, rate))
 
-    def watch(self, layers: Sequence[int], interval_s: float) -> None:
+    def watch(
+        self, layers: Sequence[int], interval_s: float, grid: tuple[int, int] | None = None
+    ) -> None:
         """The layers whose attention rows a visible panel draws (none: no rows cross, only
         the per-token statistics), and the seconds between its frames: the engine sends the
-        latest step's rows of those layers no more often than that (app.server.view_rows)."""
-        request = wire.Watch(tuple(sorted(set(layers))), max(interval_s, 0.0))
+        latest step's rows of those layers no more often than that (app.server.view_rows).
+        `grid`: the cells (rows, keys) the panel's mosaic has room for, where it knows them:
+        a prompt's matrix then crosses pooled near that grid, its rows later."""
+        request = wire.Watch(tuple(sorted(set(layers))), max(interval_s, 0.0), grid)
         if request == self._watch:
             return
         self._watch = request
@@ -284,6 +288,12 @@ class EngineClient(QObject):
         event (aged_out where the engine's ring no longer holds them), delivered at once."""
         if not self._shut_down and self._engine is not None:
             self._engine.send(wire.Fetch(step, tuple(layers)))
+
+    def fetch_prompt(self) -> None:
+        """Ask for the prompt's rows of the layers whose matrix crossed pooled: they come as a
+        StepRows event with `prompt` (aged_out where the ring no longer holds them)."""
+        if not self._shut_down and self._engine is not None:
+            self._engine.send(wire.Fetch(0, prompt=True))
 
     def watch_lens(self, on: bool) -> None:
         """Have the engine keep each step's per-layer residuals (a visible Layers panel), or

@@ -9,7 +9,13 @@ Per token the engine's events carry the per-head statistics the overview plots
   - `Fetch(step)`: one step's rows now (a selected token), or StepRows(aged_out=True);
   - a prompt's matrix crosses with its PrefillDone only for the watched layers (the layer the
     attention panel shows); a layer watched later gets its prompt rows from the ring then
-    (StepRows with `prompt`), so the other layers' matrices never cross unless looked at.
+    (StepRows with `prompt`), so the other layers' matrices never cross unless looked at;
+  - with the Watch's `grid` (the cells the panel's mosaic has room for), the watched layers'
+    prompt matrices cross pooled near that grid instead (PromptCells: ~0.2-0.6 MB where the
+    rows of a 1,000-token prompt are 10 MB, which the window would otherwise read and pool
+    while the model decodes), and their rows follow before a hold or the reply's end, when
+    the model waits, or at once when the window asks (`Fetch(0, prompt=True)`: a hovered
+    prompt cell, a selected prompt token, a grid the cells cannot be pooled to).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from typing import Any
 
 from app.server.jobs import event_weight
 from app.server.wire import Events, Fetch, Reply, Watch
-from engine.events import Event, PrefillDone, StepRows, Token
+from engine.attention_pooling import pool_prompt
+from engine.events import Event, PooledBlock, PrefillDone, PromptCells, StepRows, Token
 from engine.model.step_ring import PROMPT, StepRing, host_rows
 
 Put = Callable[[Reply, int], None]  # (reply, weight): to the outbox
@@ -37,6 +44,8 @@ class ViewRows:
         self._lock = threading.Lock()
         self.layers: frozenset[int] = frozenset()
         self.interval_s = Watch().interval_s
+        self.grid: tuple[int, int] | None = None
+        self._owed: tuple[int, frozenset[int]] | None = None  # (job, layers) pooled, rows unsent
         self._sent_at = -math.inf
         self._unsent: tuple[int, int] | None = None  # (job, step) of rows not yet sent
         self.sent = 0  # StepRows sent as a panel's latest (tests and benchmarks read it)
@@ -51,6 +60,7 @@ class ViewRows:
                 self._catch_up(job, added, ring)
             self.layers = frozenset(request.layers)
             self.interval_s = max(request.interval_s, 0.0)
+            self.grid = request.grid
             self._sent_at = -math.inf  # the next token's rows go at once
 
     def _catch_up(self, job: int, layers: frozenset[int], ring: StepRing) -> None:
@@ -69,26 +79,61 @@ class ViewRows:
         """A new reply: a step still unsent belongs to the last one's numbering."""
         with self._lock:
             self._unsent = None
+            self._owed = None
 
     def outgoing(
-        self, events: Sequence[Event], pull: bool, ring: StepRing | None = None
+        self, events: Sequence[Event], pull: bool, ring: StepRing | None = None, job: int = 0
     ) -> list[Event]:
         """`events` as they cross. `pull` (the Generate's ProbeSettings.token_rows is False:
-        the client pulls rows): a prompt's matrix only for the watched layers, and, for a
-        layer watched while the prompt was processed, from `ring` just after it. Otherwise the
-        events carry every row as the generation made them (the old contract)."""
+        the client pulls rows): a prompt's matrix only for the watched layers, pooled where
+        the watch gives a grid, and, for a layer watched while the prompt was processed, from
+        `ring` just after it. Otherwise the events carry every row as the generation made them
+        (the old contract)."""
         if not pull:
             return list(events)
         layers = self.layers
         out: list[Event] = []
         for event in events:
-            out.append(_only(event, layers))
-            if isinstance(event, PrefillDone) and ring is not None:
-                late = layers - set(event.attention)
-                prompt = _prompt_rows(ring, late) if late else None
-                if prompt is not None:
-                    out.append(prompt)
+            event = _only(event, layers)
+            if not isinstance(event, PrefillDone):
+                out.append(event)
+                continue
+            late = layers - set(event.attention)  # watched while the prompt was processed
+            cells = None
+            if self.grid is not None:
+                event, cells = self._pooled(job, event, self.grid)
+            out.extend([event] if cells is None else [event, cells])
+            prompt = _prompt_rows(ring, late) if late and ring is not None else None
+            if prompt is not None:
+                out.append(prompt)
         return out
+
+    def _pooled(
+        self, job: int, event: PrefillDone, grid: tuple[int, int]
+    ) -> tuple[PrefillDone, PromptCells | None]:
+        """The PrefillDone without the matrices that pool smaller at `grid`, and their cells;
+        their rows are owed to the window from then on (see `send_owed`)."""
+        pooled: dict[int, PooledBlock] = {}
+        for layer, block in event.attention.items():
+            cells = pool_prompt(block, grid)
+            if cells is not None:
+                pooled[layer] = cells
+        if not pooled:
+            return event, None
+        with self._lock:
+            self._owed = (job, frozenset(pooled))
+        kept = {layer: rows for layer, rows in event.attention.items() if layer not in pooled}
+        return replace(event, attention=kept), PromptCells(pooled)
+
+    def send_owed(self, ring: StepRing | None) -> None:
+        """Send the prompt's rows that crossed pooled (the model waits now: a hold, the end)."""
+        with self._lock:
+            owed, self._owed = self._owed, None
+        if owed is None or ring is None:
+            return
+        job, layers = owed
+        prompt = _prompt_rows(ring, layers)
+        self._send(job, prompt if prompt is not None else _aged_prompt())
 
     def after(self, job: int, events: Sequence[Event], ring: StepRing | None) -> None:
         """Tokens went out: send the latest one's rows if a frame's interval has passed."""
@@ -120,12 +165,24 @@ class ViewRows:
 
     def fetch(self, job: int, request: Fetch, ring: StepRing | None) -> None:
         """Answer a Fetch with the step's rows from the ring, or say they aged out."""
+        if request.prompt:
+            self._send_prompt(job, request, ring)
+            return
         layers = frozenset(request.layers) or None
         rows = host_rows(ring, request.step, layers) if ring is not None else None
         if rows is None:
             self._send(job, StepRows(request.step, {}, aged_out=True))
         else:
             self._send(job, StepRows(request.step, rows))
+
+    def _send_prompt(self, job: int, request: Fetch, ring: StepRing | None) -> None:
+        """The prompt's rows asked for: those of the layers that crossed pooled, else of the
+        watched ones (or aged_out)."""
+        with self._lock:
+            owed, self._owed = self._owed, None
+        layers = frozenset(request.layers) or (owed[1] if owed else self.layers)
+        prompt = _prompt_rows(ring, layers) if ring is not None else None
+        self._send(job, prompt if prompt is not None else _aged_prompt())
 
     def _send(self, job: int, rows: StepRows) -> None:
         self._put(Events(job, (rows,), time.monotonic()), event_weight(rows))
@@ -135,6 +192,11 @@ def _prompt_rows(ring: StepRing, layers: frozenset[int]) -> StepRows | None:
     """The prompt's matrix of `layers` from `ring`, as it crosses (None: not kept)."""
     prompt = host_rows(ring, 0, layers, PROMPT)
     return StepRows(0, prompt, prompt=True) if prompt else None
+
+
+def _aged_prompt() -> StepRows:
+    """The prompt's rows are no longer in the ring (a new reply, or evicted)."""
+    return StepRows(0, {}, aged_out=True, prompt=True)
 
 
 def _only(event: Event, layers: frozenset[int]) -> Event:

@@ -14,11 +14,14 @@ only remembers what it asked for, by id, to match the replies.
   Pace(action, rate)  pause / step /    Held(job, held)  the reply is held by a pause (True)
       resume / play at `rate` tokens a second              or goes on (False), after the
                                                            events it sent before
-  Watch(layers, interval_s)             Events(job, (StepRows,))  the latest step's rows of the
+  Watch(layers, interval_s, grid)       Events(job, (StepRows,))  the latest step's rows of the
       the layers a visible panel draws,       watched layers, at most every interval_s (and
-      and how often it draws them             the last step's before a hold or the end)
-  Fetch(step)  a step's rows, from the  Events(job, (StepRows,))  that step's rows, or aged_out
-      engine's ring of recent steps
+      how often it draws them and the         the last step's before a hold or the end);
+      cells its mosaic has room for           with a grid, PromptCells after the PrefillDone
+                                              and the prompt's rows before a hold or the end
+  Fetch(step, layers, prompt)  a step's Events(job, (StepRows,))  that step's rows, or aged_out
+      rows (or the prompt's matrix),
+      from the engine's ring
   WatchLens(on)  keep each step's       Lensed(job, lens)            a step's LayerLens (None:
       per-layer residuals or stop                                    that step was not kept)
   AskLens(job, step, top)  a step's
@@ -117,6 +120,10 @@ class Watch:
 
     layers: tuple[int, ...] = ()
     interval_s: float = 0.033
+    # The most cells (rows, keys) the panel's mosaic draws a head's rows in: a prompt's matrix
+    # then crosses pooled near that grid (PromptCells), its rows only when the reply ends or
+    # is held, or when asked (Fetch with `prompt`). None: the rows cross with the PrefillDone.
+    grid: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,7 @@ class Fetch:
 
     step: int
     layers: tuple[int, ...] = ()  # () : every watched layer the ring holds
+    prompt: bool = False  # the prompt's matrix (step 0), which crossed pooled
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,7 @@ def _connect_rows(window: MainWindow, worker: EngineClient, internals: Internals
     a chosen step's rows are fetched from the engine's ring."""
     window.set_probe_settings(replace(window.probe_settings(), token_rows=False))
     internals.state.fetch_rows = worker.fetch
+    internals.state.fetch_prompt = worker.fetch_prompt
     internals.rows_wanted.connect(worker.watch)
     worker.watch(*internals.rows_wanted_now)
 

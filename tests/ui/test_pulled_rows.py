@@ -129,7 +129,7 @@ def test_rows_are_wanted_only_while_the_attention_panel_is_on_screen(qtbot):
     docked = Docked(qtbot)
     view = docked.view
     said: list[tuple] = []
-    view.rows_wanted.connect(lambda layers, interval: said.append((layers, interval)))
+    view.rows_wanted.connect(lambda layers, interval, _grid: said.append((layers, interval)))
     qtbot.waitUntil(lambda: view.rows_wanted_now[0] == ((0,) if shown(view.attention) else ()))
     view.docks["attention"].close()
     qtbot.waitUntil(lambda: bool(said) and said[-1][0] == ())

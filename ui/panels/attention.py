@@ -34,7 +34,7 @@ from ui.panels.mosaic import (
     mosaic_colours,
 )
 from ui.panels.mosaic_view import MosaicView
-from ui.panels.pooled_rows import PooledRows
+from ui.panels.pooled_rows import DISPLAY_KEYS, DISPLAY_ROWS, PooledRows
 from ui.panels.redraw import StatePanel
 from ui.panels.state import ATTENTION, AttentionRows, InternalsState
 from ui.panels.state.explain import attention_line, attention_query, position_of_query
@@ -69,6 +69,9 @@ class AttentionPanel(StatePanel):
     watched_layers_requested = Signal(tuple)
     # The layer the mosaic draws changed: only its rows need to cross from the engine.
     shown_layer_changed = Signal()
+    # The cells a tile has room for changed by a power of two (`grid`): a prompt's matrix
+    # crosses pooled near them.
+    grid_changed = Signal()
 
     def __init__(self, state: InternalsState, parent: QWidget | None = None) -> None:
         super().__init__(state, ATTENTION, parent)
@@ -85,6 +88,7 @@ class AttentionPanel(StatePanel):
         self.pool_factors = (1, 1)  # buffer rows and keys per display cell
         self._pixel = (1.0, 1.0)
         self._image_buffer: np.ndarray | None = None
+        self.grid: tuple[int, int] | None = None  # (rows, keys) cells of a tile, as last said
         self._build_controls()
         self._build_mosaic()
         self.head_overview = HeadOverview(state, self._lut)
@@ -204,6 +208,8 @@ class AttentionPanel(StatePanel):
         rows = self._state.attention.get(layer) if layer is not None else None
         if rows is None or not 0 <= row < rows.rows or not 0 <= key < rows.keys:
             return ""
+        if rows.waits_for(int(rows.positions[row])):
+            self._state.want_prompt_rows()  # a prompt row that crossed pooled: its weights
         return describe_cell(self._state.token_text, rows, head, row, key)
 
     def cell_at(self, view_point: QPointF) -> tuple[int, int, int] | None:
@@ -335,6 +341,9 @@ class AttentionPanel(StatePanel):
         columns, max_rows, max_keys = self._tile_grid(len(slots), aspect)
         matrix, row_factor, key_factor = self._pooled.update(rows, max_rows, max_keys)
         self.pool_factors = (row_factor, key_factor)
+        if self._pooled.missing:  # a pooled prompt's cells do not pool to these factors
+            self._state.want_prompt_rows()
+        self._say_grid(min(max_rows, DISPLAY_ROWS), min(max_keys, DISPLAY_KEYS))
         tiles = matrix if len(slots) == rows.heads else matrix[list(slots)]
         if self.per_head_scale.isChecked():
             scale = 1.0 / self._pooled.levels()[list(slots)]
@@ -350,6 +359,19 @@ class AttentionPanel(StatePanel):
             self._place(layout, pixel, slots)
         self.tile_scale = scale
         self._draw_token_axes(rows, slots)
+
+    def _say_grid(self, rows: int, keys: int) -> None:
+        """Tell the engine the cells a tile has room for when they moved to another power of
+        two: the engine pools one power finer, so smaller moves still pool from its cells,
+        and a grid that moves with every token (a short context) asks nothing each frame."""
+        said = self.grid
+        if said is not None and (rows.bit_length(), keys.bit_length()) == (
+            said[0].bit_length(),
+            said[1].bit_length(),
+        ):
+            return
+        self.grid = (rows, keys)
+        self.grid_changed.emit()
 
     def _place(
         self, layout: MosaicLayout, pixel: tuple[float, float], slots: tuple[int, ...]

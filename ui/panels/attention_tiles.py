@@ -4,6 +4,7 @@ cell."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -79,8 +80,9 @@ def describe_cell(
     query = int(rows.positions[row])
     if key > query:
         return f"head {head} · query #{query} cannot see key #{key} (causal mask)"
+    value = rows.value(row, key, head)
+    weight = f"{value:.4f}" if not math.isnan(value) else "(the prompt's weights are on their way)"
     return (
         f"head {head} · query #{query} '{display_token(token_text(query))}' → "
-        f"key #{key} '{display_token(token_text(key))}': "
-        f"{rows.value(row, key, head):.4f}"
+        f"key #{key} '{display_token(token_text(key))}': {weight}"
     )

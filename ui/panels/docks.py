@@ -35,6 +35,8 @@ def window_cpu_share(cores: int | None) -> float:
 
 
 FRAME_MS = 33  # about 30 redraws a second at most
+# What the panels on screen want of the rows: (layers, seconds between frames, mosaic grid).
+RowsWanted = tuple[tuple[int, ...], float, tuple[int, int] | None]
 # The window must not slow the model it shows. When the window's process as a whole (the GUI
 # thread's panels, chat and event delivery, and the thread that receives the engine's events)
 # uses more than WINDOW_CPU_SHARE of a core while panels redraw, they redraw less often, down
@@ -115,9 +117,11 @@ class InternalsView(QObject):
     # The interval between frames while panels redraw changed (ms): events need not arrive
     # more often than that (app.window.assembly has the worker deliver them at that pace).
     frame_interval_changed = Signal(int)
-    # The layers whose attention rows a panel on screen draws (() : none), and the seconds
-    # between its frames: the engine sends the latest rows no more often (EngineClient.watch).
-    rows_wanted = Signal(tuple, float)
+    # The layers whose attention rows a panel on screen draws (() : none), the seconds
+    # between its frames (the engine sends the latest rows no more often) and the cells its
+    # mosaic has room for, (rows, keys) or None (a prompt crosses pooled near them): the
+    # arguments of EngineClient.watch.
+    rows_wanted = Signal(tuple, float, object)
 
     def __init__(
         self,
@@ -137,6 +141,7 @@ class InternalsView(QObject):
         self.layers = LayersPanel(self.state)
         self.attention.watched_layers_requested.connect(self.watched_layers_requested)
         self.attention.shown_layer_changed.connect(self._update_rows_wanted)
+        self.attention.grid_changed.connect(self._update_rows_wanted)
         self.docks: dict[str, QDockWidget] = {}
         for name, title, attribute in DOCKS:
             dock = QDockWidget(title)
@@ -183,7 +188,7 @@ class InternalsView(QObject):
         self._soon.setSingleShot(True)
         self._soon.setInterval(1)
         self._soon.timeout.connect(self._start_frame)
-        self._rows_wanted: tuple[tuple[int, ...], float] | None = None
+        self._rows_wanted: RowsWanted | None = None
         self.frame_interval_changed.connect(self._update_rows_wanted)
         self.timer.start()
 
@@ -249,13 +254,13 @@ class InternalsView(QObject):
         if layer is not None and layer in self.state.watched_layers and shown(self.attention):
             layers = (layer,)
         interval = FRAME_MS if self.state.explaining else self.busy_interval
-        wanted = (layers, interval / 1000)
+        wanted = (layers, interval / 1000, self.attention.grid if layers else None)
         if wanted != self._rows_wanted:
             self._rows_wanted = wanted
             self.rows_wanted.emit(*wanted)
 
     @property
-    def rows_wanted_now(self) -> tuple[tuple[int, ...], float]:
+    def rows_wanted_now(self) -> RowsWanted:
         """What `rows_wanted` said last (or would say now, before it said anything)."""
         if self._rows_wanted is None:
             self._update_rows_wanted()

@@ -11,6 +11,13 @@ import math
 
 import numpy as np
 
+from engine.attention_pooling import (
+    PROMPT_PIECE,
+    max_pool_keys,
+    max_pool_rows,
+    pool_factor,
+    pool_prompt_rows,
+)
 from ui.panels.mosaic import WeightHistogram
 from ui.panels.state import AttentionRows
 
@@ -18,88 +25,7 @@ from ui.panels.state import AttentionRows
 DISPLAY_ROWS = 256
 DISPLAY_KEYS = 512
 POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
-PROMPT_PIECE = 64  # a prompt block's rows pooled at once: its ragged keys copied are ~this many
 LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
-
-
-def max_pool_keys(block: np.ndarray, factor: int) -> np.ndarray:
-    """Max over each run of `factor` keys of [heads, rows, columns * factor].
-
-    An even factor is halved pass by pass, each pass one call over neighbouring pairs: it reads
-    its input once and leaves half as much for the next, where a strided pass per key of a run
-    reads every cache line of the block each time. An odd factor left over takes the largest
-    of its runs in strided passes, or one reduction call from 24 on. Factor 1: `block` itself.
-    """
-    out = block
-    while factor % 2 == 0:
-        out = np.maximum(out[:, :, 0::2], out[:, :, 1::2])
-        factor //= 2
-    if factor == 1:
-        return out
-    if factor >= 24:  # one reduction call beats `factor` strided ones (5x at 64)
-        return np.maximum.reduceat(out, np.arange(0, out.shape[2], factor), axis=2)
-    pooled = out[:, :, 0::factor].copy()
-    for offset in range(1, factor):
-        np.maximum(pooled, out[:, :, offset::factor], out=pooled)
-    return pooled
-
-
-def max_pool_rows(block: np.ndarray, factor: int) -> np.ndarray:
-    """Max over each run of `factor` rows of [heads, rows, keys], the last run maybe shorter.
-
-    Rows before keys: runs of whole rows are contiguous, so this halves (or more) what the
-    strided pass over keys reads, and max does not care which comes first."""
-    if factor == 1:
-        return block
-    out = block[:, 0::factor].copy()
-    for offset in range(1, factor):
-        part = block[:, offset::factor]
-        runs = part.shape[1]  # one fewer than out's where the last run is short
-        np.maximum(out[:, :runs], part, out=out[:, :runs])
-    return out
-
-
-def pool_prompt_rows(
-    target: np.ndarray,
-    block: np.ndarray,
-    query: int,
-    count: int,
-    row_factor: int,
-    key_factor: int,
-) -> None:
-    """Max-pool a prompt block's rows `query`.. (`count` of them, zeros past each row's own
-    position as AttentionRows pads them) into `target` [heads, row blocks, key blocks].
-
-    Up to the first row's position every row's weights are the block's own: pooled in place,
-    no copy. Only the ragged keys past it (about `count` of them) are copied and zeroed
-    where a row ends, whatever the block holds there."""
-    width = target.shape[2] * key_factor
-    first_position = block.shape[2] - block.shape[1] + query
-    shared = min(first_position + 1, width) // key_factor * key_factor
-    if shared:
-        direct = block[:, query : query + count, :shared]
-        target[:, :, : shared // key_factor] = max_pool_keys(
-            max_pool_rows(direct, row_factor), key_factor
-        )
-    if shared == width:
-        return
-    tail = np.zeros((block.shape[0], count, width - shared), dtype=np.float32)
-    available = min(block.shape[2], width) - shared
-    tail[:, :, :available] = block[:, query : query + count, shared : shared + available]
-    positions = np.arange(first_position, first_position + count)
-    past = shared + np.arange(width - shared)[None, :] > positions[:, None]
-    np.copyto(tail, 0.0, where=past)  # broadcast over the heads
-    pooled = max_pool_keys(max_pool_rows(tail, row_factor), key_factor)
-    target[:, :, shared // key_factor :] = pooled
-
-
-def pool_factor(count: int, cells: int) -> int:
-    """How many rows (or keys) one of at most `cells` cells covers: a power of two.
-
-    A new factor pools every row again (tens of milliseconds at 10,000 keys); powers of two
-    change it once per doubling of the context instead of every `cells` tokens.
-    """
-    return 1 << max(math.ceil(count / cells) - 1, 0).bit_length()
 
 
 class PooledRows:
@@ -123,6 +49,10 @@ class PooledRows:
         self._dropped = 0
         self.histogram = WeightHistogram(0, 0)  # of the pooled cells, for the colour levels
         self._scratch = np.empty(0, dtype=np.float32)  # the dense rows of one chunk
+        # Cells left without a pooled prompt's share: its factors do not divide these. The
+        # panel then asks for the prompt's rows, and pools again once they filled the buffer.
+        self.missing = False
+        self._filled = 0  # the rows' `filled` when the cells went missing
 
     def update(
         self,
@@ -142,7 +72,8 @@ class PooledRows:
         self._grid = (max_rows, max_keys)
         key, shift = self._plan(rows, max_rows, max_keys)
         row_factor, key_factor = key[3], key[4]
-        if key != self._key or shift % row_factor or not 0 <= shift <= self._rows:
+        came = self.missing and self._rows_came(rows)  # what the cells lacked is here
+        if key != self._key or shift % row_factor or not 0 <= shift <= self._rows or came:
             self._clear(rows.heads)
             self._key, self._rows = key, 0
         elif shift:
@@ -183,6 +114,8 @@ class PooledRows:
         piece ended: a run of a prompt block's rows up to PROMPT_PIECE rows (whole blocks
         of rows, or up to `end`), else `chunk` rows through a dense copy."""
         block_row, width = start // row_factor, columns * key_factor
+        if start < rows.placeholders:
+            return self._pool_placeholders(rows, start, end, row_factor, key_factor, columns)
         run = rows.prompt_run(start, min(end, start + PROMPT_PIECE))
         if run is not None:
             block, query, count = run
@@ -199,6 +132,52 @@ class PooledRows:
         self._data[:, block_row : block_row + pooled.shape[1], :columns] = pooled
         return last
 
+    def _pool_placeholders(
+        self,
+        rows: AttentionRows,
+        start: int,
+        end: int,
+        row_factor: int,
+        key_factor: int,
+        columns: int,
+    ) -> int:
+        """Pool the runs of rows from `start` (a run's first, a placeholder) through the run
+        where the placeholders end (or `end`): the pooled prompt's cells pooled further, and the
+        rows that are here in the last run; returns where the piece ended. Where the pooled
+        factors do not divide this pooling's, the placeholders' share is left out (`missing`)."""
+        pooled, offset, waiting = rows.pooled, rows.pooled_offset, rows.placeholders
+        assert pooled is not None  # there are placeholders
+        stop = min(end, math.ceil(waiting / row_factor) * row_factor)
+        blocks = math.ceil((stop - start) / row_factor)
+        target = self._data[:, start // row_factor : start // row_factor + blocks, :columns]
+        if stop > waiting:  # the last run's rows that are here: zeros for its placeholders
+            run = (waiting // row_factor) * row_factor
+            source = rows.padded(run, columns * key_factor, stop)
+            target[:, -1] = max_pool_keys(max_pool_rows(source, row_factor), key_factor)[:, 0]
+        else:
+            target[:, -1] = 0.0
+        target[:, :-1] = 0.0
+        rows_up, keys_up = row_factor // pooled.row_factor, key_factor // pooled.key_factor
+        fits = (start + offset) % pooled.row_factor == 0 and rows_up * keys_up > 0
+        fits = fits and row_factor % pooled.row_factor == 0 == key_factor % pooled.key_factor
+        if not fits:
+            if not self.missing:
+                self.missing, self._filled = True, rows.filled
+            return stop
+        first = (start + offset) // pooled.row_factor
+        last = (min(stop, waiting) + offset + pooled.row_factor - 1) // pooled.row_factor
+        cells = pooled.cells[:, first:last]
+        wide = np.zeros((cells.shape[0], cells.shape[1], columns * keys_up), dtype=np.float32)
+        kept = min(cells.shape[2], wide.shape[2])
+        wide[:, :, :kept] = cells[:, :, :kept]
+        share = max_pool_keys(max_pool_rows(wide, rows_up), keys_up)
+        np.maximum(target[:, : share.shape[1]], share, out=target[:, : share.shape[1]])
+        return stop
+
+    def _rows_came(self, rows: AttentionRows) -> bool:
+        """Whether the rows behind missing cells are here now (or were dropped)."""
+        return rows.filled != self._filled or not rows.placeholders
+
     def extend(self, rows: AttentionRows) -> bool:
         """Pool the rows that arrived since the last `update`, with its cell bounds, unless the
         pooling would start over (a new reply, new factors): that is left to the next `update`.
@@ -206,7 +185,7 @@ class PooledRows:
         Called as events arrive, so a frame finds its new rows pooled: the work comes in one
         small piece per delivered batch instead of one long one per frame. True if it pooled.
         """
-        if not self._key:
+        if not self._key or (self.missing and self._rows_came(rows)):
             return False
         key, shift = self._plan(rows, *self._grid)
         if key != self._key or shift % key[3] or not 0 <= shift <= self._rows:
@@ -252,6 +231,7 @@ class PooledRows:
             self._data[:, : self._blocks, : self._columns] = 0.0
             self.histogram.reset()
         self._blocks = self._columns = 0
+        self.missing = False
 
     def _shift(self, blocks: int, used: int) -> None:
         """Move the pooled blocks up by `blocks`, of the `used` filled ones: only the filled

@@ -15,7 +15,8 @@ from app.client.engine_client import EngineClient
 from app.server import wire
 from app.server.outbox import TOKEN_INTERVAL_S
 from app.server.view_rows import ViewRows
-from engine.events import PrefillDone, StepRows, Token
+from engine.attention_pooling import pool_prompt
+from engine.events import Finished, PrefillDone, PromptCells, StepRows, Token
 from engine.model.step_ring import PROMPT, StepRing
 from engine.settings import GenerationSettings, LoadRequest, ProbeSettings
 from tests.app.client.test_worker import HELLO, Recorder
@@ -184,3 +185,58 @@ def test_a_layer_watched_during_the_prefill_gets_its_matrix_right_after_it():
     assert set(late.attention) == {0}
     np.testing.assert_array_equal(late.attention[0], blocks[0])
     assert rows.outgoing([prefill], True, None) == [prefill]  # no ring: nothing to add
+
+
+def test_with_a_grid_the_prompt_crosses_pooled_and_its_rows_before_the_end(qtbot, backend, worker):
+    """The watched layer's prompt matrix crosses as cells pooled near the panel's grid, right
+    after a PrefillDone without it; its rows follow before the reply's Finished, and again
+    when asked."""
+    reference = Recorder(worker)
+    reply(qtbot, worker, ProbeSettings(attention_layers=LAYERS, top_k=5))  # rows in events
+    whole = [e for e in reference.events if isinstance(e, PrefillDone)][-1].attention[9]
+    rec = Recorder(worker)
+    worker.watch((9,), 0.0, (1, 1))  # a 4-token prompt: 2 x 2 a cell
+    reply(qtbot, worker, PULL)
+    kinds = [type(e) for e in rec.events]
+    start = kinds.index(PrefillDone)
+    prefill, cells = rec.events[start : start + 2]
+    assert not prefill.attention and set(prefill.head_stats) == set(LAYERS)
+    assert isinstance(cells, PromptCells) and set(cells.attention) == {9}
+    expected = pool_prompt(whole, (1, 1))
+    assert expected is not None and cells.attention[9].nbytes < whole.nbytes
+    np.testing.assert_array_equal(cells.attention[9].cells, expected.cells)
+    np.testing.assert_array_equal(cells.attention[9].tail, expected.tail)
+    prompt = [r for r in rows_of(rec.events) if r.prompt]
+    assert len(prompt) == 1 and rec.events.index(prompt[0]) < kinds.index(Finished)
+    np.testing.assert_array_equal(prompt[0].attention[9], whole)
+    worker.fetch_prompt()
+    qtbot.waitUntil(lambda: len([r for r in rows_of(rec.events) if r.prompt]) == 2, timeout=2000)
+    again = [r for r in rows_of(rec.events) if r.prompt][-1]
+    np.testing.assert_array_equal(again.attention[9], whole)
+
+
+def test_pooled_prompt_rows_cross_at_a_hold_once_and_on_asking():
+    rng = np.random.default_rng(1)
+    ring = StepRing(2**22)
+    block = rng.random((2, 40, 60)).astype(np.float32)
+    ring.put(0, PROMPT, {0: block})
+    sent: list = []
+    rows = ViewRows(lambda reply, weight: sent.extend(reply.events))
+    rows.watch(wire.Watch((0,), 0.0, (4, 4)))
+    prefill = PrefillDone(
+        prompt_tokens=60, reused_tokens=20, processed_tokens=40, tokenize_s=0.0, seconds=0.1,
+        kv_bytes=0, kv_bytes_per_layer=(), prompt_token_ids=tuple(range(60)),
+        token_texts=("a",) * 60, attention={0: block},
+    )  # fmt: skip
+    stripped, cells = rows.outgoing([prefill], True, ring, job=7)
+    assert not stripped.attention and isinstance(cells, PromptCells)
+    rows.send_owed(ring)  # a hold: the model waits
+    rows.send_owed(ring)  # the end: sent already
+    assert len(sent) == 1 and sent[0].prompt and sent[0].attention[0] is not block
+    np.testing.assert_array_equal(sent[0].attention[0], block)
+    rows.fetch(7, wire.Fetch(0, prompt=True), ring)
+    rows.fetch(7, wire.Fetch(0, prompt=True), StepRing(2**22))  # not in this ring
+    assert len(sent) == 3 and sent[1].prompt and not sent[1].aged_out
+    assert sent[2].prompt and sent[2].aged_out and not sent[2].attention
+    rows.watch(wire.Watch((0,), 0.0, (64, 64)))  # a grid the matrix does not pool for
+    assert rows.outgoing([prefill], True, ring) == [prefill]

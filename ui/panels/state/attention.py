@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.events import PooledBlock
 from engine.settings import rows_within
 
 # Weights kept per head of a watched layer: 256 rows up to 2,048 keys of context, fewer past
@@ -35,6 +36,10 @@ class AttentionRows:
     time the keys outgrew it: hundreds of milliseconds per event at 10,000 keys). Past
     `limit` rows (`max_rows`, fewer once rows x keys passes `max_cells`) the oldest half is
     dropped. `matrix` and `padded` build dense copies.
+
+    A prompt pooled by the engine (`append_pooled`) holds its first rows as placeholders
+    (None) until the rows themselves come (`fill_prompt`): the buffer's first
+    `placeholders` rows, whose cells `pooled` holds; their weights read as NaN meanwhile.
     """
 
     def __init__(
@@ -49,17 +54,33 @@ class AttentionRows:
         self.heads = heads
         self.max_rows = max_rows
         self.max_cells = max_cells
-        self._rows: list[np.ndarray] = []  # [heads, n] each, n = its query position + 1 or more
+        # [heads, n] each, n = its query position + 1 or more; None: a placeholder (see above)
+        self._rows: list[np.ndarray | None] = []
         self._positions: list[int] = []
         # Per row, (block, query) where it is a prompt block's row as append_block kept it:
         # a run of them is read from the block itself (prompt_run), not copied row by row.
         self._sources: list[tuple[np.ndarray, int] | None] = []
         self.keys = 0
         self.dropped = 0  # rows dropped from the top since the reply began
+        self.pooled: PooledBlock | None = None  # the cells of the placeholder rows
+        self._pooled_dropped = 0  # `dropped` when they came
+        self.filled = 0  # times placeholders were filled with their rows
 
     @property
     def rows(self) -> int:
         return len(self._rows)
+
+    @property
+    def placeholders(self) -> int:
+        """How many of the first rows are placeholders (the pooled prompt's, rows not here)."""
+        if self.pooled is None:
+            return 0
+        return max(self.pooled.rows - self.pooled_offset, 0)
+
+    @property
+    def pooled_offset(self) -> int:
+        """The pooled block's row that buffer row 0 is (its rows dropped since it came)."""
+        return self.dropped - self._pooled_dropped
 
     def limit(self, keys: int) -> int:
         """The rows kept once the context holds `keys` keys."""
@@ -92,6 +113,8 @@ class AttentionRows:
         else:
             out = np.zeros(shape, dtype=np.float32)
         for index, row in enumerate(rows):
+            if row is None:  # a placeholder: zeros, its cells come from `pooled`
+                continue
             width = min(row.shape[1], keys)
             out[:, index, :width] = row[:, :width]
         return out
@@ -142,6 +165,42 @@ class AttentionRows:
         self.keys = max(self.keys, keys)
         return skip
 
+    def append_pooled(self, pooled: PooledBlock) -> bool:
+        """Start an empty buffer with a prompt pooled by the engine: its pooled rows as
+        placeholders, its tail rows as they are. False (nothing added) where the buffer holds
+        rows already or would not keep every row of it: the rows themselves must come."""
+        first = pooled.keys - pooled.queries
+        if self._rows or pooled.queries > self.limit(pooled.keys):
+            return False
+        for query in range(pooled.queries):
+            position = first + query
+            tail = query - pooled.rows
+            self._rows.append(None if tail < 0 else pooled.tail[:, tail, : position + 1])
+            self._positions.append(position)
+            self._sources.append(None)
+        self.keys = max(self.keys, pooled.keys)
+        self.pooled, self._pooled_dropped = pooled, self.dropped
+        return True
+
+    def fill_prompt(self, block: np.ndarray) -> bool:
+        """Put a prompt's rows [heads, queries, keys] in place of their placeholders; True if
+        any were filled."""
+        waiting = self.placeholders
+        if not waiting:
+            return False
+        first = block.shape[2] - block.shape[1]
+        for index in range(waiting):
+            query = self._positions[index] - first
+            if not 0 <= query < block.shape[1]:
+                return False
+        for index in range(waiting):
+            query = self._positions[index] - first
+            self._rows[index] = block[:, query, : self._positions[index] + 1]
+            self._sources[index] = (block, query)
+        self.pooled = None
+        self.filled += 1
+        return True
+
     def append_row(self, row: np.ndarray) -> bool:
         """Append one decode row [heads, keys]; its query sits at position keys - 1.
 
@@ -151,7 +210,8 @@ class AttentionRows:
         return self._append(row, row.shape[1] - 1)
 
     def row_at(self, position: int) -> np.ndarray | None:
-        """The [heads, keys] weights of the query at context `position`, if kept."""
+        """The [heads, keys] weights of the query at context `position`, if kept (None also
+        for a placeholder's: see `waits_for`)."""
         index = self.index_of(position)
         return None if index is None else self._rows[index]
 
@@ -162,9 +222,17 @@ class AttentionRows:
                 return index
         return None
 
+    def waits_for(self, position: int) -> bool:
+        """Whether the row of the query at `position` is a placeholder whose rows will come."""
+        index = self.index_of(position)
+        return index is not None and self._rows[index] is None
+
     def value(self, row: int, key: int, head: int) -> float:
+        """The weight at (row, key) of `head`; NaN off the buffer or in a placeholder."""
         if 0 <= row < self.rows and 0 <= key < self.keys and 0 <= head < self.heads:
             weights = self._rows[row]
+            if weights is None:
+                return math.nan
             return float(weights[head, key]) if key < weights.shape[1] else 0.0
         return math.nan
 

@@ -87,7 +87,9 @@ def attention_line(state: InternalsState, layer: int | None, head: int | None) -
             f"The attention row of query #{query} has left the engine's memory of recent"
             " steps: only the latest steps' rows are kept."
         )
-    if row is None and query in state.pulled.asked:
+    rows = state.attention.get(layer)
+    waiting = rows is not None and rows.waits_for(query)
+    if row is None and (query in state.pulled.asked or waiting):
         return f"The attention row of query #{query} is on its way from the engine."
     if row is None and state.attention.get(layer) is None:
         return ""

@@ -20,6 +20,7 @@ from engine.events import (
     ModelInfo,
     Peaks,
     PrefillDone,
+    PromptCells,
     Roofline,
     StepRows,
     Token,
@@ -79,6 +80,11 @@ class InternalsState:
         # Asks the engine for a step's attention rows (EngineClient.fetch): a chosen step whose
         # rows did not cross with the latest ones. They arrive as a StepRows event.
         self.fetch_rows: Callable[[int], None] = _no_fetch
+        # Asks for the prompt's rows of the layers whose matrix crossed pooled
+        # (EngineClient.fetch_prompt): a hovered or selected prompt row, a grid its cells do
+        # not pool to. They arrive as a StepRows event with `prompt`.
+        self.fetch_prompt: Callable[[], None] = _nothing
+        self.prompt_rows_asked = False  # this reply's, asked for already
         self.pulled = PulledRows()
         self.clear()
 
@@ -148,6 +154,8 @@ class InternalsState:
             self._on_prefill(event)
         elif isinstance(event, StepRows):
             self._on_rows(event)
+        elif isinstance(event, PromptCells):
+            self._on_prompt_cells(event)
         elif isinstance(event, Finished):
             self._on_finished(event)
         elif isinstance(event, Failed):
@@ -198,6 +206,7 @@ class InternalsState:
         self.roofline.start_reply()
         self._clear_steps()
         self.pulled.clear()
+        self.prompt_rows_asked = False
         self.placement.start_reply()
         self._bump(PLACEMENT)
         return reply
@@ -303,14 +312,37 @@ class InternalsState:
             self.panel_changed()
 
     def _on_prompt_rows(self, event: StepRows) -> None:
-        """The prompt's rows go first in a layer's buffer; a layer that holds rows already
-        (its prompt came with the PrefillDone, or an earlier switch brought it) keeps them."""
+        """The prompt's rows go first in a layer's buffer, or in place of the placeholders its
+        pooled cells left there; a layer that holds its rows already (its prompt came with the
+        PrefillDone, or an earlier switch brought it) keeps them."""
         if self.reply is None:
             return  # a new chat: nothing to add them to
         for layer, block in event.attention.items():
             existing = self.attention.get(layer)
             if existing is None or not existing.rows:
                 self._attention_rows(layer, block.shape[0]).append_block(block)
+            elif existing.heads == block.shape[0]:
+                existing.fill_prompt(block)
+
+    def _on_prompt_cells(self, event: PromptCells) -> None:
+        """A prompt's matrices pooled by the engine, just after its PrefillDone: placeholders
+        for their rows, which follow (at a hold, the reply's end, or when asked)."""
+        for layer, pooled in event.attention.items():
+            if not self._attention_rows(layer, pooled.heads).append_pooled(pooled):
+                self.want_prompt_rows()  # this buffer cannot hold them: the rows themselves
+        self._bump(ATTENTION)
+
+    def want_prompt_rows(self) -> None:
+        """Ask once a reply for the prompt's rows that crossed pooled, while some are awaited."""
+        if self.prompt_rows_asked or not self.prompt_rows_awaited:
+            return
+        self.prompt_rows_asked = True
+        self.fetch_prompt()
+
+    @property
+    def prompt_rows_awaited(self) -> bool:
+        """Whether a layer's buffer holds placeholders for prompt rows not here yet."""
+        return any(rows.placeholders for rows in self.attention.values())
 
     def _on_finished(self, event: Finished) -> None:
         if self._open and self.reply is not None:
@@ -418,6 +450,9 @@ class InternalsState:
         """Layer `layer`'s attention row of the query at context position `query`: kept with
         the latest rows, or pulled for a chosen step (None: neither)."""
         rows = self.attention.get(layer)
+        if rows is not None and rows.waits_for(query):
+            self.want_prompt_rows()
+            return None
         row = rows.row_at(query) if rows is not None else None
         return row if row is not None else self.pulled.row_at(layer, query)
 
