@@ -403,7 +403,7 @@ class EngineServer:
             if on:
                 ring = ring_of(self.session)
                 self.rows.flush(ring)
-                self.rows.send_owed(ring)  # the model waits: the prompt's rows cross now
+                self.rows.send_owed()  # the model waits: the prompt's rows cross now
             self.outbox.put(Held(job, on))
 
         return held
@@ -420,7 +420,7 @@ class EngineServer:
                     return
             if any(isinstance(e, Failed | Finished) for e in events):
                 self.rows.flush(ring)  # the last step's rows before the reply's end
-                self.rows.send_owed(ring)  # and the prompt's rows that crossed pooled
+                self.rows.send_owed()  # and the prompt's rows that crossed pooled
             events = self.rows.outgoing(events, pull, ring, job)
             weight = sum(event_weight(event) for event in events)
             self.outbox.put(Events(job, tuple(events)), weight)

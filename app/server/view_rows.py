@@ -30,7 +30,15 @@ from typing import Any
 from app.server.jobs import event_weight
 from app.server.wire import Events, Fetch, Reply, Watch
 from engine.attention_pooling import pool_prompt
-from engine.events import Event, PooledBlock, PrefillDone, PromptCells, StepRows, Token
+from engine.events import (
+    Attention,
+    Event,
+    PooledBlock,
+    PrefillDone,
+    PromptCells,
+    StepRows,
+    Token,
+)
 from engine.model.step_ring import PROMPT, StepRing, host_rows
 
 Put = Callable[[Reply, int], None]  # (reply, weight): to the outbox
@@ -45,7 +53,9 @@ class ViewRows:
         self.layers: frozenset[int] = frozenset()
         self.interval_s = Watch().interval_s
         self.grid: tuple[int, int] | None = None
-        self._owed: tuple[int, frozenset[int]] | None = None  # (job, layers) pooled, rows unsent
+        # (job, layer -> rows) of a prompt that crossed pooled, its rows not sent yet: kept here,
+        # not looked up in the ring, whose cap lets step 0 go first during a long reply
+        self._owed: tuple[int, Attention] | None = None
         self._sent_at = -math.inf
         self._unsent: tuple[int, int] | None = None  # (job, step) of rows not yet sent
         self.sent = 0  # StepRows sent as a panel's latest (tests and benchmarks read it)
@@ -121,19 +131,17 @@ class ViewRows:
         if not pooled:
             return event, None
         with self._lock:
-            self._owed = (job, frozenset(pooled))
+            self._owed = (job, {layer: event.attention[layer] for layer in pooled})
         kept = {layer: rows for layer, rows in event.attention.items() if layer not in pooled}
         return replace(event, attention=kept), PromptCells(pooled)
 
-    def send_owed(self, ring: StepRing | None) -> None:
+    def send_owed(self) -> None:
         """Send the prompt's rows that crossed pooled (the model waits now: a hold, the end)."""
         with self._lock:
             owed, self._owed = self._owed, None
-        if owed is None or ring is None:
-            return
-        job, layers = owed
-        prompt = _prompt_rows(ring, layers)
-        self._send(job, prompt if prompt is not None else _aged_prompt())
+        if owed is not None:
+            job, rows = owed
+            self._send(job, StepRows(0, rows, prompt=True))
 
     def after(self, job: int, events: Sequence[Event], ring: StepRing | None) -> None:
         """Tokens went out: send the latest one's rows if a frame's interval has passed."""
@@ -176,11 +184,14 @@ class ViewRows:
             self._send(job, StepRows(request.step, rows))
 
     def _send_prompt(self, job: int, request: Fetch, ring: StepRing | None) -> None:
-        """The prompt's rows asked for: those of the layers that crossed pooled, else of the
-        watched ones (or aged_out)."""
+        """The prompt's rows asked for: those that crossed pooled, else the watched layers'
+        from the ring (or aged_out)."""
         with self._lock:
             owed, self._owed = self._owed, None
-        layers = frozenset(request.layers) or (owed[1] if owed else self.layers)
+        if owed is not None and not request.layers:
+            self._send(job, StepRows(0, owed[1], prompt=True))
+            return
+        layers = frozenset(request.layers) or self.layers
         prompt = _prompt_rows(ring, layers) if ring is not None else None
         self._send(job, prompt if prompt is not None else _aged_prompt())
 

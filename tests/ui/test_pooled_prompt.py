@@ -140,9 +140,15 @@ def test_rows_that_left_the_engine_leave_the_placeholders_waiting_unasked_again(
     state.fetch_prompt = lambda: asked.append(1)
     state.ingest(pulled(first))
     state.ingest(PromptCells({0: pooled(first.attention[0], (4, 4))}))
+    assert state.row_at(0, 3) is None and asked == [1]
     state.ingest(StepRows(0, {}, aged_out=True, prompt=True))
+    assert not state.prompt_rows_awaited
+    state.prompt_rows_asked = False  # even a new ask would not go out
     assert state.row_at(0, 3) is None and asked == [1]
-    assert state.row_at(0, 3) is None and asked == [1]
+    rows = state.attention[0]
+    assert "left the engine's memory" in describe_cell(state.token_text, rows, 0, 3, 2)
+    state.selected = 3
+    assert "not kept" in attention_line(state, 0, None)
 
 
 def build_view(qtbot):

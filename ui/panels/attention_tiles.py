@@ -81,7 +81,12 @@ def describe_cell(
     if key > query:
         return f"head {head} · query #{query} cannot see key #{key} (causal mask)"
     value = rows.value(row, key, head)
-    weight = f"{value:.4f}" if not math.isnan(value) else "(the prompt's weights are on their way)"
+    if not math.isnan(value):
+        weight = f"{value:.4f}"
+    elif rows.prompt_gone:
+        weight = "(the prompt's weights have left the engine's memory)"
+    else:
+        weight = "(the prompt's weights are on their way)"
     return (
         f"head {head} · query #{query} '{display_token(token_text(query))}' → "
         f"key #{key} '{display_token(token_text(key))}': {weight}"

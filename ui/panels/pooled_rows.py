@@ -18,6 +18,7 @@ from engine.attention_pooling import (
     pool_factor,
     pool_prompt_rows,
 )
+from engine.events import PooledBlock
 from ui.panels.mosaic import WeightHistogram
 from ui.panels.state import AttentionRows
 
@@ -26,6 +27,29 @@ DISPLAY_ROWS = 256
 DISPLAY_KEYS = 512
 POOL_CHUNK = 32  # rows pooled per dense copy when the whole view is pooled again
 LEVEL_QUANTILE = 0.99  # "scale each head": its top colour is this quantile of its weights
+
+
+def pooled_further(
+    pooled: PooledBlock,
+    first: int,
+    end: int,
+    row_factor: int,
+    key_factor: int,
+    columns: int,
+) -> np.ndarray | None:
+    """Rows `first`..`end` of a prompt the engine pooled, pooled on to runs of `row_factor`
+    rows (the first starting at `first`) and `key_factor` keys: [heads, runs, columns]. None
+    where the engine's factors do not divide these or its runs do not start at `first`."""
+    rows_up, keys_up = row_factor // pooled.row_factor, key_factor // pooled.key_factor
+    if first % pooled.row_factor or not rows_up or not keys_up:
+        return None
+    if row_factor % pooled.row_factor or key_factor % pooled.key_factor:
+        return None
+    cells = pooled.cells[:, first // pooled.row_factor : -(-end // pooled.row_factor)]
+    wide = np.zeros((cells.shape[0], cells.shape[1], columns * keys_up), dtype=np.float32)
+    kept = min(cells.shape[2], wide.shape[2])  # keys past the prompt's are zeros
+    wide[:, :, :kept] = cells[:, :, :kept]
+    return max_pool_keys(max_pool_rows(wide, rows_up), keys_up)
 
 
 class PooledRows:
@@ -150,28 +174,20 @@ class PooledRows:
         stop = min(end, math.ceil(waiting / row_factor) * row_factor)
         blocks = math.ceil((stop - start) / row_factor)
         target = self._data[:, start // row_factor : start // row_factor + blocks, :columns]
+        target[:] = 0.0
         if stop > waiting:  # the last run's rows that are here: zeros for its placeholders
             run = (waiting // row_factor) * row_factor
             source = rows.padded(run, columns * key_factor, stop)
             target[:, -1] = max_pool_keys(max_pool_rows(source, row_factor), key_factor)[:, 0]
-        else:
-            target[:, -1] = 0.0
-        target[:, :-1] = 0.0
-        rows_up, keys_up = row_factor // pooled.row_factor, key_factor // pooled.key_factor
-        fits = (start + offset) % pooled.row_factor == 0 and rows_up * keys_up > 0
-        fits = fits and row_factor % pooled.row_factor == 0 == key_factor % pooled.key_factor
-        if not fits:
+        share = pooled_further(
+            pooled, start + offset, min(stop, waiting) + offset, row_factor, key_factor, columns
+        )
+        if share is None:
             if not self.missing:
                 self.missing, self._filled = True, rows.filled
             return stop
-        first = (start + offset) // pooled.row_factor
-        last = (min(stop, waiting) + offset + pooled.row_factor - 1) // pooled.row_factor
-        cells = pooled.cells[:, first:last]
-        wide = np.zeros((cells.shape[0], cells.shape[1], columns * keys_up), dtype=np.float32)
-        kept = min(cells.shape[2], wide.shape[2])
-        wide[:, :, :kept] = cells[:, :, :kept]
-        share = max_pool_keys(max_pool_rows(wide, rows_up), keys_up)
-        np.maximum(target[:, : share.shape[1]], share, out=target[:, : share.shape[1]])
+        part = target[:, : share.shape[1]]
+        np.maximum(part, share, out=part)
         return stop
 
     def _rows_came(self, rows: AttentionRows) -> bool:

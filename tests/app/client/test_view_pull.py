@@ -230,13 +230,16 @@ def test_pooled_prompt_rows_cross_at_a_hold_once_and_on_asking():
     )  # fmt: skip
     stripped, cells = rows.outgoing([prefill], True, ring, job=7)
     assert not stripped.attention and isinstance(cells, PromptCells)
-    rows.send_owed(ring)  # a hold: the model waits
-    rows.send_owed(ring)  # the end: sent already
-    assert len(sent) == 1 and sent[0].prompt and sent[0].attention[0] is not block
-    np.testing.assert_array_equal(sent[0].attention[0], block)
-    rows.fetch(7, wire.Fetch(0, prompt=True), ring)
-    rows.fetch(7, wire.Fetch(0, prompt=True), StepRing(2**22))  # not in this ring
-    assert len(sent) == 3 and sent[1].prompt and not sent[1].aged_out
-    assert sent[2].prompt and sent[2].aged_out and not sent[2].attention
+    rows.send_owed()  # a hold: the model waits
+    rows.send_owed()  # the end: sent already
+    assert len(sent) == 1 and sent[0].prompt and sent[0].attention[0] is block
+    rows.outgoing([prefill], True, ring, job=8)  # the next reply's, asked for at once
+    rows.fetch(8, wire.Fetch(0, prompt=True), StepRing(2**22))  # kept though the ring lost it
+    assert len(sent) == 2 and sent[1].prompt and sent[1].attention[0] is block
+    rows.fetch(8, wire.Fetch(0, prompt=True), ring)  # again: from the ring
+    rows.fetch(8, wire.Fetch(0, prompt=True), StepRing(2**22))  # not in this ring
+    assert len(sent) == 4 and sent[2].prompt and not sent[2].aged_out
+    np.testing.assert_array_equal(sent[2].attention[0], block)
+    assert sent[3].prompt and sent[3].aged_out and not sent[3].attention
     rows.watch(wire.Watch((0,), 0.0, (64, 64)))  # a grid the matrix does not pool for
     assert rows.outgoing([prefill], True, ring) == [prefill]

@@ -65,6 +65,7 @@ class AttentionRows:
         self.pooled: PooledBlock | None = None  # the cells of the placeholder rows
         self._pooled_dropped = 0  # `dropped` when they came
         self.filled = 0  # times placeholders were filled with their rows
+        self.prompt_gone = False  # the engine no longer holds the placeholders' rows
 
     @property
     def rows(self) -> int:
@@ -225,7 +226,7 @@ class AttentionRows:
     def waits_for(self, position: int) -> bool:
         """Whether the row of the query at `position` is a placeholder whose rows will come."""
         index = self.index_of(position)
-        return index is not None and self._rows[index] is None
+        return index is not None and self._rows[index] is None and not self.prompt_gone
 
     def value(self, row: int, key: int, head: int) -> float:
         """The weight at (row, key) of `head`; NaN off the buffer or in a placeholder."""

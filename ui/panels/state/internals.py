@@ -317,6 +317,9 @@ class InternalsState:
         PrefillDone, or an earlier switch brought it) keeps them."""
         if self.reply is None:
             return  # a new chat: nothing to add them to
+        if event.aged_out:  # placeholders stay: their hover and step line say so
+            for rows in self.attention.values():
+                rows.prompt_gone = rows.placeholders > 0
         for layer, block in event.attention.items():
             existing = self.attention.get(layer)
             if existing is None or not existing.rows:
@@ -342,7 +345,7 @@ class InternalsState:
     @property
     def prompt_rows_awaited(self) -> bool:
         """Whether a layer's buffer holds placeholders for prompt rows not here yet."""
-        return any(rows.placeholders for rows in self.attention.values())
+        return any(rows.placeholders and not rows.prompt_gone for rows in self.attention.values())
 
     def _on_finished(self, event: Finished) -> None:
         if self._open and self.reply is not None:
