@@ -11,7 +11,7 @@ import pytest
 from PySide6.QtWidgets import QApplication, QMainWindow
 
 from engine.attention_pooling import pool_prompt
-from engine.events import PooledBlock, PromptCells, StepRows
+from engine.events import PooledBlock, PrefillDone, PromptCells, StepRows
 from tests.ui.test_panels import HEADS, causal, model_info, prefill, token
 from tests.ui.test_pulled_rows import pulled
 from ui.panels.attention_tiles import describe_cell
@@ -103,8 +103,10 @@ def test_a_grid_the_cells_cannot_pool_to_is_said_missing():
     assert not pooled.missing
 
 
-def test_placeholder_rows_read_as_on_their_way_are_asked_for_once_and_filled():
-    rng = np.random.default_rng(4)
+def pooled_reply(seed: int) -> tuple[InternalsState, PrefillDone, dict, list[int]]:
+    """A window's state given a 40-token prompt pooled by the engine, both layers, then token
+    0: (the state, the PrefillDone with the rows, the cells, the window's asks for the rows)."""
+    rng = np.random.default_rng(seed)
     first = prefill(rng, prompt=40)
     state = InternalsState()
     state.set_model(model_info())
@@ -114,6 +116,11 @@ def test_placeholder_rows_read_as_on_their_way_are_asked_for_once_and_filled():
     state.ingest(pulled(first))
     state.ingest(PromptCells(cells))
     state.ingest(pulled(token(rng, 0, prompt=40)))
+    return state, first, cells, asked
+
+
+def test_placeholder_rows_read_as_on_their_way_are_asked_for_once_and_filled():
+    state, first, cells, asked = pooled_reply(4)
     rows = state.attention[0]
     assert rows.placeholders == cells[0].rows > 0 and rows.rows == 40
     assert state.row_at(0, 3) is None and asked == [1]
@@ -132,14 +139,7 @@ def test_placeholder_rows_read_as_on_their_way_are_asked_for_once_and_filled():
 
 
 def test_rows_that_left_the_engine_leave_the_placeholders_waiting_unasked_again():
-    rng = np.random.default_rng(5)
-    first = prefill(rng, prompt=40)
-    state = InternalsState()
-    state.set_model(model_info())
-    asked: list[int] = []
-    state.fetch_prompt = lambda: asked.append(1)
-    state.ingest(pulled(first))
-    state.ingest(PromptCells({0: pooled(first.attention[0], (4, 4))}))
+    state, _first, _cells, asked = pooled_reply(5)
     assert state.row_at(0, 3) is None and asked == [1]
     state.ingest(StepRows(0, {}, aged_out=True, prompt=True))
     assert not state.prompt_rows_awaited
