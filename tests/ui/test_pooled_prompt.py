@@ -190,3 +190,24 @@ def test_the_panel_says_its_grid_and_draws_the_engines_cells_as_the_rows(qtbot):
         )
     window.close()
     other.close()
+
+
+def test_before_its_first_rows_the_panel_says_the_grid_a_long_prompt_will_have(qtbot):
+    """A first reply's long prompt crosses pooled too: the panel says its grid once it knows
+    the model's heads, before any rows, for the flattest tiles a long context draws."""
+    window, view = build_view(qtbot)
+    view.redraw(force=True)
+    qtbot.waitUntil(lambda: view.rows_wanted_now[2] is not None, timeout=5000)
+    grid = view.attention.grid
+    assert view.rows_wanted_now == ((0,), view.busy_interval / 1000, grid)
+    asked: list[int] = []
+    view.state.fetch_prompt = lambda: asked.append(1)
+    first = prefill(np.random.default_rng(7), prompt=1000, layers=(0,))
+    cells = pooled(first.attention[0][:, -256:], grid)
+    view.ingest(pulled(first))
+    view.ingest(PromptCells({0: cells}))
+    view.redraw(force=True)
+    row_factor, key_factor = view.attention.pool_factors
+    assert row_factor % cells.row_factor == 0 and key_factor % cells.key_factor == 0
+    assert not asked  # the cells pool to the grid drawn: no rows asked for
+    window.close()

@@ -325,12 +325,25 @@ class AttentionPanel(StatePanel):
         # Other tile columns may fit better, and the cells follow the screen pixels.
         if self.layout is not None:
             self.tracker.mark()
+        else:
+            self._say_planned_grid()
+
+    def _say_planned_grid(self) -> None:
+        """Before any rows: the grid a long prompt's tiles will have (the flattest), so a
+        first reply's long prompt crosses pooled too."""
+        info = self._state.info
+        if info is None or not info.heads:
+            return
+        tiles = 1 if self.selected_head is not None else info.heads
+        _columns, rows, keys = self._tile_grid(tiles, FLATTEST_TILE)
+        self._say_grid(min(rows, DISPLAY_ROWS), min(keys, DISPLAY_KEYS))
 
     def _draw_heads(self) -> None:
         layer = self.selected_layer
         rows = self._state.attention.get(layer) if layer is not None else None
         if rows is None or rows.rows == 0:
             self._clear_mosaic()
+            self._say_planned_grid()
             if layer is not None and layer not in self._state.watched_layers:
                 self.hover.setText(
                     f"Layer {layer} is not watched yet: it is recorded from the next reply."
