@@ -15,7 +15,7 @@ from app.bench.synthetic import SyntheticSession
 from app.client.delivery import SLOWEST_DRAIN_MS
 from app.storage import recorder
 from app.storage.store import SCHEMA_VERSION, ConversationStore, ReplySaver
-from engine.events import Finished, PrefillDone, StepRows, Token
+from engine.events import Finished, PrefillDone, PromptCells, StepRows, Token
 from engine.settings import GenerationSettings, Message
 from tests.ui.fakes import REPLY, FakeBackend, fake_info
 from ui.chat_view import SLOWEST_STREAM_FRAME_MS, STREAM_FRAME_MS
@@ -80,7 +80,8 @@ def test_a_real_generation_fills_every_panel_with_its_events(qtbot, build, tiny_
 
 def test_a_long_prompt_sends_only_the_rows_the_attention_panel_keeps(qtbot, build, tiny_loader):
     """The engine's prompt block has the view's rows, not ProbeSettings' default 512: the rows
-    past them were sent only to be dropped (half of what crossed from the engine)."""
+    past them were sent only to be dropped (half of what crossed from the engine). They cross
+    pooled at the panel's grid, the rows themselves before the reply's end."""
     parts = build(tiny_loader)
     show_attention(qtbot, parts)
     kept = parts.internals.state.max_attention_rows
@@ -90,13 +91,17 @@ def test_a_long_prompt_sends_only_the_rows_the_attention_panel_keeps(qtbot, buil
     prefill = next(e for e in events if isinstance(e, PrefillDone))
     assert prefill.prompt_tokens > kept + 100
     layer = parts.internals.attention.selected_layer
-    assert prefill.attention[layer].shape[1] == kept  # [heads, queries, keys]
+    assert layer not in prefill.attention  # the panel said its grid: the prompt crossed pooled
+    cells = next(e for e in events if isinstance(e, PromptCells)).attention[layer]
+    assert cells.queries == kept
+    block = next(e for e in events if isinstance(e, StepRows) and e.prompt).attention[layer]
+    assert block.shape[1] == kept  # [heads, queries, keys]
     rows = parts.internals.state.attention[layer]  # what the attention panel draws from
     prompt_rows = int((rows.positions < prefill.prompt_tokens).sum())
     assert 0 < prompt_rows < kept  # the first tokens' rows pushed the older half out
     keys = prefill.prompt_tokens
-    kept_rows = rows.matrix()[:, :prompt_rows, :keys]
-    np.testing.assert_array_equal(kept_rows, prefill.attention[layer][:, -prompt_rows:])
+    kept_rows = rows.matrix()[:, :prompt_rows, :keys]  # filled with the rows that came
+    np.testing.assert_array_equal(kept_rows, block[:, -prompt_rows:])
 
 
 def test_every_message_is_stored_with_its_stats_and_reopens(qtbot, build, tiny_loader, tmp_path):
