@@ -11,8 +11,8 @@ Per token the engine's events carry the per-head statistics the overview plots
     attention panel shows); a layer watched later gets its prompt rows from the ring then
     (StepRows with `prompt`), so the other layers' matrices never cross unless looked at;
   - with the Watch's `grid` (the cells the panel's mosaic has room for), the watched layers'
-    prompt matrices cross pooled near that grid instead (PromptCells: ~0.2-0.6 MB where the
-    rows of a 1,000-token prompt are 10 MB, which the window would otherwise read and pool
+    prompt matrices cross pooled near that grid instead (PromptCells: ~0.8 MB where the rows
+    of a 1,000-token prompt are 10 MB, which the window would otherwise read and pool
     while the model decodes), and their rows follow before a hold or the reply's end, when
     the model waits, or at once when the window asks (`Fetch(0, prompt=True)`: a hovered
     prompt cell, a selected prompt token, a grid the cells cannot be pooled to).
@@ -186,11 +186,12 @@ class ViewRows:
     def _send_prompt(self, job: int, request: Fetch, ring: StepRing | None) -> None:
         """The prompt's rows asked for: those that crossed pooled, else the watched layers'
         from the ring (or aged_out)."""
-        with self._lock:
-            owed, self._owed = self._owed, None
-        if owed is not None and not request.layers:
-            self._send(job, StepRows(0, owed[1], prompt=True))
-            return
+        if not request.layers:
+            with self._lock:
+                owed, self._owed = self._owed, None
+            if owed is not None:
+                self._send(owed[0], StepRows(0, owed[1], prompt=True))
+                return
         layers = frozenset(request.layers) or self.layers
         prompt = _prompt_rows(ring, layers) if ring is not None else None
         self._send(job, prompt if prompt is not None else _aged_prompt())

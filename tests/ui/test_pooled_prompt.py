@@ -211,3 +211,21 @@ def test_before_its_first_rows_the_panel_says_the_grid_a_long_prompt_will_have(q
     assert row_factor % cells.row_factor == 0 and key_factor % cells.key_factor == 0
     assert not asked  # the cells pool to the grid drawn: no rows asked for
     window.close()
+
+
+def test_cells_a_buffer_cannot_hold_ask_for_the_rows_at_once():
+    """A buffer that keeps fewer rows than the engine pooled (another row budget) takes the
+    rows themselves, asked for as the cells come, as they would have crossed."""
+    rng = np.random.default_rng(8)
+    first = prefill(rng, prompt=300, layers=(0,))
+    state = InternalsState(max_attention_rows=64)
+    state.set_model(model_info())
+    asked: list[int] = []
+    state.fetch_prompt = lambda: asked.append(1)
+    state.ingest(pulled(first))
+    state.ingest(PromptCells({0: pooled(first.attention[0][:, -128:], (8, 8))}))
+    assert asked == [1] and not state.attention[0].rows
+    state.ingest(StepRows(0, {0: first.attention[0][:, -128:]}, prompt=True))
+    rows = state.attention[0]
+    assert rows.rows == 64 and not rows.placeholders
+    np.testing.assert_array_equal(rows.row_at(299), first.attention[0][:, -1])

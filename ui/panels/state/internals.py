@@ -331,8 +331,10 @@ class InternalsState:
         """A prompt's matrices pooled by the engine, just after its PrefillDone: placeholders
         for their rows, which follow (at a hold, the reply's end, or when asked)."""
         for layer, pooled in event.attention.items():
-            if not self._attention_rows(layer, pooled.heads).append_pooled(pooled):
-                self.want_prompt_rows()  # this buffer cannot hold them: the rows themselves
+            held = self._attention_rows(layer, pooled.heads).append_pooled(pooled)
+            if not held and not self.prompt_rows_asked:  # the rows themselves, now
+                self.prompt_rows_asked = True
+                self.fetch_prompt()
         self._bump(ATTENTION)
 
     def want_prompt_rows(self) -> None:
