@@ -8,10 +8,13 @@ import itertools
 
 import numpy as np
 import pytest
+from PySide6.QtCore import QEvent, QPointF, Qt
+from PySide6.QtGui import QMouseEvent
 from PySide6.QtWidgets import QApplication, QMainWindow
 
 from engine.attention_pooling import pool_prompt
 from engine.events import PooledBlock, PrefillDone, PromptCells, StepRows
+from tests.ui.test_mosaic import cell_on_screen
 from tests.ui.test_panels import HEADS, causal, model_info, prefill, token
 from tests.ui.test_pulled_rows import pulled
 from ui.panels.attention_tiles import describe_cell
@@ -229,3 +232,35 @@ def test_cells_a_buffer_cannot_hold_ask_for_the_rows_at_once():
     rows = state.attention[0]
     assert rows.rows == 64 and not rows.placeholders
     np.testing.assert_array_equal(rows.row_at(299), first.attention[0][:, -1])
+
+
+def test_a_hovered_prompt_weight_on_its_way_is_written_when_it_comes(qtbot):
+    """The pointer rests on a prompt cell whose rows have not come: the line says so and the
+    rows are asked for; when they come, the line gives the weight without another move."""
+    window, view = build_view(qtbot)
+    view.redraw(force=True)  # the panel says the grid a long prompt will have
+    asked: list[int] = []
+    view.state.fetch_prompt = lambda: asked.append(1)
+    first = prefill(np.random.default_rng(9), prompt=1000, layers=(0,))
+    block = first.attention[0][:, -256:]
+    view.ingest(pulled(first))
+    view.ingest(PromptCells({0: pooled(block, view.attention.grid)}))
+    view.redraw(force=True)
+    panel = view.attention
+    at = QPointF(cell_on_screen(panel, 2, 3, 5).toPoint())
+    moved = QMouseEvent(
+        QEvent.Type.MouseMove,
+        at,
+        panel.mosaic.mapToGlobal(at),
+        Qt.MouseButton.NoButton,
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(panel.mosaic, moved)
+    assert "on their way" in panel.hover.text() and asked == [1]
+    head, row, key = panel.cell_at(panel.mosaic.map_to_view(at))
+    query = int(view.state.attention[0].positions[row]) - (1000 - 256)
+    view.ingest(StepRows(0, {0: block}, prompt=True))
+    view.redraw(force=True)
+    assert panel.hover.text().endswith(f": {block[head, query, key]:.4f}")
+    window.close()

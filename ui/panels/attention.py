@@ -89,6 +89,7 @@ class AttentionPanel(StatePanel):
         self._pixel = (1.0, 1.0)
         self._image_buffer: np.ndarray | None = None
         self.grid: tuple[int, int] | None = None  # (rows, keys) cells of a tile, as last said
+        self._awaited_cell: tuple[int, int, int] | None = None  # hovered, its weight on its way
         self._build_controls()
         self._build_mosaic()
         self.head_overview = HeadOverview(state, self._lut)
@@ -254,6 +255,7 @@ class AttentionPanel(StatePanel):
             self.all_heads.setVisible(self.selected_head is not None)
             self._draw_heads()
             self._draw_row_marker()
+            self._say_arrived_weight()
             state = self._state
             line = attention_line(state, self.selected_layer, self.selected_head)
             self.step_line.say(line, state.showing_step)
@@ -509,6 +511,26 @@ class AttentionPanel(StatePanel):
     def _on_hover(self, point: QPointF) -> None:
         cell = self.cell_at(point)
         if cell is not None:
+            text = self.describe(*cell)
+            if text:
+                self.hover.setText(text)
+                self._awaited_cell = cell if self._waits(cell) else None
+
+    def _waits(self, cell: tuple[int, int, int]) -> bool:
+        """Whether the hovered cell's weight is a prompt weight still on its way."""
+        layer = self.selected_layer
+        rows = self._state.attention.get(layer) if layer is not None else None
+        _head, row, _key = cell
+        return (
+            rows is not None and 0 <= row < rows.rows and rows.waits_for(int(rows.positions[row]))
+        )
+
+    def _say_arrived_weight(self) -> None:
+        """The hover line of a cell whose weight was on its way, once it came (the pointer
+        may not move again)."""
+        cell = self._awaited_cell
+        if cell is not None and not self._waits(cell):
+            self._awaited_cell = None
             text = self.describe(*cell)
             if text:
                 self.hover.setText(text)
