@@ -385,25 +385,29 @@ def test_each_cell_is_painted_in_its_colour_where_the_pointer_reads_it(qtbot, vi
     assert checked > 0.8 * len(panel.slots) * keys * keys
 
 
-def test_the_pointer_over_a_cell_writes_its_weight_under_the_mosaic(qtbot, view, rng):
+def point_at(panel, at: QPointF) -> None:
+    """Move the pointer over the mosaic to `at` (its widget's pixels), as a mouse would."""
     from PySide6.QtCore import QEvent, Qt
     from PySide6.QtGui import QMouseEvent
     from PySide6.QtWidgets import QApplication
 
+    moved = QMouseEvent(
+        QEvent.Type.MouseMove,
+        at,
+        panel.mosaic.mapToGlobal(at),
+        Qt.MouseButton.NoButton,
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(panel.mosaic, moved)
+
+
+def test_the_pointer_over_a_cell_writes_its_weight_under_the_mosaic(qtbot, view, rng):
     first, tokens = reply_on_screen(qtbot, view, rng)
     panel = view.attention
     expected = expected_matrix(first, tokens, 0)
     for row, key, query, word in ((7, 2, "t2", "p2"), (6, 5, "t1", "t0")):  # head 3's cells
-        at = QPointF(cell_on_screen(panel, 3, row, key).toPoint())
-        moved = QMouseEvent(
-            QEvent.Type.MouseMove,
-            at,
-            panel.mosaic.mapToGlobal(at),
-            Qt.MouseButton.NoButton,
-            Qt.MouseButton.NoButton,
-            Qt.KeyboardModifier.NoModifier,
-        )
-        QApplication.sendEvent(panel.mosaic, moved)
+        point_at(panel, QPointF(cell_on_screen(panel, 3, row, key).toPoint()))
         text = f"head 3 · query #{row} '{query}' → key #{key} '{word}': "
         assert panel.hover.text() == text + f"{expected[3, row, key]:.4f}"
 

@@ -8,13 +8,12 @@ import itertools
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QEvent, QPointF, Qt
-from PySide6.QtGui import QMouseEvent
+from PySide6.QtCore import QPointF
 from PySide6.QtWidgets import QApplication, QMainWindow
 
 from engine.attention_pooling import pool_prompt
 from engine.events import PooledBlock, PrefillDone, PromptCells, StepRows
-from tests.ui.test_mosaic import cell_on_screen
+from tests.ui.test_mosaic import cell_on_screen, point_at
 from tests.ui.test_panels import HEADS, causal, model_info, prefill, token
 from tests.ui.test_pulled_rows import pulled
 from ui.panels.attention_tiles import describe_cell
@@ -248,15 +247,7 @@ def test_a_hovered_prompt_weight_on_its_way_is_written_when_it_comes(qtbot):
     view.redraw(force=True)
     panel = view.attention
     at = QPointF(cell_on_screen(panel, 2, 3, 5).toPoint())
-    moved = QMouseEvent(
-        QEvent.Type.MouseMove,
-        at,
-        panel.mosaic.mapToGlobal(at),
-        Qt.MouseButton.NoButton,
-        Qt.MouseButton.NoButton,
-        Qt.KeyboardModifier.NoModifier,
-    )
-    QApplication.sendEvent(panel.mosaic, moved)
+    point_at(panel, at)
     assert "on their way" in panel.hover.text() and asked == [1]
     head, row, key = panel.cell_at(panel.mosaic.map_to_view(at))
     query = int(view.state.attention[0].positions[row]) - (1000 - 256)
