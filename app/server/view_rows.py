@@ -135,13 +135,16 @@ class ViewRows:
         kept = {layer: rows for layer, rows in event.attention.items() if layer not in pooled}
         return replace(event, attention=kept), PromptCells(pooled)
 
-    def send_owed(self) -> None:
-        """Send the prompt's rows that crossed pooled (the model waits now: a hold, the end)."""
+    def send_owed(self) -> bool:
+        """Send the prompt's rows that crossed pooled (the model waits now: a hold, the end,
+        or the window asked); False if none were owed."""
         with self._lock:
             owed, self._owed = self._owed, None
-        if owed is not None:
-            job, rows = owed
-            self._send(job, StepRows(0, rows, prompt=True))
+        if owed is None:
+            return False
+        job, rows = owed
+        self._send(job, StepRows(0, rows, prompt=True))
+        return True
 
     def after(self, job: int, events: Sequence[Event], ring: StepRing | None) -> None:
         """Tokens went out: send the latest one's rows if a frame's interval has passed."""
@@ -186,12 +189,8 @@ class ViewRows:
     def _send_prompt(self, job: int, request: Fetch, ring: StepRing | None) -> None:
         """The prompt's rows asked for: those that crossed pooled, else the watched layers'
         from the ring (or aged_out)."""
-        if not request.layers:
-            with self._lock:
-                owed, self._owed = self._owed, None
-            if owed is not None:
-                self._send(owed[0], StepRows(0, owed[1], prompt=True))
-                return
+        if not request.layers and self.send_owed():
+            return
         layers = frozenset(request.layers) or self.layers
         prompt = _prompt_rows(ring, layers) if ring is not None else None
         self._send(job, prompt if prompt is not None else _aged_prompt())

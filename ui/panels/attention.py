@@ -179,6 +179,12 @@ class AttentionPanel(StatePanel):
             self.shown_layer_changed.emit()
 
     @property
+    def selected_rows(self) -> AttentionRows | None:
+        """The rows of the layer chosen in the picker (None: none chosen or none recorded)."""
+        layer = self.selected_layer
+        return self._state.attention.get(layer) if layer is not None else None
+
+    @property
     def selected_head(self) -> int | None:
         data = self.head_choice.currentData()
         return None if data is None else int(data)
@@ -205,11 +211,10 @@ class AttentionPanel(StatePanel):
 
     def describe(self, head: int, row: int, key: int) -> str:
         """What the hover line says about one cell (row: index into the layer's buffer)."""
-        layer = self.selected_layer
-        rows = self._state.attention.get(layer) if layer is not None else None
+        rows = self.selected_rows
         if rows is None or not 0 <= row < rows.rows or not 0 <= key < rows.keys:
             return ""
-        if rows.waits_for(int(rows.positions[row])):
+        if self._waits((head, row, key)):
             self._state.want_prompt_rows()  # a prompt row that crossed pooled: its weights
         return describe_cell(self._state.token_text, rows, head, row, key)
 
@@ -242,8 +247,7 @@ class AttentionPanel(StatePanel):
         """Pool the shown layer's new rows now (called after each delivered batch), so the
         next frame only composes the image: a frame after many tokens would otherwise pool
         them all at once, the window's longest stall at long contexts."""
-        layer = self.selected_layer
-        rows = self._state.attention.get(layer) if layer is not None else None
+        rows = self.selected_rows
         if rows is not None and rows.rows and self.isVisible():
             self._pooled.extend(rows)
 
@@ -341,8 +345,7 @@ class AttentionPanel(StatePanel):
         self._say_grid(min(rows, DISPLAY_ROWS), min(keys, DISPLAY_KEYS))
 
     def _draw_heads(self) -> None:
-        layer = self.selected_layer
-        rows = self._state.attention.get(layer) if layer is not None else None
+        layer, rows = self.selected_layer, self.selected_rows
         if rows is None or rows.rows == 0:
             self._clear_mosaic()
             self._say_planned_grid()
@@ -480,16 +483,13 @@ class AttentionPanel(StatePanel):
 
     def select_row(self, row: int) -> None:
         """Select, in every panel, the step whose attention is row `row` of the shown layer."""
-        layer = self.selected_layer
-        rows = self._state.attention.get(layer) if layer is not None else None
+        rows = self.selected_rows
         if rows is not None and 0 <= row < rows.rows:
             self._state.select(position_of_query(self._state, int(rows.positions[row])))
 
     def _draw_row_marker(self) -> None:
         """Outline the selected step's query row on every tile while a step is shown."""
-        state = self._state
-        layer = self.selected_layer
-        rows = state.attention.get(layer) if layer is not None else None
+        state, rows = self._state, self.selected_rows
         query = attention_query(state) if state.showing_step else None
         row = rows.index_of(query) if rows is not None and query is not None else None
         if row is None or self.layout is None:
@@ -518,12 +518,11 @@ class AttentionPanel(StatePanel):
 
     def _waits(self, cell: tuple[int, int, int]) -> bool:
         """Whether the hovered cell's weight is a prompt weight still on its way."""
-        layer = self.selected_layer
-        rows = self._state.attention.get(layer) if layer is not None else None
+        rows = self.selected_rows
         _head, row, _key = cell
-        return (
-            rows is not None and 0 <= row < rows.rows and rows.waits_for(int(rows.positions[row]))
-        )
+        if rows is None or not 0 <= row < rows.rows:
+            return False
+        return rows.waits_for(int(rows.positions[row]))
 
     def _say_arrived_weight(self) -> None:
         """The hover line of a cell whose weight was on its way, once it came (the pointer

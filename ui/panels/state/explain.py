@@ -91,7 +91,7 @@ def attention_line(state: InternalsState, layer: int | None, head: int | None) -
     waiting = rows is not None and rows.waits_for(query)
     if row is None and (query in state.pulled.asked or waiting):
         return f"The attention row of query #{query} is on its way from the engine."
-    if row is None and state.attention.get(layer) is None:
+    if row is None and rows is None:
         return ""
     if row is None:
         return f"The attention row of query #{query} is not kept (only the latest rows are)."

@@ -331,18 +331,20 @@ class InternalsState:
         """A prompt's matrices pooled by the engine, just after its PrefillDone: placeholders
         for their rows, which follow (at a hold, the reply's end, or when asked)."""
         for layer, pooled in event.attention.items():
-            held = self._attention_rows(layer, pooled.heads).append_pooled(pooled)
-            if not held and not self.prompt_rows_asked:  # the rows themselves, now
-                self.prompt_rows_asked = True
-                self.fetch_prompt()
+            if not self._attention_rows(layer, pooled.heads).append_pooled(pooled):
+                self._ask_prompt_rows()  # this buffer cannot hold them: the rows themselves
         self._bump(ATTENTION)
 
     def want_prompt_rows(self) -> None:
-        """Ask once a reply for the prompt's rows that crossed pooled, while some are awaited."""
-        if self.prompt_rows_asked or not self.prompt_rows_awaited:
-            return
-        self.prompt_rows_asked = True
-        self.fetch_prompt()
+        """Ask for the prompt's rows that crossed pooled, while some are awaited."""
+        if self.prompt_rows_awaited:
+            self._ask_prompt_rows()
+
+    def _ask_prompt_rows(self) -> None:
+        """Ask the engine for the prompt's rows, once a reply."""
+        if not self.prompt_rows_asked:
+            self.prompt_rows_asked = True
+            self.fetch_prompt()
 
     @property
     def prompt_rows_awaited(self) -> bool:
